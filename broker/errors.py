@@ -1,0 +1,82 @@
+"""Errors raised by the broker package.
+
+One root, so callers can catch everything the broker raises::
+
+    BrokerError
+    ├── InvalidRecordError          the peer sent bytes that are not a valid RecordBatch v2
+    │   ├── CorruptRecordError      CRC mismatch, bad lengths, truncated input
+    │   ├── UnsupportedMagicError   magic byte other than 2
+    │   └── RecordTooLargeError     batch above the topic's max_message_bytes
+    ├── TopicError
+    │   ├── UnknownTopicError
+    │   ├── TopicExistsError
+    │   ├── InvalidTopicError       name breaks Kafka's naming rules
+    │   └── InvalidPartitionsError
+    ├── OffsetOutOfRangeError
+    └── StorageError                our side: the data directory cannot be used
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerError",
+    "CorruptRecordError",
+    "InvalidPartitionsError",
+    "InvalidRecordError",
+    "InvalidTopicError",
+    "OffsetOutOfRangeError",
+    "RecordTooLargeError",
+    "StorageError",
+    "TopicError",
+    "TopicExistsError",
+    "UnknownTopicError",
+    "UnsupportedMagicError",
+]
+
+
+class BrokerError(Exception):
+    """Root of every error the broker raises."""
+
+
+class InvalidRecordError(BrokerError):
+    """The bytes offered as a record batch are not acceptable (the peer's fault)."""
+
+
+class CorruptRecordError(InvalidRecordError):
+    """CRC mismatch, inconsistent lengths or truncated input."""
+
+
+class UnsupportedMagicError(InvalidRecordError):
+    """Only RecordBatch v2 (magic 2) is stored."""
+
+
+class RecordTooLargeError(InvalidRecordError):
+    """The batch is larger than the topic accepts."""
+
+
+class TopicError(BrokerError):
+    """A topic-level request cannot be served."""
+
+
+class UnknownTopicError(TopicError):
+    """No such topic or partition."""
+
+
+class TopicExistsError(TopicError):
+    """The topic already exists."""
+
+
+class InvalidTopicError(TopicError):
+    """The topic name breaks Kafka's rules."""
+
+
+class InvalidPartitionsError(TopicError):
+    """The partition count is not a positive number within limits."""
+
+
+class OffsetOutOfRangeError(BrokerError):
+    """The requested offset is outside [log start, high watermark]."""
+
+
+class StorageError(BrokerError):
+    """The data directory or a segment file cannot be used (our side, not the peer's)."""

@@ -1,0 +1,3 @@
+"""broker.groups"""
+
+__all__: list[str] = []

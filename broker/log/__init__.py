@@ -1,0 +1,19 @@
+"""Partitioned append-only logs: the ``LogStore`` interface and its two implementations."""
+
+from broker.log.api import AppendResult, LogStore, PartitionLog, TopicInfo
+from broker.log.config import FlushPolicy, TopicConfig, validate_topic_name
+from broker.log.memory import MemoryLogStore
+from broker.log.partitioner import murmur2, partition_for_key
+
+__all__ = [
+    "AppendResult",
+    "FlushPolicy",
+    "LogStore",
+    "MemoryLogStore",
+    "PartitionLog",
+    "TopicConfig",
+    "TopicInfo",
+    "murmur2",
+    "partition_for_key",
+    "validate_topic_name",
+]

@@ -1,0 +1,114 @@
+"""In-memory LogStore: the same contract as the segment store, nothing on disk.
+
+Used by tests and benchmarks, and by ``sluice serve --storage memory``. Durability is whatever the
+process lives for; flush policies are accepted and have nothing to wait for.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from broker.errors import OffsetOutOfRangeError
+from broker.log.api import LogStore, PartitionLog, TopicInfo
+from broker.log.config import TopicConfig
+from broker.protocol.records import BatchHeader
+
+__all__ = ["MemoryLogStore", "MemoryPartitionLog"]
+
+
+class MemoryPartitionLog(PartitionLog):
+    def __init__(self, topic: str, partition: int, config: TopicConfig) -> None:
+        super().__init__(topic, partition, config)
+        self._batches: list[bytes] = []
+        self._bases: list[int] = []  # base offset of each batch, ascending
+        self._max_ts: list[int] = []  # running max of batch max timestamps, for time lookups
+        self._append_ms: list[int] = []
+        self._start = 0
+        self._end = 0
+        self._bytes = 0
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._start
+
+    @property
+    def high_watermark(self) -> int:
+        return self._end
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def _write(self, batches: Sequence[tuple[bytearray, BatchHeader]]) -> None:
+        import time
+
+        now = int(time.time() * 1000)
+        for data, header in batches:
+            self._batches.append(bytes(data))
+            self._bases.append(header.base_offset)
+            previous = self._max_ts[-1] if self._max_ts else -1
+            self._max_ts.append(max(previous, header.max_timestamp))
+            self._append_ms.append(now)
+            self._end = header.last_offset + 1
+            self._bytes += len(data)
+
+    async def _make_durable(self) -> None:
+        return None
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        if offset < self._start or offset > self._end:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is outside [{self._start}, {self._end}] for {self.topic}-{self.partition}"
+            )
+        if offset == self._end:
+            return b""
+        index = max(bisect.bisect_right(self._bases, offset) - 1, 0)
+        out = bytearray()
+        while index < len(self._batches):
+            batch = self._batches[index]
+            if out and len(out) + len(batch) > max_bytes:
+                break
+            out += batch
+            index += 1
+        return bytes(out)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        index = bisect.bisect_left(self._max_ts, timestamp_ms)
+        if index >= len(self._bases):
+            return None
+        return max(self._bases[index], self._start)
+
+    def enforce_retention(self, now_ms: int) -> int:
+        removed = 0
+        retention_ms = self.config.retention_ms
+        retention_bytes = self.config.retention_bytes
+        # Keep the newest batch so the high watermark stays anchored (like Kafka's active segment).
+        while len(self._batches) > 1:
+            too_old = retention_ms >= 0 and now_ms - self._append_ms[0] > retention_ms
+            too_big = retention_bytes >= 0 and self._bytes > retention_bytes
+            if not (too_old or too_big):
+                break
+            size = len(self._batches[0])
+            del self._batches[0], self._bases[0], self._max_ts[0], self._append_ms[0]
+            self._bytes -= size
+            removed += size
+            self._start = self._bases[0]
+        return removed
+
+    async def flush(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class MemoryLogStore(LogStore):
+    def _open_partition(self, info: TopicInfo, partition: int) -> PartitionLog:
+        return MemoryPartitionLog(info.name, partition, info.config)
+
+    def _persist_topics(self) -> None:
+        return None
+
+    def _remove_partition_data(self, info: TopicInfo, partition: int) -> None:
+        return None

@@ -1,0 +1,421 @@
+"""Kafka RecordBatch v2 (magic 2): the unit Sluice stores and serves.
+
+Sans-IO: bytes in, frozen dataclasses out, and back. Layout (big-endian)::
+
+    offset  size  field
+    0       8     base_offset          (not covered by the CRC: the broker rewrites it)
+    8       4     batch_length         (bytes after this field)
+    12      4     partition_leader_epoch
+    16      1     magic = 2
+    17      4     crc                  CRC32C of bytes 21..end
+    21      2     attributes           bits 0-2 compression, 3 timestamp type, 4 transactional, 5 control
+    23      4     last_offset_delta
+    27      8     base_timestamp
+    35      8     max_timestamp
+    43      8     producer_id
+    51      2     producer_epoch
+    53      4     base_sequence
+    57      4     record_count
+    61      ...   records (possibly compressed)
+
+Each record: length varint, attributes int8, timestamp_delta varlong, offset_delta varint,
+key (varint length, -1 = null), value (same), header count varint, headers (key string, value bytes).
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import crc32c
+
+from broker.errors import CorruptRecordError, UnsupportedMagicError
+
+__all__ = [
+    "BATCH_HEADER_SIZE",
+    "BatchHeader",
+    "Compression",
+    "Record",
+    "RecordSpec",
+    "decode_all",
+    "decode_header",
+    "decode_records",
+    "encode_batch",
+    "iter_batches",
+    "split_complete_batches",
+    "verify_batch",
+    "with_base_offset",
+]
+
+BATCH_HEADER_SIZE = 61
+# Fields before batch_length (base_offset + batch_length) are not counted in batch_length.
+LOG_OVERHEAD = 12
+CRC_START = 21
+MAGIC_V2 = 2
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_BASE_OFFSET = struct.Struct(">q")
+
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_LOG_APPEND_TIME = 0x08
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+
+
+class Compression(IntEnum):
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        """Bytes the whole batch occupies, header included."""
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def compression(self) -> Compression:
+        return Compression(self.attributes & ATTR_COMPRESSION_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & ATTR_TRANSACTIONAL)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSpec:
+    """A record to be encoded: what a producer or ingester supplies."""
+
+    value: bytes | None
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+    timestamp: int | None = None  # ms since the epoch; None = the batch's timestamp
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A decoded record with its absolute offset and timestamp."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = field(default=())
+
+    def header(self, name: str) -> bytes | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+
+# ---------------------------------------------------------------- varints
+
+
+def _zigzag(n: int) -> int:
+    return (n << 1) ^ (n >> 63)
+
+
+def _write_varint(out: bytearray, n: int) -> None:
+    v = _zigzag(n) & 0xFFFFFFFFFFFFFFFF
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    shift = 0
+    result = 0
+    while True:
+        if pos >= len(buf):
+            raise CorruptRecordError("truncated varint in record")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise CorruptRecordError("varint longer than 10 bytes")
+    return (result >> 1) ^ -(result & 1), pos
+
+
+def _write_bytes(out: bytearray, data: bytes | None) -> None:
+    if data is None:
+        _write_varint(out, -1)
+    else:
+        _write_varint(out, len(data))
+        out += data
+
+
+def _read_bytes(buf: bytes | memoryview, pos: int) -> tuple[bytes | None, int]:
+    length, pos = _read_varint(buf, pos)
+    if length < 0:
+        return None, pos
+    end = pos + length
+    if end > len(buf):
+        raise CorruptRecordError("record field runs past the end of the batch")
+    return bytes(buf[pos:end]), end
+
+
+# ---------------------------------------------------------------- compression
+
+
+def _compress(codec: Compression, data: bytes) -> bytes:
+    if codec is Compression.NONE:
+        return data
+    if codec is Compression.GZIP:
+        return gzip.compress(data, compresslevel=6)
+    import cramjam
+
+    if codec is Compression.SNAPPY:
+        return bytes(cramjam.snappy.compress_raw(data))
+    if codec is Compression.LZ4:
+        return bytes(cramjam.lz4.compress(data))
+    return bytes(cramjam.zstd.compress(data))
+
+
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+
+
+def _decompress(codec: Compression, data: bytes) -> bytes:
+    try:
+        if codec is Compression.NONE:
+            return data
+        if codec is Compression.GZIP:
+            return gzip.decompress(data)
+        import cramjam
+
+        if codec is Compression.SNAPPY:
+            if data.startswith(_XERIAL_MAGIC):
+                return _xerial_snappy_decompress(data)
+            return bytes(cramjam.snappy.decompress_raw(data))
+        if codec is Compression.LZ4:
+            return bytes(cramjam.lz4.decompress(data))
+        return bytes(cramjam.zstd.decompress(data))
+    except (OSError, ValueError, EOFError) as exc:
+        raise CorruptRecordError(f"cannot decompress {codec.name} records: {exc}") from exc
+    except Exception as exc:  # cramjam raises its own DecompressionError type
+        raise CorruptRecordError(f"cannot decompress {codec.name} records: {exc}") from exc
+
+
+def _xerial_snappy_decompress(data: bytes) -> bytes:
+    """Java's SnappyOutputStream framing: 16-byte header, then (int32 length, raw block) pairs."""
+    import cramjam
+
+    out = bytearray()
+    pos = 16
+    while pos < len(data):
+        (length,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        out += bytes(cramjam.snappy.decompress_raw(data[pos : pos + length]))
+        pos += length
+    return bytes(out)
+
+
+# ---------------------------------------------------------------- encode
+
+
+def encode_batch(
+    records: Sequence[RecordSpec],
+    *,
+    base_offset: int = 0,
+    timestamp: int | None = None,
+    compression: Compression = Compression.NONE,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    partition_leader_epoch: int = 0,
+) -> bytes:
+    """Build one RecordBatch v2 holding ``records`` (at least one)."""
+    if not records:
+        raise ValueError("a record batch needs at least one record")
+    if timestamp is None:
+        import time
+
+        timestamp = int(time.time() * 1000)
+    stamps = [r.timestamp if r.timestamp is not None else timestamp for r in records]
+    base_ts = min(stamps)
+    body = bytearray()
+    for delta, (rec, ts) in enumerate(zip(records, stamps, strict=True)):
+        inner = bytearray(b"\x00")  # attributes
+        _write_varint(inner, ts - base_ts)
+        _write_varint(inner, delta)
+        _write_bytes(inner, rec.key)
+        _write_bytes(inner, rec.value)
+        _write_varint(inner, len(rec.headers))
+        for hkey, hvalue in rec.headers:
+            _write_bytes(inner, hkey.encode())
+            _write_bytes(inner, hvalue)
+        _write_varint(body, len(inner))
+        body += inner
+    payload = _compress(compression, bytes(body))
+    attributes = int(compression)
+    after_crc = (
+        struct.pack(
+            ">hiqqqhii",
+            attributes,
+            len(records) - 1,
+            base_ts,
+            max(stamps),
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            len(records),
+        )
+        + payload
+    )
+    crc = crc32c.crc32c(after_crc)
+    batch_length = BATCH_HEADER_SIZE - LOG_OVERHEAD + len(payload)
+    head = struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, MAGIC_V2, crc)
+    return head + after_crc
+
+
+# ---------------------------------------------------------------- decode
+
+
+def decode_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
+    """Parse the 61-byte header at ``pos``; checks magic and lengths but not the CRC."""
+    if len(buf) - pos < BATCH_HEADER_SIZE:
+        if len(buf) - pos >= 17 and buf[pos + 16] != MAGIC_V2:
+            raise UnsupportedMagicError(f"record batch magic {buf[pos + 16]} is not supported (need 2)")
+        raise CorruptRecordError(
+            f"truncated record batch: {len(buf) - pos} bytes, a header needs {BATCH_HEADER_SIZE}"
+        )
+    header = BatchHeader(*_HEADER.unpack_from(buf, pos))
+    if header.magic != MAGIC_V2:
+        raise UnsupportedMagicError(f"record batch magic {header.magic} is not supported (need 2)")
+    if header.batch_length < BATCH_HEADER_SIZE - LOG_OVERHEAD:
+        raise CorruptRecordError(f"record batch length {header.batch_length} is shorter than its header")
+    if header.record_count < 0 or header.last_offset_delta < 0:
+        raise CorruptRecordError("record batch has a negative record count or offset delta")
+    return header
+
+
+def verify_batch(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
+    """Parse the header at ``pos`` and check that the whole batch is present and its CRC matches."""
+    header = decode_header(buf, pos)
+    end = pos + header.size
+    if end > len(buf):
+        raise CorruptRecordError(
+            f"truncated record batch: header says {header.size} bytes, {len(buf) - pos} present"
+        )
+    actual = crc32c.crc32c(buf[pos + CRC_START : end])
+    if actual != header.crc:
+        raise CorruptRecordError(
+            f"record batch CRC mismatch at base offset {header.base_offset}: "
+            f"stored {header.crc:#010x}, computed {actual:#010x}"
+        )
+    return header
+
+
+def iter_batches(buf: bytes | memoryview, *, verify: bool = True) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield ``(position, header)`` for each batch in ``buf``; raises on anything malformed."""
+    pos = 0
+    check = verify_batch if verify else decode_header
+    while pos < len(buf):
+        header = check(buf, pos)
+        if pos + header.size > len(buf):
+            raise CorruptRecordError("truncated record batch at the end of the buffer")
+        yield pos, header
+        pos += header.size
+
+
+def split_complete_batches(buf: bytes | memoryview) -> tuple[list[BatchHeader], int]:
+    """Headers of the complete batches at the start of ``buf`` and the byte count they cover.
+
+    Used on fetch responses, where the last batch may be cut short by max_bytes.
+    """
+    headers: list[BatchHeader] = []
+    pos = 0
+    while len(buf) - pos >= BATCH_HEADER_SIZE:
+        header = decode_header(buf, pos)
+        if pos + header.size > len(buf):
+            break
+        headers.append(header)
+        pos += header.size
+    return headers, pos
+
+
+def with_base_offset(batch: bytes | bytearray | memoryview, base_offset: int) -> bytearray:
+    """A copy of ``batch`` whose base offset is rewritten (outside the CRC, so it stays valid)."""
+    out = bytearray(batch)
+    _BASE_OFFSET.pack_into(out, 0, base_offset)
+    return out
+
+
+def decode_records(batch: bytes | memoryview, header: BatchHeader | None = None) -> list[Record]:
+    """Decode every record of one batch (decompressing if needed); control batches give none."""
+    if header is None:
+        header = verify_batch(batch)
+    if header.is_control:
+        return []
+    payload: bytes | memoryview = memoryview(batch)[BATCH_HEADER_SIZE : header.size]
+    if header.compression is not Compression.NONE:
+        payload = _decompress(header.compression, bytes(payload))
+    records: list[Record] = []
+    pos = 0
+    for _ in range(header.record_count):
+        length, pos = _read_varint(payload, pos)
+        end = pos + length
+        if length < 0 or end > len(payload):
+            raise CorruptRecordError("record length runs past the end of the batch")
+        pos += 1  # attributes, unused in v2
+        ts_delta, pos = _read_varint(payload, pos)
+        offset_delta, pos = _read_varint(payload, pos)
+        key, pos = _read_bytes(payload, pos)
+        value, pos = _read_bytes(payload, pos)
+        count, pos = _read_varint(payload, pos)
+        headers: list[tuple[str, bytes | None]] = []
+        for _h in range(count):
+            hkey, pos = _read_bytes(payload, pos)
+            hvalue, pos = _read_bytes(payload, pos)
+            headers.append(((hkey or b"").decode("utf-8", "replace"), hvalue))
+        if pos != end:
+            raise CorruptRecordError("record length does not match its fields")
+        log_append_time = header.attributes & ATTR_LOG_APPEND_TIME
+        timestamp = header.max_timestamp if log_append_time else header.base_timestamp + ts_delta
+        records.append(Record(header.base_offset + offset_delta, timestamp, key, value, tuple(headers)))
+    return records
+
+
+def decode_all(buf: bytes | memoryview) -> list[Record]:
+    """Every record in a buffer of whole batches (a partial batch at the end is ignored)."""
+    headers, _ = split_complete_batches(buf)
+    out: list[Record] = []
+    pos = 0
+    view = memoryview(buf)
+    for header in headers:
+        out.extend(decode_records(view[pos : pos + header.size], header))
+        pos += header.size
+    return out

@@ -1,0 +1,3 @@
+"""broker.server"""
+
+__all__: list[str] = []

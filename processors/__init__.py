@@ -1,0 +1,3 @@
+"""Stream processors: pipelines, event-time watermarks, windows, state and runners."""
+
+__all__: list[str] = []

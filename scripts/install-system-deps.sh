@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Debian packages the test suite and benchmarks run against: real peers nobody here wrote.
+# Idempotent: installs only what is missing. Needs root (CI runs as root) or sudo.
+set -euo pipefail
+packages=(kcat mosquitto mosquitto-clients redis-server nats-server docker-compose netcat-openbsd)
+missing=()
+for pkg in "${packages[@]}"; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null; then SUDO="sudo"; else
+    echo "install-system-deps: need root to apt-get install ${missing[*]}" >&2; exit 1
+  fi
+fi
+echo "install-system-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

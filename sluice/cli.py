@@ -1,0 +1,91 @@
+"""The ``sluice`` command line (typer). ``serve`` starts the broker; other commands talk to one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from broker.errors import BrokerError
+from sluice.config import load_settings
+from sluice.logs import configure_logging
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Sluice: a stream broker for device and sensor data."
+)
+
+EXIT_CONFIG = 2  # bad flags, config file or environment
+EXIT_RUNTIME = 1  # the server could not start or failed
+
+
+@app.callback()
+def _root() -> None:
+    """Sluice: a stream broker for device and sensor data."""
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+@app.command()
+def serve(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Where logs and metadata live (default ./sluice-data).")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address for every listener (default 127.0.0.1).")] = None,
+    kafka_port: Annotated[int | None, typer.Option(help="Kafka protocol port (default 9092).")] = None,
+    mqtt_port: Annotated[int | None, typer.Option(help="MQTT port (default 1883).")] = None,
+    tcp_port: Annotated[int | None, typer.Option(help="TCP line-ingest port (default 8094).")] = None,
+    http_port: Annotated[int | None, typer.Option(help="HTTP API port (default 8080).")] = None,
+    storage: Annotated[str | None, typer.Option(help="segment (files) or memory.")] = None,
+    flush: Annotated[str | None, typer.Option(help="Default flush policy: always, interval or os.")] = None,
+    processor: Annotated[
+        list[str] | None, typer.Option(help="module:pipeline to run inside the broker (repeatable).")
+    ] = None,
+    log_level: Annotated[str | None, typer.Option(help="DEBUG, INFO, WARNING, ERROR.")] = None,
+    log_format: Annotated[str | None, typer.Option(help="text or json.")] = None,
+) -> None:
+    """Start Sluice: the log, the Kafka protocol, MQTT, TCP ingest and the HTTP API in one process."""
+    from sluice.serve import run_server
+
+    overrides: dict[str, Any] = {
+        "data_dir": data_dir,
+        "host": host,
+        "log_level": log_level,
+        "log_format": log_format,
+        "processors": processor or None,
+    }
+    sections: dict[str, dict[str, Any]] = {
+        "kafka": {"port": kafka_port},
+        "mqtt": {"port": mqtt_port},
+        "tcp": {"port": tcp_port},
+        "http": {"port": http_port},
+        "storage": {"backend": storage, "flush": flush},
+    }
+    for section, values in sections.items():
+        given = {k: v for k, v in values.items() if v is not None}
+        if given:
+            overrides[section] = given
+    try:
+        settings = load_settings(config, **overrides)
+    except (FileNotFoundError, ValidationError) as exc:
+        raise _fail(f"invalid configuration: {exc}", EXIT_CONFIG) from None
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        run_server(settings)
+    except BrokerError as exc:
+        raise _fail(str(exc), EXIT_RUNTIME) from None
+    except OSError as exc:
+        raise _fail(f"cannot start: {exc}", EXIT_RUNTIME) from None
+
+
+def main() -> None:
+    app(prog_name="sluice")
+
+
+if __name__ == "__main__":
+    main()

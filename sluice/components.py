@@ -1,0 +1,25 @@
+"""The one place listeners and runners plug into ``sluice serve``.
+
+Each factory takes the Runtime and returns a Component, or None when its section is disabled.
+Order matters: components start top to bottom and stop bottom to top, so the front doors that
+accept data stop before the parts that store it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sluice.runtime import Component, Runtime
+
+__all__ = ["COMPONENT_FACTORIES", "build_components"]
+
+ComponentFactory = Callable[[Runtime], Component | None]
+
+COMPONENT_FACTORIES: list[ComponentFactory] = [
+    # Filled in by the Kafka, ingest, processor and HTTP work.
+]
+
+
+def build_components(runtime: Runtime) -> list[Component]:
+    built = (factory(runtime) for factory in COMPONENT_FACTORIES)
+    return [component for component in built if component is not None]

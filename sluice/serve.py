@@ -1,0 +1,105 @@
+"""``sluice serve``: one asyncio process holding the log store and every front door.
+
+Start-up: open (and recover) the store, start components in order, write endpoints.json.
+Shutdown on SIGINT/SIGTERM: stop components in reverse (stop accepting, finish in-flight appends),
+flush the store, close it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import os
+import signal
+from pathlib import Path
+
+from broker.errors import StorageError
+from broker.log.api import LogStore
+from broker.log.memory import MemoryLogStore
+from sluice.components import build_components
+from sluice.config import Settings
+from sluice.runtime import Component, Runtime
+
+__all__ = ["check_data_dir", "open_store", "run_server", "serve"]
+
+log = logging.getLogger("sluice.serve")
+
+
+def check_data_dir(path: Path) -> None:
+    """Create the data directory if needed and fail early, in one sentence, if it is unusable."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"cannot create data directory {path}: {exc.strerror}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StorageError(
+            f"data directory {path} is not writable by this user; fix its permissions or pass --data-dir"
+        )
+
+
+def open_store(settings: Settings) -> LogStore:
+    storage = settings.storage
+    common = {
+        "default_config": storage.topic_defaults(),
+        "default_partitions": storage.default_partitions,
+        "auto_create_topics": storage.auto_create_topics,
+    }
+    # The segment-file store lands with the storage work; until then every backend is in memory.
+    return MemoryLogStore(**common)  # type: ignore[arg-type]
+
+
+async def _retention_loop(store: LogStore, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        removed = store.enforce_retention()
+        if removed:
+            log.info("retention removed old segments", extra={"bytes": removed})
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Run until ``stop`` is set (or SIGINT/SIGTERM arrives)."""
+    stop = stop or asyncio.Event()
+    check_data_dir(settings.data_dir)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    store = open_store(settings)
+    await store.start()
+    runtime = Runtime(settings, store)
+    started: list[Component] = []
+    retention = asyncio.create_task(_retention_loop(store, settings.storage.retention_check_interval_s))
+    try:
+        for component in build_components(runtime):
+            await component.start()
+            started.append(component)
+        runtime.write_endpoints()
+        log.info("sluice ready", extra={"data_dir": str(settings.data_dir), "components": [c.name for c in started]})
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        retention.cancel()
+        for component in reversed(started):
+            try:
+                await component.stop()
+            except Exception:
+                log.exception("component failed to stop cleanly", extra={"component": component.name})
+        await store.flush()
+        await store.close()
+        log.info("stopped")
+
+
+def run_server(settings: Settings) -> None:
+    """Blocking entry point: picks the event loop (uvloop when available and not disabled)."""
+    use_uvloop = settings.event_loop == "uvloop"
+    if settings.event_loop == "auto":
+        use_uvloop = importlib.util.find_spec("uvloop") is not None
+    if use_uvloop:
+        import uvloop
+
+        uvloop.run(serve(settings))
+    else:
+        asyncio.run(serve(settings))

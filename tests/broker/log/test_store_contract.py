@@ -1,0 +1,158 @@
+"""The LogStore contract: every implementation must pass all of these."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker.errors import (
+    CorruptRecordError,
+    InvalidTopicError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    TopicExistsError,
+    UnknownTopicError,
+    UnsupportedMagicError,
+)
+from broker.log.api import LogStore
+from broker.log.config import TopicConfig
+from broker.protocol.records import RecordSpec, decode_all, encode_batch
+
+
+def batch(*values: bytes, ts: int = 1_000) -> bytes:
+    return encode_batch([RecordSpec(v) for v in values], timestamp=ts)
+
+
+async def test_append_assigns_dense_offsets_and_reads_back(store: LogStore) -> None:
+    store.create_topic("t", 2)
+    first = await store.append("t", 0, batch(b"a", b"b"))
+    second = await store.append("t", 0, batch(b"c"))
+    assert (first.base_offset, first.last_offset) == (0, 1)
+    assert (second.base_offset, second.last_offset) == (2, 2)
+    log = store.partition("t", 0)
+    assert log.high_watermark == 3
+    records = decode_all(log.read(0, 1 << 20))
+    assert [(r.offset, r.value) for r in records] == [(0, b"a"), (1, b"b"), (2, b"c")]
+    assert store.partition("t", 1).high_watermark == 0
+
+
+async def test_read_starts_at_the_batch_holding_the_offset(store: LogStore) -> None:
+    store.create_topic("t", 1)
+    await store.append("t", 0, batch(b"a", b"b", b"c"))
+    await store.append("t", 0, batch(b"d"))
+    records = decode_all(store.partition("t", 0).read(1, 1 << 20))
+    assert [r.offset for r in records] == [0, 1, 2, 3]  # whole batches, as Kafka returns them
+    assert [r.offset for r in decode_all(store.partition("t", 0).read(3, 1 << 20))] == [3]
+
+
+async def test_read_returns_at_least_one_batch_even_above_max_bytes(store: LogStore) -> None:
+    store.create_topic("t", 1)
+    await store.append("t", 0, batch(b"x" * 5000))
+    await store.append("t", 0, batch(b"y"))
+    data = store.partition("t", 0).read(0, 10)
+    assert [r.value for r in decode_all(data)] == [b"x" * 5000]
+
+
+async def test_read_at_end_is_empty_and_beyond_is_out_of_range(store: LogStore) -> None:
+    store.create_topic("t", 1)
+    await store.append("t", 0, batch(b"a"))
+    log = store.partition("t", 0)
+    assert log.read(1, 100) == b""
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(2, 100)
+
+
+async def test_offset_for_timestamp(store: LogStore) -> None:
+    store.create_topic("t", 1)
+    for i, ts in enumerate([1_000, 2_000, 3_000]):
+        await store.append("t", 0, batch(str(i).encode(), ts=ts))
+    log = store.partition("t", 0)
+    assert log.offset_for_timestamp(0) == 0
+    assert log.offset_for_timestamp(2_000) == 1
+    assert log.offset_for_timestamp(2_500) == 2
+    assert log.offset_for_timestamp(9_999) is None
+
+
+async def test_corrupt_batch_is_rejected_and_stored_data_is_intact(store: LogStore) -> None:
+    store.create_topic("t", 1)
+    await store.append("t", 0, batch(b"good"))
+    bad = bytearray(batch(b"bad"))
+    bad[-1] ^= 0xFF
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        await store.append("t", 0, bytes(bad))
+    wrong_magic = bytearray(batch(b"old"))
+    wrong_magic[16] = 1
+    with pytest.raises(UnsupportedMagicError):
+        await store.append("t", 0, bytes(wrong_magic))
+    with pytest.raises(CorruptRecordError):
+        await store.append("t", 0, batch(b"cut")[:30])
+    log = store.partition("t", 0)
+    assert log.high_watermark == 1
+    assert [r.value for r in decode_all(log.read(0, 1 << 20))] == [b"good"]
+
+
+async def test_oversized_batch_is_rejected(store: LogStore) -> None:
+    store.create_topic("small", 1, TopicConfig(max_message_bytes=1000))
+    with pytest.raises(RecordTooLargeError, match="max.message.bytes"):
+        await store.append("small", 0, batch(b"x" * 2000))
+    assert store.partition("small", 0).high_watermark == 0
+
+
+async def test_topic_admin_and_errors(store: LogStore) -> None:
+    store.create_topic("a.b_c-1", 3)
+    assert [t.name for t in store.list_topics()] == ["a.b_c-1"]
+    assert store.topic("a.b_c-1").partitions == 3
+    with pytest.raises(TopicExistsError):
+        store.create_topic("a.b_c-1", 1)
+    for bad in ["", ".", "..", "has space", "x" * 250, "slash/no"]:
+        with pytest.raises(InvalidTopicError):
+            store.create_topic(bad, 1)
+    with pytest.raises(UnknownTopicError):
+        store.partition("missing", 0)
+    with pytest.raises(UnknownTopicError):
+        store.partition("a.b_c-1", 3)
+    await store.delete_topic("a.b_c-1")
+    assert store.list_topics() == []
+    with pytest.raises(UnknownTopicError):
+        await store.delete_topic("a.b_c-1")
+
+
+async def test_keyed_records_land_in_murmur2_partitions(store: LogStore) -> None:
+    store.create_topic("k", 6)
+    result = await store.append_records("k", [RecordSpec(b"v", key=b"foobar")])
+    # (murmur2(b"foobar") & 0x7fffffff) % 6, computed by Kafka's Java partitioner
+    assert store.partition("k", (-790332482 & 0x7FFFFFFF) % 6).high_watermark == result.last_offset + 1
+
+
+async def test_concurrent_appends_get_distinct_offsets(store: LogStore) -> None:
+    store.create_topic("t", 1)
+    results = await asyncio.gather(*(store.append("t", 0, batch(str(i).encode())) for i in range(50)))
+    assert sorted(r.base_offset for r in results) == list(range(50))
+
+
+async def test_wait_for_data_wakes_on_append(store: LogStore) -> None:
+    store.create_topic("t", 1)
+    log = store.partition("t", 0)
+    waiter = asyncio.create_task(log.wait_for_data(0, timeout=5))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    await store.append("t", 0, batch(b"x"))
+    assert await waiter is True
+    assert await log.wait_for_data(5, timeout=0.01) is False
+
+
+async def test_retention_by_bytes_drops_oldest_and_moves_log_start(store: LogStore) -> None:
+    store.create_topic("r", 1, TopicConfig(retention_bytes=2000, segment_bytes=1024))
+    for i in range(20):
+        await store.append("r", 0, batch(bytes([i]) * 200))
+    removed = store.enforce_retention()
+    log = store.partition("r", 0)
+    assert removed > 0
+    assert log.log_start_offset > 0
+    assert log.high_watermark == 20
+    assert log.size_bytes <= 2000 + 1024 + 300  # at most one active segment over the limit
+    first = decode_all(log.read(log.log_start_offset, 1 << 20))[0]
+    assert first.offset <= log.log_start_offset
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(0, 100)
