@@ -60,13 +60,16 @@ _PINGRESP = Pingresp()
 class Decoder:
     """Incremental decoder for one connection. ``version`` is None until a CONNECT has been decoded."""
 
-    __slots__ = ("_buf", "_need", "max_packet_size", "version")
+    __slots__ = ("_buf", "_need", "error", "max_packet_size", "version")
 
     def __init__(self, version: int | None = None, max_packet_size: int = MAX_REMAINING_LENGTH + 5) -> None:
         self._buf = bytearray()
         self._need = 0
         self.version = version
         self.max_packet_size = max_packet_size
+        # Set when bad bytes followed good packets in one feed(): those packets are returned, the error is
+        # kept here and raised by the next feed(). Nothing after a decoding error is ever decoded.
+        self.error: ProtocolError | None = None
 
     @property
     def buffered(self) -> int:
@@ -74,6 +77,8 @@ class Decoder:
 
     def feed(self, data: bytes) -> list[Packet]:
         """Consume ``data``; return every packet now complete, in order."""
+        if self.error is not None:
+            raise self.error
         out: list[Packet] = []
         if self._buf:
             self._buf += data
@@ -83,7 +88,13 @@ class Decoder:
             self._buf.clear()
         else:
             buf = bytes(data)
-        pos = self._parse(buf, out)
+        try:
+            pos = self._parse(buf, out)
+        except ProtocolError as exc:
+            if not out:
+                raise
+            self.error = exc
+            return out
         if pos < len(buf):
             self._buf += memoryview(buf)[pos:]
         return out
