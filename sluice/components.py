@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sluice.mqtt_wiring import mqtt_listener
 from sluice.runtime import Component, Runtime
 
 __all__ = ["COMPONENT_FACTORIES", "build_components"]
@@ -17,6 +18,7 @@ ComponentFactory = Callable[[Runtime], Component | None]
 
 COMPONENT_FACTORIES: list[ComponentFactory] = [
     # Filled in by the Kafka, ingest, processor and HTTP work.
+    mqtt_listener,  # MQTT 3.1.1/5.0 device front door -> ingest sink
 ]
 
 

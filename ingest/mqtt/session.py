@@ -233,9 +233,9 @@ class MqttConnection(asyncio.Protocol):
         for packet in packets:
             self._handle(packet)
             if self.state == _CLOSED:
-                return
-        self._flush_batch()
-        if self.decoder.error is not None:
+                break
+        self._flush_batch()  # publishes accepted before a DISCONNECT (or an error) are still appended
+        if self.decoder.error is not None and self.state != _CLOSED:
             self._protocol_error(self.decoder.error)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -309,6 +309,11 @@ class MqttConnection(asyncio.Protocol):
             self._refuse(exc.reason_code, MQTT_5)
             return
         self._disconnect(exc.reason_code, str(exc))
+
+    def shutdown(self, reason: int) -> None:
+        """The server is going away (5.0 clients are told why)."""
+        if self.state != _CLOSED:
+            self._disconnect(reason, "server shutting down")
 
     def take_over(self) -> None:
         """Another connection claimed our client id."""
@@ -510,7 +515,7 @@ class MqttConnection(asyncio.Protocol):
         stats.messages_in += len(batch)
         if self.worker is None:
             self.worker = self.hub.spawn(self._drain())
-        if not self.paused and (
+        if not self.paused and self.state != _CLOSED and (
             self._queued >= self.hub.config.receive_maximum
             or self.hub.port.backlog_bytes() > self.hub.config.backlog_high_bytes
         ):
