@@ -175,11 +175,16 @@ class IngestSink:
 
     # -- the write path -------------------------------------------------------------------------
 
-    async def write(self, source: SourceRef, messages: Sequence[RawMessage]) -> list[WriteOutcome]:
-        """Route, append and wait for durability; one outcome per message, in order."""
+    async def write(self, source: SourceRef, messages: Sequence[RawMessage | Rejected]) -> list[WriteOutcome]:
+        """Route, append and wait for durability; one outcome per message, in order.
+
+        A ``Rejected`` among ``messages`` is something the source already knows is bad (a line over
+        the length limit, a broken CSV header): it goes straight to the dead-letter topic.
+        """
         if not messages:
             return []
-        charge = sum(len(m.payload) for m in messages) + _MESSAGE_OVERHEAD * len(messages)
+        charge = sum(len(m.payload if isinstance(m, RawMessage) else m.original) for m in messages)
+        charge += _MESSAGE_OVERHEAD * len(messages)
         await self._reserve(source, charge)
         self.health.add_in_flight(source, len(messages))
         try:
@@ -188,13 +193,21 @@ class IngestSink:
             self.health.add_in_flight(source, -len(messages))
             self._release(charge)
 
-    async def _write(self, source: SourceRef, messages: Sequence[RawMessage]) -> list[WriteOutcome]:
+    async def _write(self, source: SourceRef, given: Sequence[RawMessage | Rejected]) -> list[WriteOutcome]:
         groups: dict[tuple[str, int], _Group] = {}
         letters: list[_Letter] = []
-        placements: list[list[Placement]] = [[] for _ in messages]
+        placements: list[list[Placement]] = [[] for _ in given]
+        messages: list[RawMessage] = []
         health = self.health
-        for index, message in enumerate(messages):
-            results = self.router.route(source, message)
+        for index, item in enumerate(given):
+            results: list[Routed | Rejected]
+            if isinstance(item, Rejected):
+                message = RawMessage(item.original, device=item.device)
+                results = [item]
+            else:
+                message = item
+                results = self.router.route(source, message)
+            messages.append(message)
             device = message.device
             for result in results:
                 if isinstance(result, Rejected):
