@@ -108,6 +108,8 @@ class IngestSink:
         self._writable.set()
         self.messages_written = 0
         self.dead_lettered = 0
+        # (topic, partition count, key) -> partition: murmur2 in Python costs more than a dict lookup
+        self._partition_cache: dict[tuple[str, int, bytes], int] = {}
 
     # -- backpressure ---------------------------------------------------------------------------
 
@@ -251,8 +253,18 @@ class IngestSink:
         ]
 
     def _group_for(self, groups: dict[tuple[str, int], _Group], routed: Routed) -> _Group:
-        self.store.ensure_topic(routed.topic)
-        partition = self.store.partition_for(routed.topic, routed.key)
+        info = self.store.ensure_topic(routed.topic)
+        key = routed.key
+        if key is None:
+            partition = self.store.partition_for(routed.topic, None)
+        else:
+            cache_key = (routed.topic, info.partitions, key)
+            cached = self._partition_cache.get(cache_key)
+            if cached is None:
+                if len(self._partition_cache) >= 100_000:
+                    self._partition_cache.clear()
+                cached = self._partition_cache[cache_key] = self.store.partition_for(routed.topic, key)
+            partition = cached
         group = groups.get((routed.topic, partition))
         if group is None:
             group = groups[(routed.topic, partition)] = _Group(routed.topic, partition)
