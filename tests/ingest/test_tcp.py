@@ -217,3 +217,42 @@ async def test_stop_finishes_in_flight_writes(start_listener: Start) -> None:
     await listener.stop()
     assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
+
+
+async def test_acked_lines_survive_a_restart_of_the_segment_store(tmp_path: Path) -> None:
+    """Ack mode on the file store with flush=always: what was ACKed is there after reopening."""
+    from broker.log.config import FlushPolicy, TopicConfig
+    from broker.log.segment import SegmentLogStore
+
+    store = SegmentLogStore(tmp_path / "logs", default_config=TopicConfig(flush=FlushPolicy.ALWAYS),
+                            default_partitions=2)
+    await store.start()
+    sink = IngestSink(store, Router([], RouteDefaults()), HealthRegistry())
+    listener = TcpLineListener(TcpListenerConfig(port=0, ack=True, format="influx"), sink, sink.health)
+    await listener.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+    writer.write(b"".join(f"m,dev=d{i % 5} v={i}i {1_700_000_000 + i}000000000\n".encode() for i in range(500)))
+    writer.write(b"m,dev=x v=oops\n")
+    await writer.drain()
+    acked = 0
+    while acked < 501:
+        line = (await asyncio.wait_for(reader.readline(), 20)).decode()
+        assert line, "connection closed before the ACK"
+        if line.startswith("ACK"):
+            acked = int(line.split()[1])
+    writer.close()
+    await listener.stop()
+    await store.close()
+
+    reopened = SegmentLogStore(tmp_path / "logs")
+    await reopened.start()
+    try:
+        stored = records(reopened, "tcp")
+        assert sorted(int((r.value or b"").split(b" v=")[1].split(b"i")[0]) for r in stored) == list(range(500))
+        assert {r.timestamp for r in stored if r.key == b"m,dev=d0"} == {
+            (1_700_000_000 + i) * 1000 for i in range(0, 500, 5)
+        }
+        (letter,) = records(reopened, "_dead_letters")
+        assert b"invalid field value" in (letter.header("reason") or b"")
+    finally:
+        await reopened.close()
