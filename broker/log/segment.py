@@ -198,6 +198,14 @@ class SegmentPartitionLog(PartitionLog):
     async def _sync(self) -> None:
         """One fsync round: every descriptor with unsynced changes, in a worker thread."""
         targets: list[tuple[int, bool]] = []
+        if self._dir_dirty:
+            if self._dir_fd is None:
+                try:
+                    self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+                except OSError as exc:
+                    raise StorageError(f"cannot open {self.directory} to fsync it: {exc.strerror}") from exc
+            targets.append((self._dir_fd, True))
+            self._dir_dirty = False
         held: list[Segment] = []
         for seg in self._segments:
             if not (seg.dirty_log or seg.dirty_index):
@@ -209,11 +217,6 @@ class SegmentPartitionLog(PartitionLog):
             seg.dirty_log = seg.dirty_index = False
             seg.syncing += 1
             held.append(seg)
-        if self._dir_dirty:
-            if self._dir_fd is None:
-                self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-            targets.append((self._dir_fd, True))
-            self._dir_dirty = False
         active = self._active
         assert active.index is not None
         point = RecoveryPoint(active.base_offset, active.size, active.end_offset,
@@ -420,9 +423,14 @@ class SegmentLogStore(LogStore):
             logs: list[PartitionLog] = []
             for p in range(info.partitions):
                 directory = self._dir(info.name, p)
-                directory.mkdir(exist_ok=True)
-                rec = recover_partition(directory, interval=info.config.index_interval_bytes,
-                                        point=points.get(directory.name), now_ms=int(self._clock() * 1000))
+                try:
+                    directory.mkdir(exist_ok=True)
+                    rec = recover_partition(directory, interval=info.config.index_interval_bytes,
+                                            point=points.get(directory.name), now_ms=int(self._clock() * 1000))
+                except OSError as exc:
+                    raise StorageError(
+                        f"cannot recover partition directory {directory}: {exc.strerror or exc}"
+                    ) from exc
                 scanned += rec.scanned_bytes
                 truncated += rec.truncated_bytes
                 logs.append(self._make_log(info, p, rec.segments, rec.point))
