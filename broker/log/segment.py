@@ -223,6 +223,10 @@ class SegmentPartitionLog(PartitionLog):
                               active.index.max_timestamp, active.created_ms)
         try:
             await asyncio.get_running_loop().run_in_executor(self._executor, _fsync_all, targets)
+        except OSError as exc:
+            raise StorageError(
+                f"fsync failed in {self.directory} ({exc.strerror or exc}); the data may not be on disk"
+            ) from exc
         finally:
             for seg in held:
                 seg.syncing -= 1
