@@ -197,6 +197,8 @@ class SegmentPartitionLog(PartitionLog):
 
     async def _sync(self) -> None:
         """One fsync round: every descriptor with unsynced changes, in a worker thread."""
+        if self._failed is not None:
+            raise self._failed  # a retried fsync may "succeed" after the kernel dropped the pages
         targets: list[tuple[int, bool]] = []
         if self._dir_dirty:
             if self._dir_fd is None:
@@ -248,10 +250,13 @@ class SegmentPartitionLog(PartitionLog):
             raise self._failed
 
     async def close(self) -> None:
+        """Sync and close; raises if the partition failed (the caller must not mark a clean shutdown)."""
         if self._closed:
             return
         try:
             await self.flusher.close()
+            if self._failed is not None:
+                raise self._failed
         finally:
             self._closed = True
             for seg in self._segments:
@@ -464,9 +469,17 @@ class SegmentLogStore(LogStore):
         if self._checkpoint_task is not None:
             self._checkpoint_task.cancel()
             self._checkpoint_task = None
+        errors: list[BaseException] = []
         try:
-            await super().close()
+            for logs in self._partitions.values():
+                for log_ in logs:
+                    try:
+                        await log_.close()
+                    except StorageError as exc:
+                        errors.append(exc)
             self._write_checkpoint(force=True)
+            if errors:  # no clean-shutdown marker: the next start scans from the last good checkpoint
+                raise errors[0]
             atomic_write(self.root / CLEAN_MARKER, b"")
         finally:
             self._started = False
