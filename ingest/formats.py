@@ -41,6 +41,8 @@ PayloadFormat = Literal["json", "influx", "csv", "raw"]
 FORMATS: tuple[str, ...] = ("json", "influx", "csv", "raw")
 
 _MAX_ERROR_SNIPPET = 60
+_SERIES_CACHE: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}  # devices repeat their series
+_SERIES_CACHE_MAX = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +54,17 @@ class InfluxPoint:
 
     def series_key(self) -> str:
         """Measurement plus tag set, tags sorted by key, escaped as line protocol writes them."""
+        cache_key = (self.measurement, self.tags)
+        found = _SERIES_CACHE.get(cache_key)
+        if found is not None:
+            return found
+        if len(_SERIES_CACHE) >= _SERIES_CACHE_MAX:
+            _SERIES_CACHE.clear()
         parts = [_escape(self.measurement, ", ")]
         for k, v in sorted(self.tags):
             parts.append(f"{_escape(k, ',= ')}={_escape(v, ',= ')}")
-        return ",".join(parts)
+        found = _SERIES_CACHE[cache_key] = ",".join(parts)
+        return found
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -275,7 +284,7 @@ def _unescape(text: str) -> str:
 
 
 def _key_value(item: str, what: str, line: str) -> tuple[str, str]:
-    pair = _split_escaped(item, "=")
+    pair = item.split("=") if "\\" not in item and '"' not in item else _split_escaped(item, "=")
     if len(pair) < 2 or not pair[0]:
         raise FormatError(f"{what} {_snippet(item)!r} is not key=value: {_snippet(line)!r}")
     if len(pair) > 2:

@@ -331,7 +331,7 @@ class Router:
         self._rules: list[RouteRule] = []
         self.defaults = defaults or RouteDefaults()
         self._clock = clock
-        self._default_rules: dict[tuple[str, str | None], RouteRule] = {}
+        self._default_rules: dict[tuple[str, str], RouteRule] = {}
         for rule in rules:
             self.add_rule(rule)
 
@@ -366,7 +366,10 @@ class Router:
                 if not rule.fan_out:
                     return chosen
         if not chosen:
-            chosen.append(self.defaults.rule_for(source))
+            default = self._default_rules.get((source.kind, source.name))
+            if default is None:
+                default = self._default_rules[(source.kind, source.name)] = self.defaults.rule_for(source)
+            chosen.append(default)
         return chosen
 
     def route(self, source: SourceRef, message: RawMessage) -> list[Routed | Rejected]:

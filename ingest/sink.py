@@ -108,6 +108,8 @@ class IngestSink:
         self._writable.set()
         self.messages_written = 0
         self.dead_lettered = 0
+        # (topic, partition count, key) -> partition: murmur2 in Python costs more than a dict lookup
+        self._partition_cache: dict[tuple[str, int, bytes], int] = {}
 
     # -- backpressure ---------------------------------------------------------------------------
 
@@ -175,11 +177,16 @@ class IngestSink:
 
     # -- the write path -------------------------------------------------------------------------
 
-    async def write(self, source: SourceRef, messages: Sequence[RawMessage]) -> list[WriteOutcome]:
-        """Route, append and wait for durability; one outcome per message, in order."""
+    async def write(self, source: SourceRef, messages: Sequence[RawMessage | Rejected]) -> list[WriteOutcome]:
+        """Route, append and wait for durability; one outcome per message, in order.
+
+        A ``Rejected`` among ``messages`` is something the source already knows is bad (a line over
+        the length limit, a broken CSV header): it goes straight to the dead-letter topic.
+        """
         if not messages:
             return []
-        charge = sum(len(m.payload) for m in messages) + _MESSAGE_OVERHEAD * len(messages)
+        charge = sum(len(m.payload if isinstance(m, RawMessage) else m.original) for m in messages)
+        charge += _MESSAGE_OVERHEAD * len(messages)
         await self._reserve(source, charge)
         self.health.add_in_flight(source, len(messages))
         try:
@@ -188,13 +195,21 @@ class IngestSink:
             self.health.add_in_flight(source, -len(messages))
             self._release(charge)
 
-    async def _write(self, source: SourceRef, messages: Sequence[RawMessage]) -> list[WriteOutcome]:
+    async def _write(self, source: SourceRef, given: Sequence[RawMessage | Rejected]) -> list[WriteOutcome]:
         groups: dict[tuple[str, int], _Group] = {}
         letters: list[_Letter] = []
-        placements: list[list[Placement]] = [[] for _ in messages]
+        placements: list[list[Placement]] = [[] for _ in given]
+        messages: list[RawMessage] = []
         health = self.health
-        for index, message in enumerate(messages):
-            results = self.router.route(source, message)
+        for index, item in enumerate(given):
+            results: list[Routed | Rejected]
+            if isinstance(item, Rejected):
+                message = RawMessage(item.original, device=item.device)
+                results = [item]
+            else:
+                message = item
+                results = self.router.route(source, message)
+            messages.append(message)
             device = message.device
             for result in results:
                 if isinstance(result, Rejected):
@@ -238,8 +253,18 @@ class IngestSink:
         ]
 
     def _group_for(self, groups: dict[tuple[str, int], _Group], routed: Routed) -> _Group:
-        self.store.ensure_topic(routed.topic)
-        partition = self.store.partition_for(routed.topic, routed.key)
+        info = self.store.ensure_topic(routed.topic)
+        key = routed.key
+        if key is None:
+            partition = self.store.partition_for(routed.topic, None)
+        else:
+            cache_key = (routed.topic, info.partitions, key)
+            cached = self._partition_cache.get(cache_key)
+            if cached is None:
+                if len(self._partition_cache) >= 100_000:
+                    self._partition_cache.clear()
+                cached = self._partition_cache[cache_key] = self.store.partition_for(routed.topic, key)
+            partition = cached
         group = groups.get((routed.topic, partition))
         if group is None:
             group = groups[(routed.topic, partition)] = _Group(routed.topic, partition)

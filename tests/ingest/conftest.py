@@ -48,3 +48,28 @@ def read_all(store: LogStore, topic: str) -> dict[int, list[Record]]:
 
 def records(store: LogStore, topic: str) -> list[Record]:
     return [r for recs in read_all(store, topic).values() for r in recs]
+
+
+class GatedPartitionLog(MemoryPartitionLog):
+    """A partition whose durability waits while ``gate`` is closed (a stalled disk), then ``delay``."""
+
+    gate: asyncio.Event
+    delay = 0.0
+
+    async def _make_durable(self) -> None:
+        await self.gate.wait()
+        if self.delay:
+            await asyncio.sleep(self.delay)
+
+
+class GatedLogStore(MemoryLogStore):
+    def __init__(self, delay: float = 0.0, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.gate = asyncio.Event()
+        self.delay = delay
+
+    def _open_partition(self, info: TopicInfo, partition: int) -> PartitionLog:
+        log = GatedPartitionLog(info.name, partition, info.config)
+        log.gate = self.gate
+        log.delay = self.delay
+        return log
