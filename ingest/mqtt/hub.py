@@ -50,6 +50,10 @@ class IngestPort(Protocol):
         """Bytes accepted but not yet durable across all sources (reads pause above a high-water mark)."""
         ...
 
+    def connections_changed(self, delta: int) -> None:
+        """A client connected (+1) or went away (-1); for source health."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class HubConfig:

@@ -38,6 +38,12 @@ class SinkPort:
             self.source, [RawMessage(m.payload, m.topic, m.client_id, m.arrival_ms) for m in messages]
         )
 
+    def connections_changed(self, delta: int) -> None:
+        if delta > 0:
+            self.sink.health.connection_opened(self.source)
+        else:
+            self.sink.health.connection_closed(self.source)
+
     def backlog_bytes(self) -> int:
         return self.sink.pending_bytes if not self.sink.saturated else self.sink.max_pending_bytes + 1
 

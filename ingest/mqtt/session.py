@@ -217,6 +217,7 @@ class MqttConnection(asyncio.Protocol):
         self.last_rx = time.monotonic()
         self.hub.connections.add(self)
         self.hub.stats.connections_total += 1
+        self.hub.port.connections_changed(1)
 
     def data_received(self, data: bytes) -> None:
         if self.state == _CLOSED:
@@ -242,6 +243,7 @@ class MqttConnection(asyncio.Protocol):
         was_connected = self.state == _CONNECTED
         self.state = _CLOSED
         self.hub.connections.discard(self)
+        self.hub.port.connections_changed(-1)
         if was_connected and self._will is not None:
             self.hub.publish_will(self.client_id, self._will)
         self._will = None
