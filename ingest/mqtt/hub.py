@@ -79,6 +79,8 @@ class HubStats:
     protocol_errors: int = 0
     append_errors: int = 0
     wills_published: int = 0
+    read_pauses: int = 0  # times a connection's socket reads were paused for backpressure
+    max_queued: int = 0  # most messages one connection ever had waiting for the append
 
 
 @dataclass(eq=False)

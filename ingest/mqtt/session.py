@@ -71,7 +71,7 @@ from ingest.mqtt.subscriptions import valid_filter, valid_topic
 if TYPE_CHECKING:
     from ingest.mqtt.hub import Hub, Inbound
 
-__all__ = ["MqttConnection", "SessionState"]
+__all__ = ["READ_SIZE", "MqttConnection", "SessionState"]
 
 log = logging.getLogger("ingest.mqtt")
 
@@ -166,7 +166,14 @@ class SessionState:
         self.pump()
 
 
-class MqttConnection(asyncio.Protocol):
+# One read buffer shared by every connection: a read is handled synchronously (decoded, and any partial
+# packet copied into that connection's decoder) before the next read, so idle connections hold no buffer,
+# and one read never brings in more than this many bytes.
+READ_SIZE = 64 * 1024
+_READ_VIEW = memoryview(bytearray(READ_SIZE))
+
+
+class MqttConnection(asyncio.BufferedProtocol):
     """One client socket: decodes packets, drives the rules above, writes answers."""
 
     __slots__ = (
@@ -218,6 +225,15 @@ class MqttConnection(asyncio.Protocol):
         self.hub.connections.add(self)
         self.hub.stats.connections_total += 1
         self.hub.port.connections_changed(1)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _READ_VIEW
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(_READ_VIEW[:nbytes]))
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport
 
     def data_received(self, data: bytes) -> None:
         if self.state == _CLOSED:
@@ -515,6 +531,8 @@ class MqttConnection(asyncio.Protocol):
         self._queued += len(batch)
         stats = self.hub.stats
         stats.messages_in += len(batch)
+        if self._queued > stats.max_queued:
+            stats.max_queued = self._queued
         if self.worker is None:
             self.worker = self.hub.spawn(self._drain())
         if not self.paused and self.state != _CLOSED and (
@@ -522,6 +540,7 @@ class MqttConnection(asyncio.Protocol):
             or self.hub.port.backlog_bytes() > self.hub.config.backlog_high_bytes
         ):
             self.paused = True
+            stats.read_pauses += 1
             if self.transport is not None:
                 self.transport.pause_reading()
 
