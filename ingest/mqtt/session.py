@@ -41,7 +41,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ingest.mqtt.codec import Decoder, encode, encode_publish
 from ingest.mqtt.errors import ProtocolError, UnsupportedProtocol
@@ -219,8 +219,7 @@ class MqttConnection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
         self.last_rx = time.monotonic()
         self.hub.connections.add(self)
         self.hub.stats.connections_total += 1
