@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sluice.ingest_components import file_component, tcp_component
-from sluice.mqtt_wiring import mqtt_listener
+from sluice.mqtt_wiring import mqtt_bridges, mqtt_listener
 from sluice.runtime import Component, Runtime
 
 __all__ = ["COMPONENT_FACTORIES", "build_components"]
@@ -20,6 +20,7 @@ ComponentFactory = Callable[[Runtime], Component | None]
 COMPONENT_FACTORIES: list[ComponentFactory] = [
     # Filled in by the Kafka, ingest, processor and HTTP work.
     mqtt_listener,  # MQTT 3.1.1/5.0 device front door -> ingest sink
+    mqtt_bridges,  # [[mqtt.bridges]]: external MQTT brokers -> ingest sink, acked after the append
     tcp_component,  # TCP line ingest (NDJSON, InfluxDB line protocol, CSV)
     file_component,  # file replay/tail sources from [[ingest.files]]
 ]
