@@ -78,6 +78,7 @@ log = logging.getLogger("ingest.mqtt")
 _NEW, _CONNECTED, _CLOSED = 0, 1, 2
 _PINGRESP = b"\xd0\x00"
 _FOREVER = float("inf")
+_MAX_BATCH = 4096  # messages per append call
 
 
 class SessionState:
@@ -178,6 +179,7 @@ class MqttConnection(asyncio.BufferedProtocol):
 
     __slots__ = (
         "_aliases",
+        "_arrival_ms",
         "_batch",
         "_queue",
         "_queued",
@@ -212,6 +214,7 @@ class MqttConnection(asyncio.BufferedProtocol):
         self.paused = False
         self.worker: asyncio.Task[None] | None = None
         self._aliases: dict[int, str] | None = None
+        self._arrival_ms = 0  # receive time of the current read, shared by its packets
         self._batch: list[tuple[Inbound, int]] = []
         self._queue: deque[list[tuple[Inbound, int]]] | None = None
         self._queued = 0
@@ -238,6 +241,7 @@ class MqttConnection(asyncio.BufferedProtocol):
         if self.state == _CLOSED:
             return
         self.last_rx = time.monotonic()
+        self._arrival_ms = int(time.time() * 1000)
         try:
             packets = self.decoder.feed(data)
         except UnsupportedProtocol as exc:
@@ -489,7 +493,7 @@ class MqttConnection(asyncio.BufferedProtocol):
         from ingest.mqtt.hub import Inbound
 
         self._batch.append(
-            (Inbound(topic, packet.payload, qos, packet.retain, self.client_id, int(time.time() * 1000)), pid)
+            (Inbound(topic, packet.payload, qos, packet.retain, self.client_id, self._arrival_ms), pid)
         )
 
     def _on_subscribe(self, packet: Subscribe, session: SessionState) -> None:
@@ -526,7 +530,13 @@ class MqttConnection(asyncio.BufferedProtocol):
         self._batch = []
         if self._queue is None:
             self._queue = deque()
-        self._queue.append(batch)
+        queue = self._queue
+        # Reads that arrive while an append is running join the waiting batch: one append (one fsync)
+        # then covers many reads (group commit), and acks still leave in arrival order.
+        if queue and len(queue[-1]) < _MAX_BATCH:
+            queue[-1].extend(batch)
+        else:
+            queue.append(batch)
         self._queued += len(batch)
         stats = self.hub.stats
         stats.messages_in += len(batch)
@@ -550,7 +560,7 @@ class MqttConnection(asyncio.BufferedProtocol):
         hub = self.hub
         try:
             while queue:
-                batch = queue[0]
+                batch = queue.popleft()  # taken: later reads start a new batch
                 messages = [m for m, _ in batch]
                 try:
                     await hub.port.ingest(messages)
@@ -558,15 +568,14 @@ class MqttConnection(asyncio.BufferedProtocol):
                     hub.stats.append_errors += 1
                     log.exception("durable append failed; closing the client unacknowledged",
                                   extra={"client_id": self.client_id, "messages": len(batch)})
-                    for batch in queue:
-                        for _, pid in batch:
+                    for failed in (batch, *queue):
+                        for _, pid in failed:
                             session.pending_in.discard(pid)
                     queue.clear()
                     self._queued = 0
                     if self.state != _CLOSED:
                         self._disconnect(Reason.UNSPECIFIED_ERROR, f"append failed: {exc}")
                     return
-                queue.popleft()
                 self._queued -= len(batch)
                 acks = []
                 for msg, pid in batch:
