@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 import uuid
 from collections import deque
@@ -66,10 +67,10 @@ from ingest.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from ingest.mqtt.subscriptions import valid_filter, valid_topic
+from ingest.mqtt.subscriptions import valid_filter
 
 if TYPE_CHECKING:
-    from ingest.mqtt.hub import Hub, Inbound
+    from ingest.mqtt.hub import Accepted, Hub
 
 __all__ = ["READ_SIZE", "MqttConnection", "SessionState"]
 
@@ -79,6 +80,8 @@ _NEW, _CONNECTED, _CLOSED = 0, 1, 2
 _PINGRESP = b"\xd0\x00"
 _FOREVER = float("inf")
 _MAX_BATCH = 4096  # messages per append call
+_PUBACK = 0x40020000  # fixed header + remaining length 2; the packet id goes in the low 16 bits
+_PUBREC = 0x50020000
 
 
 class SessionState:
@@ -215,8 +218,8 @@ class MqttConnection(asyncio.BufferedProtocol):
         self.worker: asyncio.Task[None] | None = None
         self._aliases: dict[int, str] | None = None
         self._arrival_ms = 0  # receive time of the current read, shared by its packets
-        self._batch: list[tuple[Inbound, int]] = []
-        self._queue: deque[list[tuple[Inbound, int]]] | None = None
+        self._batch: list[Accepted] = []
+        self._queue: deque[list[Accepted]] | None = None
         self._queued = 0
         self._will: Will | None = None
 
@@ -251,7 +254,10 @@ class MqttConnection(asyncio.BufferedProtocol):
             self._protocol_error(exc)
             return
         for packet in packets:
-            self._handle(packet)
+            if type(packet) is Publish and self.state == _CONNECTED:
+                self._on_publish(packet, self.session)  # type: ignore[arg-type]  # set once CONNECTED
+            else:
+                self._handle(packet)
             if self.state == _CLOSED:
                 break
         self._flush_batch()  # publishes accepted before a DISCONNECT (or an error) are still appended
@@ -455,7 +461,7 @@ class MqttConnection(asyncio.BufferedProtocol):
 
     def _on_publish(self, packet: Publish, session: SessionState) -> None:
         topic = packet.topic
-        alias = packet.properties.topic_alias
+        alias = packet.properties.topic_alias if packet.properties is not NO_PROPERTIES else None
         if alias is not None:
             if alias == 0 or alias > self.hub.config.topic_alias_maximum:
                 self._protocol_error(ProtocolError(f"topic alias {alias} out of range", Reason.TOPIC_ALIAS_INVALID))
@@ -470,7 +476,7 @@ class MqttConnection(asyncio.BufferedProtocol):
                     self._protocol_error(ProtocolError(f"unknown topic alias {alias}", Reason.PROTOCOL_ERROR))
                     return
                 topic = known
-        if not valid_topic(topic):
+        if not topic or "+" in topic or "#" in topic:  # valid_topic(), inlined on the hot path
             self._protocol_error(ProtocolError(f"invalid topic name {topic!r}", Reason.TOPIC_NAME_INVALID))
             return
         qos = packet.qos
@@ -490,11 +496,9 @@ class MqttConnection(asyncio.BufferedProtocol):
                 self._protocol_error(ProtocolError("Receive Maximum exceeded", Reason.RECEIVE_MAXIMUM_EXCEEDED))
                 return
             session.pending_in.add(pid)
-        from ingest.mqtt.hub import Inbound
-
-        self._batch.append(
-            (Inbound(topic, packet.payload, qos, packet.retain, self.client_id, self._arrival_ms), pid)
-        )
+        if topic is not packet.topic:  # resolved from a topic alias
+            packet = Publish(topic, packet.payload, qos, packet.retain, packet.dup, packet.packet_id)
+        self._batch.append((packet, pid, self._arrival_ms))
 
     def _on_subscribe(self, packet: Subscribe, session: SessionState) -> None:
         v5 = self.version == MQTT_5
@@ -561,15 +565,14 @@ class MqttConnection(asyncio.BufferedProtocol):
         try:
             while queue:
                 batch = queue.popleft()  # taken: later reads start a new batch
-                messages = [m for m, _ in batch]
                 try:
-                    await hub.port.ingest(messages)
+                    await hub.port.ingest(self.client_id, batch)
                 except Exception as exc:
                     hub.stats.append_errors += 1
                     log.exception("durable append failed; closing the client unacknowledged",
                                   extra={"client_id": self.client_id, "messages": len(batch)})
                     for failed in (batch, *queue):
-                        for _, pid in failed:
+                        for _, pid, _ in failed:
                             session.pending_in.discard(pid)
                     queue.clear()
                     self._queued = 0
@@ -578,18 +581,19 @@ class MqttConnection(asyncio.BufferedProtocol):
                     return
                 self._queued -= len(batch)
                 acks = []
-                for msg, pid in batch:
+                pending_in = session.pending_in
+                for msg, pid, _ in batch:
                     if pid:
-                        session.pending_in.discard(pid)
+                        pending_in.discard(pid)
                         if msg.qos == 1:
-                            acks.append(b"\x40\x02" + pid.to_bytes(2, "big"))
+                            acks.append(_PUBACK | pid)
                         else:
                             session.awaiting_rel.add(pid)
-                            acks.append(b"\x50\x02" + pid.to_bytes(2, "big"))
+                            acks.append(_PUBREC | pid)
                 conn = session.connection
                 if acks and conn is not None and conn.state == _CONNECTED and conn.transport is not None:
-                    conn.transport.write(b"".join(acks))
-                hub.deliver(messages)
+                    conn.transport.write(struct.pack(f">{len(acks)}I", *acks))  # 4-byte PUBACK/PUBREC each
+                hub.deliver(self.client_id, batch)
                 if self.paused and self._queued <= hub.config.receive_maximum // 2:
                     self.paused = False
                     if self.transport is not None and self.state != _CLOSED:
