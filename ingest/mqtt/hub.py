@@ -46,6 +46,10 @@ class IngestPort(Protocol):
         """A client connected (+1) or went away (-1); for source health."""
         ...
 
+    def reads_paused(self, paused: bool) -> None:
+        """A connection's socket reads were paused (True) or resumed (False) by backpressure."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class HubConfig:

@@ -42,6 +42,12 @@ class SinkPort:
         else:
             self.sink.health.connection_closed(self.source)
 
+    def reads_paused(self, paused: bool) -> None:
+        if paused:
+            self.sink.health.pause_started(self.source)
+        else:
+            self.sink.health.pause_ended(self.source)
+
     def backlog_bytes(self) -> int:
         return self.sink.pending_bytes if not self.sink.saturated else self.sink.max_pending_bytes + 1
 

@@ -63,6 +63,7 @@ from ingest.mqtt.packets import (
     Reason,
     Suback,
     Subscribe,
+    Subscription,
     Unsuback,
     Unsubscribe,
     Will,
@@ -102,7 +103,7 @@ class SessionState:
 
     def __init__(self, client_id: str) -> None:
         self.client_id = client_id
-        self.subscriptions: dict[str, Any] = {}
+        self.subscriptions: dict[str, Subscription] = {}
         self.inflight_out: dict[int, Publish | None] = {}  # None: PUBREC received, PUBREL sent
         self.queue: deque[tuple[str, bytes, int, bool]] | None = None
         self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids answered with PUBREC
@@ -269,6 +270,9 @@ class MqttConnection(asyncio.BufferedProtocol):
         self.state = _CLOSED
         self.hub.connections.discard(self)
         self.hub.port.connections_changed(-1)
+        if self.paused:
+            self.paused = False
+            self.hub.port.reads_paused(False)
         if was_connected and self._will is not None:
             self.hub.publish_will(self.client_id, self._will)
         self._will = None
@@ -554,6 +558,7 @@ class MqttConnection(asyncio.BufferedProtocol):
         ):
             self.paused = True
             stats.read_pauses += 1
+            self.hub.port.reads_paused(True)
             if self.transport is not None:
                 self.transport.pause_reading()
 
@@ -596,6 +601,7 @@ class MqttConnection(asyncio.BufferedProtocol):
                 hub.deliver(self.client_id, batch)
                 if self.paused and self._queued <= hub.config.receive_maximum // 2:
                     self.paused = False
+                    hub.port.reads_paused(False)
                     if self.transport is not None and self.state != _CLOSED:
                         self.transport.resume_reading()
         finally:

@@ -22,6 +22,7 @@ from ingest.mqtt.packets import (
     Unsubscribe,
 )
 from ingest.mqtt.session import READ_SIZE
+from ingest.routing import SourceRef
 from tests.ingest.conftest import SlowLogStore, records
 from tests.ingest.mqtt.conftest import MqttServer, RawClient, StartServer, wait_until
 
@@ -106,6 +107,9 @@ async def test_reads_pause_while_appends_are_behind_and_nothing_is_lost(start_se
     assert acked == list(range(1, n + 1))  # in order (§4.6)
     stats = server.hub.stats
     assert stats.read_pauses >= 1
+    health = server.runtime.registries["ingest_health"].source(SourceRef("mqtt", "default"))
+    assert health.pauses >= 1 and health.paused_s > 0 and health.paused_count == 0
+    assert health.messages == n and health.connections == 1
     # reads stop at the limit; what one read (at most READ_SIZE bytes) already held can exceed it
     assert stats.max_queued <= 8 + READ_SIZE // 1000 + 1
     assert [r.value for r in records(server.store, "mqtt")] == [b"%04d" % i + payload for i in range(n)]
