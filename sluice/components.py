@@ -15,8 +15,16 @@ __all__ = ["COMPONENT_FACTORIES", "build_components"]
 
 ComponentFactory = Callable[[Runtime], Component | None]
 
+
+def _http_component(runtime: Runtime) -> Component | None:
+    from sluice.http.server import http_component  # imported lazily: FastAPI is not needed to build the rest
+
+    return http_component(runtime)
+
+
 COMPONENT_FACTORIES: list[ComponentFactory] = [
     # Filled in by the Kafka, ingest, processor and HTTP work.
+    _http_component,
 ]
 
 
