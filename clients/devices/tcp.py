@@ -1,0 +1,103 @@
+"""``TcpDevice``: a sensor that writes newline-delimited readings to Sluice's TCP listener.
+
+Dependency-free (asyncio streams only). Readings are JSON objects (NDJSON), or lines of another
+format (InfluxDB line protocol, CSV) passed as ``str``/``bytes`` with no newline.
+
+Ack mode (``ack=True``, listener started with ``tcp.ack = true``): after each batch of lines the
+listener answers once they are durable; the device keeps the lines in its buffer until then and sends
+them again after a reconnect. See ``parse_ack`` for the answer format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from typing import Any
+
+from clients.devices.base import BufferedDevice, Overflow
+from clients.errors import DeviceError
+
+__all__ = ["AckProtocolError", "TcpDevice", "parse_ack"]
+
+_ACK = re.compile(rb"^\s*(?:ok|ack)\s+(\d+)", re.IGNORECASE)
+
+
+class AckProtocolError(DeviceError, ConnectionError):
+    """The listener's answer was not an acknowledgement; the link is dropped and the lines resent."""
+
+
+def parse_ack(line: bytes) -> int:
+    """Lines acknowledged by one answer line, ``ok <n>``."""
+    match = _ACK.match(line)
+    if match is None:
+        raise AckProtocolError(f"unexpected answer from the TCP listener: {line[:80]!r}")
+    return int(match.group(1))
+
+
+class TcpDevice(BufferedDevice):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8094,
+        *,
+        ack: bool = False,
+        ack_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+        buffer_size: int = 10_000,
+        overflow: Overflow = "block",
+        max_batch: int = 500,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(
+            buffer_size=buffer_size,
+            overflow=overflow,
+            max_batch=max_batch,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+            name=name or f"tcp:{host}:{port}",
+        )
+        self.host = host
+        self.port = port
+        self.ack = ack
+        self.ack_timeout = ack_timeout
+        self.connect_timeout = connect_timeout
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._link_errors = (*BufferedDevice._link_errors, TimeoutError, AckProtocolError)
+
+    async def _open(self) -> None:
+        self._reader, self._writer = await asyncio.wait_for(
+            asyncio.open_connection(self.host, self.port), self.connect_timeout
+        )
+
+    async def _deliver(self, items: list[bytes]) -> None:
+        writer, reader = self._writer, self._reader
+        if writer is None or reader is None:
+            raise ConnectionError("not connected")
+        for item in items:
+            if b"\n" in item:
+                raise DeviceError(f"a reading for {self.name} contains a newline; the line protocol cannot carry it")
+        writer.write(b"\n".join(items) + b"\n")
+        await writer.drain()
+        if not self.ack:
+            return
+        acked = 0
+        while acked < len(items):
+            line = await asyncio.wait_for(reader.readline(), self.ack_timeout)
+            if not line:
+                raise ConnectionError("the TCP listener closed the connection before acknowledging")
+            acked += parse_ack(line)
+
+    async def _drop_connection(self) -> None:
+        writer, self._writer, self._reader = self._writer, None, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def send_reading(self, device_id: str, **fields: Any) -> None:
+        """Convenience: ``{"device": device_id, **fields}`` as one NDJSON line."""
+        await self.send({"device": device_id, **fields})
