@@ -26,6 +26,7 @@ from broker.protocol.kafka import (
     FrameDecoder,
     FrameError,
     MalformedRequestError,
+    Request,
     RequestHeader,
     UnsupportedRequestError,
     decode_request,
@@ -38,7 +39,7 @@ from broker.server import handlers_groups as groups
 from broker.server import handlers_produce as producing
 from broker.server.handlers_common import BrokerContext, ConnectionInfo
 
-__all__ = ["KafkaServer", "KafkaServerConfig"]
+__all__ = ["KafkaServer", "KafkaServerConfig", "handle_request"]
 
 log = logging.getLogger("broker.server.kafka")
 
@@ -66,6 +67,14 @@ _HANDLERS: dict[int, Handler] = {
     ApiKey.INIT_PRODUCER_ID: lambda c, h, b, n: producing.handle_init_producer_id(c, b, n),
     ApiKey.DESCRIBE_CONFIGS: lambda c, h, b, n: admin.handle_describe_configs(c, b, n),
 }
+
+
+async def handle_request(ctx: BrokerContext, request: Request, conn: ConnectionInfo) -> Any:
+    """The response body for a decoded request (None: no response, acks=0); no sockets involved."""
+    header = request.header
+    if header.api_key == ApiKey.PRODUCE:
+        return await producing.handle_produce(ctx, request.body, conn)
+    return await _HANDLERS[header.api_key](ctx, header, request.body, conn)
 
 
 @dataclass(frozen=True, slots=True)

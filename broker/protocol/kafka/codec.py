@@ -276,9 +276,9 @@ def encode_unsupported_version(api_key: int, version: int, correlation_id: int) 
 def encode_request(header: RequestHeader, body: Any) -> bytes:
     """A request frame as a client sends it (size prefix included)."""
     key, version = header.api_key, header.api_version
-    if key == ApiKey.PRODUCE:
+    if isinstance(body, produce.ProduceRequest):
         raw = produce.encode_produce_request(body, version)
-    elif key == ApiKey.FETCH:
+    elif isinstance(body, fetch.FetchRequest):
         raw = fetch.encode_fetch_request(body, version)
     else:
         cls = load_request_schema(key, version)
