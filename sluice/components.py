@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sluice.kafka_component import kafka_component
 from sluice.runtime import Component, Runtime
 
 __all__ = ["COMPONENT_FACTORIES", "build_components"]
@@ -17,6 +18,7 @@ ComponentFactory = Callable[[Runtime], Component | None]
 
 COMPONENT_FACTORIES: list[ComponentFactory] = [
     # Filled in by the Kafka, ingest, processor and HTTP work.
+    kafka_component,
 ]
 
 

@@ -38,7 +38,9 @@ from broker.server.handlers_common import BrokerContext, ConnectionInfo
 from broker.server.kafka import handle_request
 from tests.broker.protocol.kafka.samples import BATCH, SAMPLE_REQUESTS
 
-CASES = [(key, v) for key, spec in sorted(SUPPORTED_APIS.items()) for v in range(spec.min_version, spec.max_version + 1)]
+CASES = [
+    (key, v) for key, spec in sorted(SUPPORTED_APIS.items()) for v in range(spec.min_version, spec.max_version + 1)
+]
 
 
 def _ids(case: tuple[int, int]) -> str:
