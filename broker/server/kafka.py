@@ -129,23 +129,24 @@ class KafkaServer:
         conn = ConnectionInfo(str(peer[0]), int(peer[1]))
         queue: asyncio.Queue[tuple[RequestHeader | None, Any]] = asyncio.Queue(_PIPELINE_DEPTH)
         sender = asyncio.create_task(self._send_loop(queue, writer, conn))
+        cancelled = False
         try:
             await self._receive_loop(reader, queue, conn)
-        except _CloseConnection:
-            pass
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (_CloseConnection, ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
-            sender.cancel()
-            raise
+            cancelled = True  # server stopping: the connection ends here (not re-raised: nobody awaits it)
         except Exception:
             log.exception("Kafka connection failed; closing it", extra={"peer": conn.peer_host})
         finally:
-            if not sender.done():
-                with contextlib.suppress(asyncio.CancelledError):
+            if cancelled:
+                sender.cancel()
+            else:
+                try:
                     await queue.put((None, None))  # let queued responses go out, then stop
-                with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.wait_for(sender, 30)
+                except (Exception, asyncio.CancelledError):
+                    sender.cancel()
             writer.close()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await writer.wait_closed()
