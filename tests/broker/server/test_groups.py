@@ -111,7 +111,8 @@ def test_group_survives_a_killed_member_and_a_broker_restart(
     members = [_member(server.bootstrap, out) for out in outs]
     watcher = CommitWatcher(server.bootstrap)
     try:
-        _wait(lambda: sorted(len(_assignment(o)) for o in outs) == [2, 2, 2], 60, "three members with 2 partitions each")
+        _wait(lambda: sorted(len(_assignment(o)) for o in outs) == [2, 2, 2], 60,
+              "three members with 2 partitions each")
         watcher.start()
         producing = threading.Thread(target=_produce, args=(server.bootstrap, 100, N - 100, 4000.0))
         producing.start()
