@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from broker.groups.coordinator import GroupCoordinator
 from sluice.http.context import ApiContext, Ctx
 from sluice.http.groups import collect_group, list_group_summaries
 from sluice.http.ops import processor_statuses, source_rows
@@ -40,9 +41,11 @@ class RuntimeCollector(Collector):
 
     async def refresh(self) -> None:
         coordinator = self.ctx.runtime.registries.get("groups")
+        if not isinstance(coordinator, GroupCoordinator):
+            coordinator = None
         rows: list[tuple[str, str, int, int | None, int | None]] = []
-        for summary in await list_group_summaries(coordinator):
-            detail = await collect_group(coordinator, self.ctx.store, summary.group_id)
+        for summary in list_group_summaries(coordinator):
+            detail = collect_group(coordinator, self.ctx.store, summary.group_id)
             rows.extend((summary.group_id, p.topic, p.partition, p.lag, p.event_time_lag_ms) for p in detail.partitions)
         self.groups = rows
         self.sources = await source_rows(self.ctx)
@@ -105,8 +108,8 @@ class RuntimeCollector(Collector):
                     continue
                 elif field in _INGEST_COUNTERS:
                     name = f"sluice_ingest_{field}"
-                elif field in ("last_seen", "last_seen_s", "last_seen_ts"):
-                    name, value = "sluice_ingest_seconds_since_last_seen", max(now - float(value), 0.0)
+                elif field == "last_seen_ms":
+                    name, value = "sluice_ingest_seconds_since_last_seen", max(now - float(value) / 1000, 0.0)
                 else:
                     name = f"sluice_ingest_{field}"
                 if name not in families:
