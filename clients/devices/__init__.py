@@ -1,7 +1,7 @@
 """Device helpers: sensors that send readings to Sluice's TCP and MQTT front doors."""
 
 from clients.devices.base import BufferedDevice, DeviceStats, Overflow, encode_payload
-from clients.devices.tcp import AckProtocolError, TcpDevice, parse_ack
+from clients.devices.tcp import AckProtocolError, TcpDevice, parse_answer
 
 __all__ = [
     "AckProtocolError",
@@ -11,7 +11,7 @@ __all__ = [
     "Overflow",
     "TcpDevice",
     "encode_payload",
-    "parse_ack",
+    "parse_answer",
 ]
 
 

@@ -3,9 +3,16 @@
 Dependency-free (asyncio streams only). Readings are JSON objects (NDJSON), or lines of another
 format (InfluxDB line protocol, CSV) passed as ``str``/``bytes`` with no newline.
 
-Ack mode (``ack=True``, listener started with ``tcp.ack = true``): after each batch of lines the
-listener answers once they are durable; the device keeps the lines in its buffer until then and sends
-them again after a reconnect. See ``parse_ack`` for the answer format.
+Ack mode (``ack=True``, listener started with ``tcp.ack = true``): after each batch of lines is durable
+the listener answers (``ingest/tcp/listener.py``)::
+
+    ERR <line> <reason>                 a line that went to the dead-letter topic (counted in stats.rejected)
+    OK <topic> <partition> <offset>     the last offset written to a partition
+    ACK <line>                          every line up to <line> (counted from 1 per connection) is durable
+    FATAL <reason>                      the log could not take the batch; the connection closes
+
+The device keeps lines in its buffer until an ``ACK`` covers them and sends them again after a
+reconnect (at-least-once).
 """
 
 from __future__ import annotations
@@ -18,21 +25,21 @@ from typing import Any
 from clients.devices.base import BufferedDevice, Overflow
 from clients.errors import DeviceError
 
-__all__ = ["AckProtocolError", "TcpDevice", "parse_ack"]
+__all__ = ["AckProtocolError", "TcpDevice", "parse_answer"]
 
-_ACK = re.compile(rb"^\s*(?:ok|ack)\s+(\d+)", re.IGNORECASE)
+_ANSWER = re.compile(rb"^(ACK|OK|ERR|FATAL)(?: (.*))?$")
 
 
 class AckProtocolError(DeviceError, ConnectionError):
-    """The listener's answer was not an acknowledgement; the link is dropped and the lines resent."""
+    """The listener's answer was not understood, or was FATAL; the link is dropped and the lines resent."""
 
 
-def parse_ack(line: bytes) -> int:
-    """Lines acknowledged by one answer line, ``ok <n>``."""
-    match = _ACK.match(line)
+def parse_answer(line: bytes) -> tuple[str, str]:
+    """One answer line as (kind, rest): kind is ACK, OK, ERR or FATAL."""
+    match = _ANSWER.match(line.rstrip(b"\r\n"))
     if match is None:
         raise AckProtocolError(f"unexpected answer from the TCP listener: {line[:80]!r}")
-    return int(match.group(1))
+    return match.group(1).decode(), (match.group(2) or b"").decode("utf-8", "replace")
 
 
 class TcpDevice(BufferedDevice):
@@ -66,12 +73,16 @@ class TcpDevice(BufferedDevice):
         self.connect_timeout = connect_timeout
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self._line_no = 0  # lines written on the current connection
+        self.rejected = 0  # lines the listener sent to the dead-letter topic (ERR answers)
+        self.last_error_line: str | None = None
         self._link_errors = (*BufferedDevice._link_errors, TimeoutError, AckProtocolError)
 
     async def _open(self) -> None:
         self._reader, self._writer = await asyncio.wait_for(
             asyncio.open_connection(self.host, self.port), self.connect_timeout
         )
+        self._line_no = 0
 
     async def _deliver(self, items: list[bytes]) -> None:
         writer, reader = self._writer, self._reader
@@ -82,14 +93,21 @@ class TcpDevice(BufferedDevice):
                 raise DeviceError(f"a reading for {self.name} contains a newline; the line protocol cannot carry it")
         writer.write(b"\n".join(items) + b"\n")
         await writer.drain()
+        self._line_no += len(items)
         if not self.ack:
             return
-        acked = 0
-        while acked < len(items):
+        while True:
             line = await asyncio.wait_for(reader.readline(), self.ack_timeout)
             if not line:
                 raise ConnectionError("the TCP listener closed the connection before acknowledging")
-            acked += parse_ack(line)
+            kind, rest = parse_answer(line)
+            if kind == "ACK" and int(rest.split()[0]) >= self._line_no:
+                return
+            if kind == "ERR":
+                self.rejected += 1
+                self.last_error_line = rest
+            elif kind == "FATAL":
+                raise AckProtocolError(f"the TCP listener could not store the batch: {rest}")
 
     async def _drop_connection(self) -> None:
         writer, self._writer, self._reader = self._writer, None, None

@@ -11,13 +11,13 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from clients.devices import MqttDevice, TcpDevice, parse_ack
+from clients.devices import MqttDevice, TcpDevice, parse_answer
 from clients.errors import BufferFullError
 from tests.clients.mosquitto import Mosquitto, free_port
 
 
 class LineServer:
-    """A TCP peer that reads lines and (in ack mode) answers ``ok <n>`` per read batch."""
+    """A TCP peer that can be cut at will; in ack mode it answers as Sluice's listener does (``ACK <line>``)."""
 
     def __init__(self, port: int, ack: bool) -> None:
         self.port, self.ack = port, ack
@@ -40,6 +40,7 @@ class LineServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.writers.add(writer)
+        line_no = 0
         try:
             while True:
                 data = await reader.read(65536)
@@ -53,8 +54,9 @@ class LineServer:
                     return  # lost before the durable append: no ack
                 self.lines.extend(lines)
                 self.got.set()
+                line_no += len(lines)
                 if self.ack:
-                    writer.write(b"ok %d\n" % len(lines))
+                    writer.write(b"OK tcp 0 %d\nACK %d\n" % (len(self.lines) - 1, line_no))
                     await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             return
@@ -71,10 +73,11 @@ async def ack_server() -> AsyncIterator[LineServer]:
     await server.stop()
 
 
-def test_parse_ack() -> None:
-    assert parse_ack(b"ok 12\n") == 12
+def test_parse_answer() -> None:
+    assert parse_answer(b"ACK 12\n") == ("ACK", "12")
+    assert parse_answer(b"ERR 3 json: bad\n") == ("ERR", "3 json: bad")
     with pytest.raises(ConnectionError):
-        parse_ack(b"what?\n")
+        parse_answer(b"what?\n")
 
 
 async def test_tcp_device_sends_ndjson_lines_with_acks(ack_server: LineServer) -> None:
