@@ -10,16 +10,26 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sluice.ingest_components import file_component, tcp_component
+from sluice.kafka_component import kafka_component
 from sluice.runtime import Component, Runtime
 
 __all__ = ["COMPONENT_FACTORIES", "build_components"]
 
 ComponentFactory = Callable[[Runtime], Component | None]
 
+
+def _http_component(runtime: Runtime) -> Component | None:
+    from sluice.http.server import http_component  # imported lazily: FastAPI is not needed to build the rest
+
+    return http_component(runtime)
+
+
 COMPONENT_FACTORIES: list[ComponentFactory] = [
     # Filled in by the Kafka, ingest, processor and HTTP work.
+    kafka_component,
     tcp_component,  # TCP line ingest (NDJSON, InfluxDB line protocol, CSV)
     file_component,  # file replay/tail sources from [[ingest.files]]
+    _http_component,  # HTTP API last: starts once everything it reports on is up, stops first
 ]
 
 
