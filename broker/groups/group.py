@@ -27,7 +27,8 @@ Rules:
    parked SyncGroup with REBALANCE_IN_PROGRESS and clears the assignments. The rebalance deadline is
    now + the largest rebalance timeout of the members.
 5. The rebalance completes when every member has a parked JoinGroup and no pending member id is
-   outstanding, or when the deadline passes; members without a parked JoinGroup are then removed.
+   outstanding, or when the deadline passes, or at once when no member is left; members without a
+   parked JoinGroup are then removed.
    Completion bumps the generation, picks the protocol (each member votes for its most preferred one
    among those all support; most votes wins, ties to the leader's preference), and answers every
    parked JoinGroup; only the leader's answer lists the members with their metadata. With members the
@@ -469,9 +470,11 @@ class Group:
         if self.state is not GroupState.PREPARING_REBALANCE:
             return
         all_joined = not self.pending and all(m.awaiting_join for m in self.members.values())
-        delay_over = self.join_not_before is None or now >= self.join_not_before
+        if self.join_not_before is not None and now >= self.join_not_before:
+            self.join_not_before = None
+        delay_over = self.join_not_before is None
         timed_out = self.rebalance_deadline is not None and now >= self.rebalance_deadline
-        if (all_joined and delay_over) or timed_out:
+        if (all_joined and delay_over) or timed_out or not self.members:
             self._complete_join(now, effects)
 
     def _complete_join(self, now: float, effects: Effects) -> None:
