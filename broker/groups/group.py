@@ -44,8 +44,9 @@ Rules:
    PreparingRebalance → REBALANCE_IN_PROGRESS; otherwise NONE. Heartbeats, JoinGroup, SyncGroup and
    accepted commits push the member's session deadline to now + session timeout.
 8. A member whose session deadline passes is removed as if it had left, unless it has a parked
-   JoinGroup or SyncGroup (the rebalance deadline or the leader's sync governs those). Removing a
-   member with a parked request answers it with UNKNOWN_MEMBER_ID.
+   JoinGroup or SyncGroup (the rebalance deadline or the leader's sync governs those); answering a
+   parked request restarts the member's session clock. Removing a member with a parked request
+   answers it with UNKNOWN_MEMBER_ID.
 9. Offset commits: generation < 0 on an Empty group is a standalone commit (no membership);
    otherwise CompletingRebalance → REBALANCE_IN_PROGRESS, unknown member → UNKNOWN_MEMBER_ID, wrong
    generation → ILLEGAL_GENERATION. Commits are allowed in PreparingRebalance (consumers commit
@@ -455,6 +456,7 @@ class Group:
                 m.assignment = b""
                 if m.awaiting_sync:
                     m.awaiting_sync = False
+                    m.touch(now)  # its session clock restarts when its parked request is answered
                     effects.syncs.append((mid, SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)))
         was_empty = self.state is GroupState.EMPTY
         self.state = GroupState.PREPARING_REBALANCE

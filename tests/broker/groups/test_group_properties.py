@@ -181,7 +181,7 @@ def do_time(w: World, seconds: float) -> None:
     w.now += seconds
     w.apply(w.group.tick(w.now))
     nxt = w.group.next_deadline()
-    assert nxt is None or nxt > w.now
+    assert nxt is None or nxt > w.now, "tick left an overdue deadline behind"
 
 
 def do_round(w: World, leader_first: bool) -> None:
