@@ -11,7 +11,7 @@ States and transitions::
       │                 │        └──(no members left)──▶ Empty                 │ leader's SyncGroup
       │                 │                                                      ▼
       └──(no members)───┴──── member joins/leaves/expires, leader rejoins ── Stable
-    Dead: terminal; only reached through ``delete`` (no members and no future use).
+    Dead: terminal; only DeleteGroups on a group without members gets there (``mark_dead``).
 
 Rules:
 1. Member ids are ``<client_id>-<uuid>``, made by the coordinator. A JoinGroup with an empty member
@@ -52,6 +52,10 @@ Rules:
    generation → ILLEGAL_GENERATION. Commits are allowed in PreparingRebalance (consumers commit
    while revoking partitions).
 10. The generation never decreases; a member is in at most one of: pending, parked join, parked sync.
+11. Static membership (``group_instance_id``): such a member never gets MEMBER_ID_REQUIRED; joining
+    with an empty member id while another member holds the instance id removes that member (its
+    parked requests get FENCED_INSTANCE_ID) and adds the new one, which rebalances the group; a
+    member id that does not hold the instance id it names gets FENCED_INSTANCE_ID.
 """
 
 from __future__ import annotations
@@ -223,6 +227,21 @@ class Group:
         if not self._supports(member_id, protocol_type, protocols):
             return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=member_id), member_id, effects
 
+        if group_instance_id:
+            holder = next(
+                (m.member_id for m in self.members.values() if m.group_instance_id == group_instance_id), None
+            )
+            if member_id == "" and holder is not None:
+                # A static member restarted: the new incarnation replaces (fences) the old one. The old
+                # one is dropped without a transition of its own; adding the new one rebalances once.
+                old = self._drop(holder)
+                if old.awaiting_join:
+                    effects.joins.append((holder, JoinResult(ErrorCode.FENCED_INSTANCE_ID, member_id=holder)))
+                if old.awaiting_sync:
+                    effects.syncs.append((holder, SyncResult(ErrorCode.FENCED_INSTANCE_ID)))
+            elif member_id and holder is not None and holder != member_id:
+                return JoinResult(ErrorCode.FENCED_INSTANCE_ID, member_id=member_id), member_id, effects
+            require_known_member_id = False  # the instance id identifies a static member
         if member_id == "" and require_known_member_id:
             self.pending[new_member_id] = now + session_timeout_ms / 1000.0
             return JoinResult(ErrorCode.MEMBER_ID_REQUIRED, member_id=new_member_id), new_member_id, effects
@@ -400,6 +419,12 @@ class Group:
             protocol_name=(self.protocol_name or "") if stable else "",
             members=members,
         )
+
+    def mark_dead(self) -> None:
+        """DeleteGroups on a group without members: nothing may use this object any more."""
+        assert not self.members, "only a group without members can be deleted"
+        self.pending.clear()
+        self.state = GroupState.DEAD
 
     def fail_all(self, error: ErrorCode) -> Effects:
         """Answer every parked request with ``error`` (coordinator shutting down)."""

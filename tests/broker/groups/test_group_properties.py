@@ -1,10 +1,11 @@
-"""Random join/sync/heartbeat/leave/commit/timeout sequences against the group state machine.
+"""Random join/sync/heartbeat/leave/commit/restart/timeout sequences against the group state machine.
 
 The state machine is sans-IO, so the test plays every client itself and checks after each step:
 the generation never decreases; every parked request is answered exactly once; a member is in at
 most one of pending / parked join / parked sync; parked joins exist only in PreparingRebalance and
-parked syncs only in CompletingRebalance; Empty means no members; the leader is a member; and in
-Stable every member holds exactly the assignment the leader gave for that generation.
+parked syncs only in CompletingRebalance; Empty means no members; the leader is a member; a static
+instance id is held by at most one member; and in Stable every member holds exactly the assignment
+the leader gave for that generation.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from broker.groups.group import Effects, Group, GroupSettings, GroupState, JoinR
 from broker.protocol.kafka_codes import ErrorCode
 
 CLIENTS = 5
+STATIC_FROM = 3  # clients 3 and 4 are static members (group.instance.id)
 SESSION_MS = 3_000
 REBALANCE_MS = 5_000
 
@@ -79,6 +81,8 @@ class World:
         assert (g.state is GroupState.EMPTY) == (not g.members)
         assert (g.leader_id in g.members) if g.members else g.leader_id is None
         assert not set(g.pending) & set(g.members)
+        instances = [m.group_instance_id for m in g.members.values() if m.group_instance_id]
+        assert len(instances) == len(set(instances)), "two members hold one static instance id"
         for mid, m in g.members.items():
             assert not (m.awaiting_join and m.awaiting_sync), "member in two states"
             if m.awaiting_join:
@@ -97,7 +101,7 @@ def do_join(w: World, i: int, require_known: bool) -> None:
     answer, mid, effects = w.group.join(
         w.now,
         member_id=c.member_id,
-        group_instance_id=None,
+        group_instance_id=f"static-{i}" if i >= STATIC_FROM else None,
         protocol_type="consumer",
         protocols=[("range", b"r%d" % i), ("roundrobin", b"rr")],
         session_timeout_ms=SESSION_MS,
@@ -177,6 +181,11 @@ def do_leave(w: World, i: int) -> None:
     c.member_id, c.generation = "", -1
 
 
+def do_restart(w: World, i: int) -> None:
+    """The client process crashes and comes back without its member id (its old member lingers)."""
+    w.clients[i] = Client()
+
+
 def do_time(w: World, seconds: float) -> None:
     w.now += seconds
     w.apply(w.group.tick(w.now))
@@ -219,6 +228,7 @@ ops = st.one_of(
     st.tuples(st.just("heartbeat"), st.integers(0, CLIENTS - 1), st.booleans()),
     st.tuples(st.just("commit"), st.integers(0, CLIENTS - 1), st.booleans()),
     st.tuples(st.just("leave"), st.integers(0, CLIENTS - 1), st.booleans()),
+    st.tuples(st.just("restart"), st.integers(0, CLIENTS - 1), st.booleans()),
     st.tuples(st.just("time"), st.sampled_from([0.5, 1.0, 2.9, 3.1, 6.0]), st.booleans()),
 )
 
@@ -266,6 +276,8 @@ def run_step(w: World, op: str, arg: float, flag: bool) -> None:
         do_round(w, flag)
     elif op == "leave":
         do_leave(w, int(arg))
+    elif op == "restart":
+        do_restart(w, int(arg))
     else:
         {"join": do_join, "sync": do_sync, "heartbeat": do_heartbeat, "commit": do_commit}[op](w, int(arg), flag)
     w.check()
@@ -276,7 +288,7 @@ def run_step(w: World, op: str, arg: float, flag: bool) -> None:
 def test_invariants_hold_for_long_random_histories(rnd: random.Random, delay_ms: int) -> None:
     """Long histories (hypothesis's lists stay short): mostly cooperative rounds, with churn."""
     w = World(Group("g", GroupSettings(initial_rebalance_delay_ms=delay_ms)))
-    kinds = ["round"] * 6 + ["join"] * 3 + ["sync", "heartbeat", "commit", "leave", "time"]
+    kinds = ["round"] * 6 + ["join"] * 3 + ["sync", "heartbeat", "commit", "leave", "time", "restart"]
     for _ in range(300):
         op = rnd.choice(kinds)
         arg = rnd.choice([0.5, 1.0, 2.9, 3.1, 6.0]) if op == "time" else rnd.randrange(CLIENTS)
