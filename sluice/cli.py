@@ -83,6 +83,16 @@ def serve(
         raise _fail(f"cannot start: {exc}", EXIT_RUNTIME) from None
 
 
+def _register_client_commands() -> None:
+    from sluice import cli_data, cli_ops, cli_simulate, cli_topics
+
+    for module in (cli_topics, cli_data, cli_ops, cli_simulate):
+        module.register(app)
+
+
+_register_client_commands()
+
+
 def main() -> None:
     app(prog_name="sluice")
 
