@@ -24,7 +24,8 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
   the append, or while the ingest backlog is above its high-water mark, and resume when the queue has
   drained to half. A 5.0 client that exceeds the advertised Receive Maximum gets DISCONNECT 0x93.
 * Topic aliases (5.0): alias 0 or above Topic Alias Maximum → DISCONNECT 0x94; an unknown alias → 0x82.
-* Keepalive: no packet for 1.5 × keepalive → close (5.0: DISCONNECT 0x8D).
+* Keepalive: no packet for 1.5 × keepalive → close (5.0: DISCONNECT 0x8D). Time spent with reads paused
+  by backpressure does not count against the client.
 * Will: published (appended, then delivered) when the connection ends without a normal DISCONNECT
   (5.0: reason 0x04 also publishes it).
 * Errors after CONNECT: a 5.0 client gets DISCONNECT with the reason (0x81 malformed, 0x82 protocol
@@ -353,6 +354,8 @@ class MqttConnection(asyncio.BufferedProtocol):
     def check_timeout(self, now: float) -> None:
         if self.state == _NEW and now - self.last_rx > self.hub.config.connect_timeout_s:
             self._close()
+        elif self.paused:
+            self.last_rx = now  # we stopped reading, not the client: its PINGREQs wait in the socket
         elif self.state == _CONNECTED and self.keepalive and now - self.last_rx > 1.5 * self.keepalive:
             log.info("keepalive expired", extra={"client_id": self.client_id})
             self._disconnect(Reason.KEEP_ALIVE_TIMEOUT, "keepalive timeout")

@@ -9,6 +9,8 @@ from ingest.mqtt.codec import encode
 from ingest.mqtt.packets import (
     MQTT_5,
     MQTT_311,
+    Pingreq,
+    Pingresp,
     Properties,
     Puback,
     Pubcomp,
@@ -161,3 +163,14 @@ async def test_subscribe_unsubscribe_and_invalid_filters(server: MqttServer) -> 
     raw.send(Unsubscribe(2, ("a/+/c", "nope")))
     assert await raw.recv() == Unsuback(2, (0, 0x11))
     await wait_until(lambda: len(server.hub.tree) == 0, what="unsubscribed")
+
+
+async def test_time_paused_by_backpressure_does_not_count_against_keepalive(start_server: StartServer) -> None:
+    server = await start_server(store=SlowLogStore(2.5), receive_maximum=1)
+    raw = await RawClient.open(server.port, MQTT_5)
+    await raw.connect("patient", keepalive=1)
+    raw.send(Publish("p/1", b"x", 1, packet_id=1))
+    await wait_until(lambda: server.hub.stats.read_pauses == 1, what="reads paused")
+    raw.send(Pingreq())  # waits in the socket while reads are paused, longer than 1.5 x keepalive
+    assert await raw.recv(timeout=5) == Puback(1)
+    assert await raw.recv(timeout=2) == Pingresp()
