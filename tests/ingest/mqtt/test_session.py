@@ -4,6 +4,7 @@ reads paused while appends are behind, topic aliases and Receive Maximum (MQTT 5
 from __future__ import annotations
 
 import asyncio
+import time
 
 from ingest.mqtt.codec import encode
 from ingest.mqtt.packets import (
@@ -174,3 +175,21 @@ async def test_time_paused_by_backpressure_does_not_count_against_keepalive(star
     raw.send(Pingreq())  # waits in the socket while reads are paused, longer than 1.5 x keepalive
     assert await raw.recv(timeout=5) == Puback(1)
     assert await raw.recv(timeout=2) == Pingresp()
+
+
+async def test_mqtt5_session_expiry_interval(server: MqttServer) -> None:
+    raw = await RawClient.open(server.port, MQTT_5)
+    await raw.connect("brief", clean_start=False, properties=Properties(session_expiry_interval=60))
+    raw.send(Subscribe(1, (Subscription("cmd/brief", 1),)))
+    assert await raw.recv() == Suback(1, (1,))
+    await raw.close()
+    await wait_until(lambda: server.hub.sessions["brief"].connection is None, what="disconnect")
+    server.hub.sweep(time.monotonic() + 30)  # not yet expired
+    assert "brief" in server.hub.sessions
+    server.hub.sweep(time.monotonic() + 61)  # expired: subscriptions go with it
+    assert "brief" not in server.hub.sessions and len(server.hub.tree) == 0
+    raw = await RawClient.open(server.port, MQTT_5)
+    assert not (await raw.connect("brief", clean_start=False)).session_present
+    # expiry 0 (the 5.0 default): the session ends with the connection even without clean start
+    await raw.close()
+    await wait_until(lambda: "brief" not in server.hub.sessions, what="session dropped")
