@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import os
 import resource
@@ -114,7 +115,7 @@ def mosquitto_conf(directory: Path, port: int) -> Path:
     conf.write_text(
         f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
         f"persistence_location {directory}/\nmax_inflight_messages 1000\nmax_queued_messages 0\n"
-        f"max_connections -1\nuser {os.environ.get('USER') or 'root'}\n"
+        f"max_connections -1\nuser {getpass.getuser()}\n"
     )
     return conf
 
