@@ -143,3 +143,27 @@ def test_kafka_python_producer_and_group_consumer(tmp_path: Path, sluice_factory
     assert len(received) == N
     check_records(received, _expected(), PARTITIONS)
     values_in_key_order(received)
+
+
+def test_confluent_admin_client_creates_describes_and_deletes_topics(
+    tmp_path: Path, sluice_factory: type[SluiceProcess]
+) -> None:
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+    server = sluice_factory(tmp_path / "data")
+    server.start()
+    admin = AdminClient({"bootstrap.servers": server.bootstrap})
+    futures = admin.create_topics([NewTopic("admin-made", 5, 1, config={"retention.ms": "60000"})])
+    futures["admin-made"].result(10)
+    assert len(admin.list_topics(timeout=10).topics["admin-made"].partitions) == 5
+    duplicate = admin.create_topics([NewTopic("admin-made", 1, 1)])["admin-made"]
+    try:
+        duplicate.result(10)
+        raise AssertionError("creating an existing topic must fail")
+    except Exception as exc:  # KafkaException(TOPIC_ALREADY_EXISTS)
+        assert "TOPIC_ALREADY_EXISTS" in str(exc)
+    configs = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "admin-made")])
+    described = next(iter(configs.values())).result(10)
+    assert described["retention.ms"].value == "60000"
+    admin.delete_topics(["admin-made"])["admin-made"].result(10)
+    assert "admin-made" not in admin.list_topics(timeout=10).topics
