@@ -30,7 +30,7 @@ from broker.protocol.kafka import (
     RequestHeader,
     UnsupportedRequestError,
     decode_request,
-    encode_response,
+    encode_response_parts,
     encode_unsupported_version,
 )
 from broker.server import handlers_admin as admin
@@ -199,7 +199,9 @@ class KafkaServer:
                 item = await item
             if item is None:
                 continue  # acks=0
-            frame = item if header is None else encode_response(header, item)
-            writer.write(frame)
+            if header is None:
+                writer.write(item)
+            else:
+                writer.writelines(encode_response_parts(header, item))
             if writer.transport.get_write_buffer_size() > 4 * 1024 * 1024 or queue.empty():
                 await writer.drain()
