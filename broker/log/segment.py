@@ -244,6 +244,11 @@ class SegmentPartitionLog(PartitionLog):
             log.error(message)
             self._failed = StorageError(message)
 
+    async def reconfigure(self, config: TopicConfig) -> None:
+        await super().reconfigure(config)
+        self.flusher.policy = config.flush
+        self.flusher.interval_s = max(config.flush_interval_ms, 0) / 1000
+
     async def flush(self) -> None:
         await self.flusher.wait_durable()
         if self._failed is not None:

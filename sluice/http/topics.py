@@ -87,7 +87,7 @@ async def get_config(topic: str, ctx: Ctx) -> dict[str, str]:
     "/{topic}/config",
     response_model=dict[str, str],
     summary="Change a topic's configuration",
-    responses={k: PROBLEM_RESPONSES[k] for k in (400, 404, 422, 501)},
+    responses={k: PROBLEM_RESPONSES[k] for k in (400, 404, 422)},
 )
 async def patch_config(topic: str, body: TopicConfigUpdate, ctx: Ctx) -> dict[str, str]:
     info = ctx.store.topic(topic)
@@ -95,14 +95,5 @@ async def patch_config(topic: str, body: TopicConfigUpdate, ctx: Ctx) -> dict[st
         new = info.config.with_kafka_configs(dict(body.config))
     except ValueError as exc:
         raise ProblemError(400, "invalid-config", "Invalid topic config", str(exc)) from None
-    alter = getattr(ctx.store, "alter_topic_config", None)
-    if alter is None:
-        raise ProblemError(
-            501,
-            "config-immutable",
-            "Topic config cannot change",
-            "this Sluice's log store cannot change a topic's config while running; "
-            "recreate the topic with the config you want",
-        )
-    alter(topic, new)
+    await ctx.store.alter_topic_config(topic, new)
     return ctx.store.topic(topic).config.to_kafka_configs()
