@@ -17,11 +17,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from broker.protocol.records import Record
+from processors.checkpoint import Checkpoint, decode_checkpoint
 from processors.executor import Executor, OutRecord, TopicPartition
 from processors.pipeline import Pipeline, Stream
 from processors.serde import HEADER_EMIT, HEADER_WATERMARK
+from processors.sources import AssignmentListener
 
-__all__ = ["FakeClock", "Harness", "MemorySink", "MemorySource", "decode_output"]
+__all__ = ["FakeClock", "Harness", "MemoryCheckpointStore", "MemorySink", "MemorySource", "decode_output"]
 
 
 class FakeClock:
@@ -131,11 +133,12 @@ class Harness:
 
 
 class MemorySource:
-    """In-memory partitions of decoded ``Record``s for the async runner (tests only)."""
+    """In-memory partitions of decoded ``Record``s implementing ``processors.sources.Source``."""
 
     def __init__(self, topic: str, partitions: int = 1) -> None:
         self.topic = topic
         self.data: dict[int, list[Record]] = {p: [] for p in range(partitions)}
+        self.positions: dict[TopicPartition, int] = {}
         self._event = asyncio.Event()
 
     def append(self, partition: int, value: Any, timestamp: int, key: bytes | None = None) -> None:
@@ -144,22 +147,51 @@ class MemorySource:
         rows.append(Record(len(rows), timestamp, key, raw, ()))
         self._event.set()
 
-    def tps(self) -> list[TopicPartition]:
-        return [(self.topic, p) for p in self.data]
+    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
+        tps = [(self.topic, p) for p in self.data]
+        self.positions = dict.fromkeys(tps, 0)
+        await on_assigned(tps)
 
-    def end_offset(self, tp: TopicPartition) -> int:
+    async def stop(self) -> None:
+        return None
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.positions[tp] = offset
+
+    def end_offset(self, tp: TopicPartition) -> int | None:
         return len(self.data[tp[1]])
 
-    async def read(self, tp: TopicPartition, offset: int, max_records: int) -> tuple[list[Record], int]:
-        rows = self.data[tp[1]][offset : offset + max_records]
-        return rows, offset + len(rows)
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        return None
 
-    async def wait(self, timeout: float) -> None:
-        self._event.clear()
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout)
-        except TimeoutError:
-            pass
+    async def fetch(self, max_records: int, timeout: float, paused: set[TopicPartition]
+                    ) -> list[tuple[TopicPartition, list[Record]]]:
+        out = []
+        for tp, pos in self.positions.items():
+            rows = self.data[tp[1]][pos : pos + max_records]
+            if rows and tp not in paused:
+                self.positions[tp] = pos + len(rows)
+                out.append((tp, rows))
+        if not out:
+            self._event.clear()
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout)
+            except TimeoutError:
+                pass
+        return out
+
+
+class MemoryCheckpointStore:
+    """Checkpoints kept in a list (a stand-in for the checkpoint topic)."""
+
+    def __init__(self) -> None:
+        self.saved: list[bytes] = []
+
+    async def load(self) -> list[Checkpoint]:
+        return [decode_checkpoint(d) for d in self.saved]
+
+    async def save(self, data: bytes) -> None:
+        self.saved.append(data)
 
 
 class MemorySink:
@@ -175,6 +207,9 @@ class MemorySink:
             await self.gate.wait()
         self.records.extend(records)
         self.written.set()
+
+    async def flush(self) -> None:
+        return None
 
     def topic(self, name: str) -> list[dict[str, Any]]:
         return [decode_output(r) for r in self.records if r.topic == name]
