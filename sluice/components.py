@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sluice.ingest_components import file_component, tcp_component
 from sluice.runtime import Component, Runtime
 
 __all__ = ["COMPONENT_FACTORIES", "build_components"]
@@ -17,6 +18,8 @@ ComponentFactory = Callable[[Runtime], Component | None]
 
 COMPONENT_FACTORIES: list[ComponentFactory] = [
     # Filled in by the Kafka, ingest, processor and HTTP work.
+    tcp_component,  # TCP line ingest (NDJSON, InfluxDB line protocol, CSV)
+    file_component,  # file replay/tail sources from [[ingest.files]]
 ]
 
 

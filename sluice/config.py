@@ -21,11 +21,14 @@ from pydantic_settings import (
 from broker.log.config import FlushPolicy, TopicConfig
 
 __all__ = [
+    "FileSourceSettings",
     "HttpSettings",
+    "IngestSettings",
     "KafkaSettings",
     "MqttSettings",
     "Settings",
     "StorageSettings",
+    "TcpListenerSettings",
     "TcpSettings",
     "load_settings",
 ]
@@ -70,10 +73,56 @@ class MqttSettings(BaseModel):
     allow_anonymous: bool = True
 
 
+class TcpListenerSettings(BaseModel):
+    """An extra TCP line listener (``[[tcp.listeners]]``), e.g. one per payload format."""
+
+    name: str
+    port: int
+    format: Literal["ndjson", "influx", "csv"] = "ndjson"
+    ack: bool = False
+
+
 class TcpSettings(BaseModel):
     enabled: bool = True
     port: int = 8094
     format: Literal["ndjson", "influx", "csv"] = "ndjson"
+    ack: bool = False  # answer each batch of lines once durable (see README "TCP line ingest")
+    max_line_bytes: int = 64 * 1024  # longer lines go to the dead-letter topic (truncated), not a crash
+    idle_timeout_s: float = 300.0  # close connections silent for this long (0 = never)
+    read_bytes: int = 64 * 1024  # bytes read per batch of lines
+    backlog: int = 4096
+    listeners: list[TcpListenerSettings] = Field(default_factory=list)
+
+
+class FileSourceSettings(BaseModel):
+    """A file replayed or tailed into the log (``[[ingest.files]]``)."""
+
+    name: str
+    path: Path
+    topic: str | None = None  # None: routed by the rules / default topic "file"
+    format: Literal["ndjson", "influx", "csv", "raw"] = "raw"
+    mode: Literal["replay", "tail"] = "tail"
+    start: Literal["beginning", "end"] = "beginning"  # where to start when no position is saved
+    key: str = "default"  # key spec, as in routes
+    time_field: str = "default"
+    time_format: str = "epoch_ms"
+    poll_interval_s: float = 0.5
+    max_line_bytes: int = 64 * 1024
+    read_bytes: int = 64 * 1024
+
+
+class IngestSettings(BaseModel):
+    """Routing rules, dead letters, backpressure and source health for every device front door."""
+
+    routes: list[dict[str, Any]] = Field(default_factory=list)  # see ingest.routing.RouteRule.from_mapping
+    dead_letter_topic: str = "_dead_letters"
+    default_mqtt_topic: str = "mqtt"
+    default_tcp_topic: str = "tcp"
+    default_file_topic: str = "file"
+    max_pending_bytes: int = 64 * 1024 * 1024  # accepted-but-not-durable bytes before sources are paused
+    idle_timeout_s: float = 300.0  # a source/device silent this long is reported idle
+    max_devices_per_source: int = 100_000
+    files: list[FileSourceSettings] = Field(default_factory=list)
 
 
 class HttpSettings(BaseModel):
@@ -98,6 +147,7 @@ class Settings(BaseSettings):
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
     tcp: TcpSettings = Field(default_factory=TcpSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
     processors: list[str] = Field(default_factory=list)  # "module:attribute" pipelines run in-process
 
     @classmethod

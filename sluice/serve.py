@@ -18,6 +18,7 @@ from pathlib import Path
 from broker.errors import StorageError
 from broker.log.api import LogStore
 from broker.log.memory import MemoryLogStore
+from broker.log.segment import SegmentLogStore
 from sluice.components import build_components
 from sluice.config import Settings
 from sluice.runtime import Component, Runtime
@@ -46,8 +47,9 @@ def open_store(settings: Settings) -> LogStore:
         "default_partitions": storage.default_partitions,
         "auto_create_topics": storage.auto_create_topics,
     }
-    # The segment-file store lands with the storage work; until then every backend is in memory.
-    return MemoryLogStore(**common)  # type: ignore[arg-type]
+    if storage.backend == "memory":
+        return MemoryLogStore(**common)  # type: ignore[arg-type]
+    return SegmentLogStore(settings.data_dir / "logs", **common)  # type: ignore[arg-type]
 
 
 async def _retention_loop(store: LogStore, interval: float) -> None:

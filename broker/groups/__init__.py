@@ -1,3 +1,59 @@
-"""broker.groups"""
+"""Consumer groups and committed offsets (no sockets, no Kafka framing).
 
-__all__: list[str] = []
+``GroupCoordinator`` (coordinator.py) answers JoinGroup/SyncGroup/Heartbeat/LeaveGroup/OffsetCommit/
+OffsetFetch/DescribeGroups/ListGroups for the Kafka front; ``Group`` (group.py) is the per-group
+state machine; ``OffsetStore`` (offsets.py) keeps committed offsets in memory or durably on disk;
+assignment.py decodes the consumer protocol's subscription and assignment bytes for tooling.
+"""
+
+from broker.groups.assignment import (
+    ConsumerAssignment,
+    ConsumerSubscription,
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    encode_subscription,
+)
+from broker.groups.clock import Clock, FakeClock, MonotonicClock
+from broker.groups.coordinator import GroupCoordinator
+from broker.groups.errors import GroupsError, InvalidConsumerProtocolError, OffsetStoreCorruptError, OffsetStoreError
+from broker.groups.group import (
+    Group,
+    GroupDescription,
+    GroupSettings,
+    GroupState,
+    JoinMember,
+    JoinResult,
+    MemberDescription,
+    SyncResult,
+)
+from broker.groups.offsets import CommittedOffset, DurableOffsetStore, MemoryOffsetStore, OffsetStore
+
+__all__ = [
+    "Clock",
+    "CommittedOffset",
+    "ConsumerAssignment",
+    "ConsumerSubscription",
+    "DurableOffsetStore",
+    "FakeClock",
+    "Group",
+    "GroupCoordinator",
+    "GroupDescription",
+    "GroupSettings",
+    "GroupState",
+    "GroupsError",
+    "InvalidConsumerProtocolError",
+    "JoinMember",
+    "JoinResult",
+    "MemberDescription",
+    "MemoryOffsetStore",
+    "MonotonicClock",
+    "OffsetStore",
+    "OffsetStoreCorruptError",
+    "OffsetStoreError",
+    "SyncResult",
+    "decode_assignment",
+    "decode_subscription",
+    "encode_assignment",
+    "encode_subscription",
+]

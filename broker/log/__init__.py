@@ -4,6 +4,7 @@ from broker.log.api import AppendResult, LogStore, PartitionLog, TopicInfo
 from broker.log.config import FlushPolicy, TopicConfig, validate_topic_name
 from broker.log.memory import MemoryLogStore
 from broker.log.partitioner import murmur2, partition_for_key
+from broker.log.segment import SegmentLogStore, SegmentPartitionLog
 
 __all__ = [
     "AppendResult",
@@ -11,6 +12,8 @@ __all__ = [
     "LogStore",
     "MemoryLogStore",
     "PartitionLog",
+    "SegmentLogStore",
+    "SegmentPartitionLog",
     "TopicConfig",
     "TopicInfo",
     "murmur2",

@@ -10,6 +10,7 @@ import pytest
 from broker.log.api import LogStore
 from broker.log.config import TopicConfig
 from broker.log.memory import MemoryLogStore
+from broker.log.segment import SegmentLogStore
 
 StoreFactory = Callable[..., LogStore]
 
@@ -18,7 +19,11 @@ def _memory(tmp_path: Path, **kwargs: object) -> LogStore:
     return MemoryLogStore(**kwargs)  # type: ignore[arg-type]
 
 
-STORE_FACTORIES: dict[str, Callable[..., LogStore]] = {"memory": _memory}
+def _segment(tmp_path: Path, **kwargs: object) -> LogStore:
+    return SegmentLogStore(tmp_path / "logs", **kwargs)  # type: ignore[arg-type]
+
+
+STORE_FACTORIES: dict[str, Callable[..., LogStore]] = {"memory": _memory, "segment": _segment}
 
 
 @pytest.fixture(params=sorted(STORE_FACTORIES))

@@ -1,0 +1,308 @@
+"""The group coordinator: every consumer group of this broker, their committed offsets, and time.
+
+The Kafka front calls one method per request (JoinGroup → ``join``, SyncGroup → ``sync``, …) and
+encodes the result; nothing here knows about sockets or framing. The per-group rules live in
+``broker.groups.group`` (a sans-IO state machine); this module parks JoinGroup/SyncGroup requests
+on asyncio futures until the group answers them, validates and stores offset commits, and drives
+timeouts: ``check_timeouts(now)`` expires silent members, pending member ids and overdue
+rebalances. ``start()`` runs it every ``tick_interval_s`` on the injected clock (the real monotonic
+clock by default); tests pass a ``FakeClock``, advance it and call ``check_timeouts()`` themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+from broker.errors import UnknownTopicError
+from broker.groups.clock import Clock, MonotonicClock
+from broker.groups.errors import OffsetStoreError
+from broker.groups.group import (
+    Effects,
+    Group,
+    GroupDescription,
+    GroupSettings,
+    GroupState,
+    JoinMember,
+    JoinResult,
+    MemberDescription,
+    SyncResult,
+)
+from broker.groups.offsets import CommittedOffset, OffsetStore, TopicPartition
+from broker.protocol.kafka_codes import ErrorCode
+
+__all__ = [
+    "GroupCoordinator",
+    "GroupDescription",
+    "GroupSettings",
+    "JoinMember",
+    "JoinResult",
+    "MemberDescription",
+    "SyncResult",
+]
+
+log = logging.getLogger(__name__)
+
+_Key = tuple[str, str]  # (group id, member id)
+_T = TypeVar("_T")
+
+
+class GroupCoordinator:
+    def __init__(
+        self,
+        offsets: OffsetStore,
+        clock: Clock | None = None,
+        *,
+        settings: GroupSettings | None = None,
+        tick_interval_s: float = 0.1,
+    ) -> None:
+        self.offsets = offsets
+        self.clock: Clock = clock or MonotonicClock()
+        self.settings = settings or GroupSettings()
+        self.tick_interval_s = tick_interval_s
+        self._groups: dict[str, Group] = {}
+        self._join_waiters: dict[_Key, asyncio.Future[JoinResult]] = {}
+        self._sync_waiters: dict[_Key, asyncio.Future[SyncResult]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Open the offset store and start the timeout task."""
+        await self.offsets.open()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="group-coordinator-timeouts")
+
+    async def stop(self) -> None:
+        """Stop the timeout task, answer parked requests with COORDINATOR_NOT_AVAILABLE, close the store."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for group in self._groups.values():
+            self._deliver(group.group_id, group.fail_all(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+        await self.offsets.close()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_interval_s)
+            try:
+                self.check_timeouts()
+            except Exception:  # keep the coordinator alive; the next tick retries
+                log.exception("group timeout check failed")
+
+    def check_timeouts(self, now: float | None = None) -> None:
+        """Expire members, pending member ids and rebalances whose time has passed."""
+        if now is None:
+            now = self.clock.monotonic()
+        for group in list(self._groups.values()):
+            before = set(group.members)
+            effects = group.tick(now)
+            gone = before - set(group.members)
+            if gone:
+                log.info(
+                    "group members expired",
+                    extra={"group": group.group_id, "members": sorted(gone), "generation": group.generation_id},
+                )
+            self._deliver(group.group_id, effects)
+
+    tick = check_timeouts
+
+    # ------------------------------------------------------------------ membership
+
+    async def join(
+        self,
+        group_id: str,
+        member_id: str,
+        group_instance_id: str | None,
+        protocol_type: str,
+        protocols: list[tuple[str, bytes]],
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        client_id: str,
+        client_host: str,
+        require_known_member_id: bool,
+    ) -> JoinResult:
+        """JoinGroup; waits until the rebalance completes. ``rebalance_timeout_ms`` <= 0 (JoinGroup v0)
+        means the session timeout."""
+        if not group_id:
+            return JoinResult(ErrorCode.INVALID_GROUP_ID, member_id=member_id)
+        if rebalance_timeout_ms <= 0:
+            rebalance_timeout_ms = session_timeout_ms
+        group = self._group(group_id)
+        if member_id:
+            # A repeated JoinGroup replaces a parked one; the old request is answered now.
+            self._resolve(
+                self._join_waiters,
+                (group_id, member_id),
+                JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, member_id=member_id),
+            )
+        answer, mid, effects = group.join(
+            self.clock.monotonic(),
+            member_id=member_id,
+            group_instance_id=group_instance_id,
+            protocol_type=protocol_type,
+            protocols=protocols,
+            session_timeout_ms=session_timeout_ms,
+            rebalance_timeout_ms=rebalance_timeout_ms,
+            client_id=client_id,
+            client_host=client_host,
+            require_known_member_id=require_known_member_id,
+            new_member_id=f"{client_id}-{uuid.uuid4()}",
+        )
+        if answer is not None:
+            self._deliver(group_id, effects)
+            return answer
+        # Register before delivering: the effects may already hold this member's answer.
+        key = (group_id, mid)
+        future: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
+        self._join_waiters[key] = future
+        self._deliver(group_id, effects)
+        try:
+            return await future
+        finally:
+            if self._join_waiters.get(key) is future:
+                del self._join_waiters[key]
+
+    async def sync(
+        self, group_id: str, generation_id: int, member_id: str, assignments: dict[str, bytes]
+    ) -> SyncResult:
+        """SyncGroup; a follower waits here for the leader's assignment."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)
+        key = (group_id, member_id)
+        # A repeated SyncGroup replaces a parked one; the old request is answered now.
+        self._resolve(self._sync_waiters, key, SyncResult(ErrorCode.REBALANCE_IN_PROGRESS))
+        answer, effects = group.sync(self.clock.monotonic(), generation_id, member_id, assignments)
+        if answer is not None:
+            self._deliver(group_id, effects)
+            return answer
+        future: asyncio.Future[SyncResult] = asyncio.get_running_loop().create_future()
+        self._sync_waiters[key] = future
+        self._deliver(group_id, effects)
+        try:
+            return await future
+        finally:
+            if self._sync_waiters.get(key) is future:
+                del self._sync_waiters[key]
+
+    def heartbeat(self, group_id: str, generation_id: int, member_id: str) -> ErrorCode:
+        group = self._groups.get(group_id)
+        if group is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        return group.heartbeat(self.clock.monotonic(), generation_id, member_id)
+
+    async def leave(self, group_id: str, member_ids: list[str]) -> dict[str, ErrorCode]:
+        group = self._groups.get(group_id)
+        if group is None:
+            return {mid: ErrorCode.UNKNOWN_MEMBER_ID for mid in member_ids}
+        errors, effects = group.leave(self.clock.monotonic(), member_ids)
+        self._deliver(group_id, effects)
+        left = [mid for mid, err in errors.items() if err == ErrorCode.NONE]
+        if left:
+            log.info("group members left", extra={"group": group_id, "members": left})
+        return errors
+
+    # ------------------------------------------------------------------ offsets
+
+    async def commit_offsets(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        offsets: dict[tuple[str, int], tuple[int, str | None]],
+    ) -> dict[tuple[str, int], ErrorCode]:
+        """OffsetCommit. Returns once accepted offsets are stored (durably, with a durable store)."""
+        if not group_id:
+            return dict.fromkeys(offsets, ErrorCode.INVALID_GROUP_ID)
+        group = self._groups.get(group_id)
+        if group is None:
+            if generation_id >= 0:
+                return dict.fromkeys(offsets, ErrorCode.ILLEGAL_GENERATION)
+            group = self._group(group_id)
+        error = group.validate_commit(self.clock.monotonic(), generation_id, member_id)
+        if error != ErrorCode.NONE:
+            return dict.fromkeys(offsets, error)
+        result: dict[TopicPartition, ErrorCode] = {}
+        accepted: dict[TopicPartition, CommittedOffset] = {}
+        limit = self.settings.max_offset_metadata_bytes
+        for tp, (offset, metadata) in offsets.items():
+            if metadata is not None and len(metadata.encode()) > limit:
+                result[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+            else:
+                accepted[tp] = CommittedOffset(offset, metadata)
+                result[tp] = ErrorCode.NONE
+        if accepted:
+            try:
+                await self.offsets.commit(group_id, accepted)
+            except OffsetStoreError as exc:
+                log.error("offset commit failed", extra={"group": group_id, "error": str(exc)})
+                for tp in accepted:
+                    result[tp] = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return result
+
+    def fetch_offsets(
+        self, group_id: str, partitions: list[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], tuple[int, str | None]]:
+        """OffsetFetch: committed (offset, metadata); a partition without a commit is (-1, "")."""
+        stored = self.offsets.fetch(group_id, partitions)
+        if partitions is None:
+            return {tp: (c.offset, c.metadata) for tp, c in stored.items()}
+        return {tp: (stored[tp].offset, stored[tp].metadata) if tp in stored else (-1, "") for tp in partitions}
+
+    def lag(self, group_id: str, high_watermarks: Callable[[str, int], int]) -> dict[tuple[str, int], int]:
+        """High watermark minus committed offset for every partition the group committed (never below 0).
+        Partitions whose topic no longer exists are left out."""
+        lags: dict[TopicPartition, int] = {}
+        for tp, committed in sorted(self.offsets.fetch(group_id).items()):
+            try:
+                hw = high_watermarks(*tp)
+            except UnknownTopicError:
+                continue
+            lags[tp] = max(0, hw - committed.offset)
+        return lags
+
+    # ------------------------------------------------------------------ description
+
+    def describe(self, group_id: str) -> GroupDescription:
+        group = self._groups.get(group_id)
+        if group is None:
+            state = GroupState.EMPTY if self.offsets.fetch(group_id) else GroupState.DEAD
+            return GroupDescription(group_id, state.value, "", "", [])
+        return group.describe()
+
+    def list_groups(self) -> list[tuple[str, str, str]]:
+        """(group id, protocol type, state) of every group with members or committed offsets."""
+        rows = {gid: (gid, g.protocol_type or "", g.state.value) for gid, g in self._groups.items()}
+        for gid in self.offsets.groups():
+            rows.setdefault(gid, (gid, "", GroupState.EMPTY.value))
+        return [rows[gid] for gid in sorted(rows)]
+
+    def group(self, group_id: str) -> Group | None:
+        """The live state machine of a group (tests and tooling; do not mutate)."""
+        return self._groups.get(group_id)
+
+    # ------------------------------------------------------------------ internals
+
+    def _group(self, group_id: str) -> Group:
+        group = self._groups.get(group_id)
+        if group is None:
+            group = self._groups[group_id] = Group(group_id, self.settings)
+        return group
+
+    def _deliver(self, group_id: str, effects: Effects) -> None:
+        for mid, join_result in effects.joins:
+            self._resolve(self._join_waiters, (group_id, mid), join_result)
+        for mid, sync_result in effects.syncs:
+            self._resolve(self._sync_waiters, (group_id, mid), sync_result)
+
+    @staticmethod
+    def _resolve(waiters: dict[_Key, asyncio.Future[_T]], key: _Key, result: _T) -> None:
+        future = waiters.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(result)

@@ -1,0 +1,476 @@
+"""Committed offsets: the ``OffsetStore`` interface and its two implementations.
+
+``MemoryOffsetStore`` keeps offsets in a dict (tests, ``--storage memory``). ``DurableOffsetStore``
+keeps them under a directory (``<data_dir>/groups/``)::
+
+    offsets.snapshot          the whole state as of the end of log file N (atomic write + rename)
+    offsets-<N+1>.log ...     commits since, appended as framed records
+
+A framed record is ``u32 payload length, u32 CRC32C(payload), payload``; payloads are
+``u8 kind`` + ``str16 group`` and, for commits, ``u32 count`` × (``str16 topic, i32 partition,
+i64 offset, i32 metadata length (-1 = null), metadata utf-8``). Strings are ``u16 length`` + utf-8.
+
+Durability: ``commit`` writes its record and returns only after an fsync that covers it. Commits
+that arrive while an fsync runs share the next one (group commit). A failed write or fsync poisons
+the store: every later commit fails, because a torn record in the middle of a log would hide the
+commits after it.
+
+Recovery: the snapshot is read, then every log file newer than it, in order. Only the newest log
+may end in a torn record (a crash mid-append): it is ignored with a warning — nothing in it was
+acknowledged. Damage anywhere else raises ``OffsetStoreCorruptError`` instead of dropping acknowledged
+commits. After recovery, and whenever the current log grows past ``compact_bytes``, the state is
+written as a new snapshot and the logs it covers are deleted; new commits go to a fresh log file,
+so compaction never blocks or races appends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import struct
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+import crc32c
+
+from broker.groups.errors import OffsetStoreCorruptError, OffsetStoreError
+
+__all__ = [
+    "CommittedOffset",
+    "DurableOffsetStore",
+    "MemoryOffsetStore",
+    "OffsetStore",
+    "TopicPartition",
+]
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+
+
+class CommittedOffset(NamedTuple):
+    offset: int
+    metadata: str | None
+
+
+class OffsetStore(ABC):
+    """Where a group's committed offsets live. One event loop uses a store at a time."""
+
+    async def open(self) -> None:  # noqa: B027 - optional hook
+        """Load stored state; called once before use."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Finish outstanding writes and release files."""
+
+    @abstractmethod
+    async def commit(self, group_id: str, offsets: Mapping[TopicPartition, CommittedOffset]) -> None:
+        """Store the offsets; returns once they survive a crash (for durable stores)."""
+
+    @abstractmethod
+    async def delete_group(self, group_id: str) -> None:
+        """Forget every offset of the group."""
+
+    @abstractmethod
+    def fetch(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        """Committed offsets of the group: all of them, or those of ``partitions`` that exist."""
+
+    @abstractmethod
+    def groups(self) -> list[str]:
+        """Groups with at least one committed offset."""
+
+
+class _State:
+    """The map both stores keep in memory."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+
+    def apply_commit(self, group_id: str, offsets: Mapping[TopicPartition, CommittedOffset]) -> None:
+        if offsets:
+            self.groups.setdefault(group_id, {}).update(offsets)
+
+    def apply_delete(self, group_id: str) -> None:
+        self.groups.pop(group_id, None)
+
+    def fetch(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        stored = self.groups.get(group_id, {})
+        if partitions is None:
+            return dict(stored)
+        return {tp: stored[tp] for tp in partitions if tp in stored}
+
+
+class MemoryOffsetStore(OffsetStore):
+    def __init__(self) -> None:
+        self._state = _State()
+
+    async def commit(self, group_id: str, offsets: Mapping[TopicPartition, CommittedOffset]) -> None:
+        self._state.apply_commit(group_id, {tp: CommittedOffset(*v) for tp, v in offsets.items()})
+
+    async def delete_group(self, group_id: str) -> None:
+        self._state.apply_delete(group_id)
+
+    def fetch(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        return self._state.fetch(group_id, partitions)
+
+    def groups(self) -> list[str]:
+        return sorted(self._state.groups)
+
+
+# ---------------------------------------------------------------------- record codec
+
+_FRAME = struct.Struct(">II")
+_SNAPSHOT_HEADER = struct.Struct(">8sHQ")
+_SNAPSHOT_MAGIC = b"SLUICEOF"
+_SNAPSHOT_VERSION = 1
+_KIND_COMMIT = 1
+_KIND_DELETE = 2
+_KIND_END = 3
+_ENTRY = struct.Struct(">iqi")
+_LOG_NAME = re.compile(r"^offsets-(\d{12})\.log$")
+SNAPSHOT_NAME = "offsets.snapshot"
+
+
+def _str16(value: str) -> bytes:
+    raw = value.encode()
+    return struct.pack(">H", len(raw)) + raw
+
+
+def encode_commit(group_id: str, offsets: Mapping[TopicPartition, CommittedOffset]) -> bytes:
+    parts = [bytes([_KIND_COMMIT]), _str16(group_id), struct.pack(">I", len(offsets))]
+    for (topic, partition), (offset, metadata) in offsets.items():
+        parts.append(_str16(topic))
+        if metadata is None:
+            parts.append(_ENTRY.pack(partition, offset, -1))
+        else:
+            raw = metadata.encode()
+            parts.append(_ENTRY.pack(partition, offset, len(raw)))
+            parts.append(raw)
+    return b"".join(parts)
+
+
+def _frame(payload: bytes) -> bytes:
+    return _FRAME.pack(len(payload), crc32c.crc32c(payload)) + payload
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise ValueError("payload ends early")
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+    def str16(self) -> str:
+        (n,) = struct.unpack(">H", self.take(2))
+        return self.take(n).decode()
+
+
+def _decode_payload(payload: bytes) -> tuple[int, str, dict[TopicPartition, CommittedOffset] | int]:
+    r = _Reader(payload)
+    kind = r.take(1)[0]
+    if kind == _KIND_END:
+        (count,) = struct.unpack(">I", r.take(4))
+        return kind, "", count
+    group_id = r.str16()
+    if kind == _KIND_DELETE:
+        return kind, group_id, {}
+    if kind != _KIND_COMMIT:
+        raise ValueError(f"unknown record kind {kind}")
+    (count,) = struct.unpack(">I", r.take(4))
+    offsets: dict[TopicPartition, CommittedOffset] = {}
+    for _ in range(count):
+        topic = r.str16()
+        partition, offset, mlen = _ENTRY.unpack(r.take(_ENTRY.size))
+        metadata = None if mlen < 0 else r.take(mlen).decode()
+        offsets[(topic, partition)] = CommittedOffset(offset, metadata)
+    if r.pos != len(payload):
+        raise ValueError("trailing bytes in payload")
+    return kind, group_id, offsets
+
+
+def _iter_frames(data: bytes, start: int) -> Iterable[tuple[int, bytes]]:
+    """Yield (end position, payload) for each intact frame; stops at the first bad one."""
+    pos = start
+    while pos + _FRAME.size <= len(data):
+        length, crc = _FRAME.unpack_from(data, pos)
+        end = pos + _FRAME.size + length
+        if end > len(data):
+            return
+        payload = data[pos + _FRAME.size : end]
+        if crc32c.crc32c(payload) != crc:
+            return
+        yield end, payload
+        pos = end
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+# ---------------------------------------------------------------------- durable store
+
+
+class DurableOffsetStore(OffsetStore):
+    def __init__(self, directory: str | os.PathLike[str], *, compact_bytes: int = 16 * 1024 * 1024) -> None:
+        self.directory = Path(directory)
+        self.compact_bytes = compact_bytes
+        self._state = _State()
+        self._fd: int | None = None
+        self._log_seq = 0
+        self._log_bytes = 0
+        self._dir_dirty = False
+        self._written = 0  # records written to the OS
+        self._synced = 0  # records covered by a completed fsync
+        self._unsynced: list[tuple[int, int, str, dict[TopicPartition, CommittedOffset]]] = []
+        self._sync_task: asyncio.Task[None] | None = None
+        self._failed: BaseException | None = None
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def open(self) -> None:
+        await asyncio.to_thread(self._open_sync)
+
+    def _open_sync(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            covers = self._load_snapshot()
+            logs = self._log_files()
+            newest = max([covers, *logs], default=covers)
+            replay = [seq for seq in sorted(logs) if seq > covers]
+            for seq in replay:
+                self._replay_log(seq, last=seq == replay[-1])
+            self._write_snapshot(self._snapshot_bytes(newest))
+            for seq in logs:
+                (self.directory / self._log_name(seq)).unlink()
+            self._open_log(newest + 1)
+            _fsync_dir(self.directory)
+            self._dir_dirty = False
+        except OSError as exc:
+            raise OffsetStoreError(f"cannot open offset store in {self.directory}: {exc}") from exc
+        groups = len(self._state.groups)
+        log.info("offset store opened", extra={"dir": str(self.directory), "groups": groups, "replayed": len(replay)})
+
+    async def close(self) -> None:
+        if self._sync_task is not None and not self._sync_task.done():
+            try:
+                await asyncio.shield(self._sync_task)
+            except OffsetStoreError:
+                pass
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    # -------------------------------------------------------------- OffsetStore
+
+    async def commit(self, group_id: str, offsets: Mapping[TopicPartition, CommittedOffset]) -> None:
+        clean = {tp: CommittedOffset(*v) for tp, v in offsets.items()}
+        await self._append(_KIND_COMMIT, group_id, clean, encode_commit(group_id, clean))
+
+    async def delete_group(self, group_id: str) -> None:
+        await self._append(_KIND_DELETE, group_id, {}, bytes([_KIND_DELETE]) + _str16(group_id))
+
+    def fetch(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        return self._state.fetch(group_id, partitions)
+
+    def groups(self) -> list[str]:
+        return sorted(self._state.groups)
+
+    # -------------------------------------------------------------- write path
+
+    async def _append(
+        self, kind: int, group_id: str, offsets: dict[TopicPartition, CommittedOffset], payload: bytes
+    ) -> None:
+        if self._failed is not None:
+            raise OffsetStoreError(f"offset store failed earlier: {self._failed}")
+        if self._fd is None:
+            raise OffsetStoreError("offset store is not open")
+        frame = _frame(payload)
+        try:
+            _write_all(self._fd, frame)
+        except OSError as exc:
+            self._failed = exc
+            log.error("offset log write failed", extra={"dir": str(self.directory), "error": str(exc)})
+            raise OffsetStoreError(f"cannot write the offset log: {exc}") from exc
+        self._log_bytes += len(frame)
+        self._written += 1
+        seq = self._written
+        self._unsynced.append((seq, kind, group_id, offsets))
+        while self._synced < seq:
+            if self._failed is not None:
+                raise OffsetStoreError(f"offset store failed: {self._failed}")
+            if self._sync_task is None or self._sync_task.done():
+                self._sync_task = asyncio.get_running_loop().create_task(self._sync())
+                self._sync_task.add_done_callback(_consume_exception)
+            await asyncio.shield(self._sync_task)
+
+    async def _sync(self) -> None:
+        target = self._written
+        fd = self._fd
+        dir_dirty = self._dir_dirty
+        assert fd is not None
+        try:
+            await asyncio.to_thread(self._fsync, fd, dir_dirty)
+        except OSError as exc:
+            self._failed = exc
+            log.error("offset log fsync failed", extra={"dir": str(self.directory), "error": str(exc)})
+            raise OffsetStoreError(f"cannot fsync the offset log: {exc}") from exc
+        if dir_dirty:
+            self._dir_dirty = False
+        self._synced = max(self._synced, target)
+        done = [item for item in self._unsynced if item[0] <= target]
+        self._unsynced = [item for item in self._unsynced if item[0] > target]
+        for _, kind, group_id, offsets in done:
+            if kind == _KIND_COMMIT:
+                self._state.apply_commit(group_id, offsets)
+            else:
+                self._state.apply_delete(group_id)
+        if self._log_bytes >= self.compact_bytes and self._written == self._synced:
+            await self._compact()
+
+    def _fsync(self, fd: int, dir_dirty: bool) -> None:
+        os.fsync(fd)
+        if dir_dirty:
+            _fsync_dir(self.directory)
+
+    async def _compact(self) -> None:
+        """Snapshot the (fully synced) state and move appends to a fresh log file."""
+        covers = self._log_seq
+        snapshot = self._snapshot_bytes(covers)
+        old_fd = self._fd
+        try:
+            self._open_log(covers + 1)
+        except OSError as exc:
+            log.warning("offset log rotation failed", extra={"dir": str(self.directory), "error": str(exc)})
+            return
+        if old_fd is not None:
+            os.close(old_fd)
+        self._dir_dirty = True
+        try:
+            await asyncio.to_thread(self._finish_compaction, snapshot, covers)
+        except OSError as exc:
+            # The old logs stay and are replayed on the next start; nothing is lost.
+            log.warning("offset snapshot failed", extra={"dir": str(self.directory), "error": str(exc)})
+            return
+        log.info("offset store compacted", extra={"dir": str(self.directory), "log_seq": covers + 1})
+
+    def _finish_compaction(self, snapshot: bytes, covers: int) -> None:
+        self._write_snapshot(snapshot)
+        for seq in self._log_files():
+            if seq <= covers:
+                (self.directory / self._log_name(seq)).unlink()
+
+    # -------------------------------------------------------------- files
+
+    @staticmethod
+    def _log_name(seq: int) -> str:
+        return f"offsets-{seq:012d}.log"
+
+    def _log_files(self) -> list[int]:
+        return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := _LOG_NAME.match(p.name)))
+
+    def _open_log(self, seq: int) -> None:
+        path = self.directory / self._log_name(seq)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._log_seq = seq
+        self._log_bytes = os.fstat(self._fd).st_size
+
+    def _snapshot_bytes(self, covers: int) -> bytes:
+        parts = [_SNAPSHOT_HEADER.pack(_SNAPSHOT_MAGIC, _SNAPSHOT_VERSION, covers)]
+        for group_id, offsets in self._state.groups.items():
+            parts.append(_frame(encode_commit(group_id, offsets)))
+        parts.append(_frame(bytes([_KIND_END]) + struct.pack(">I", len(self._state.groups))))
+        return b"".join(parts)
+
+    def _write_snapshot(self, data: bytes) -> None:
+        tmp = self.directory / (SNAPSHOT_NAME + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.directory / SNAPSHOT_NAME)
+        _fsync_dir(self.directory)
+
+    def _load_snapshot(self) -> int:
+        path = self.directory / SNAPSHOT_NAME
+        if not path.exists():
+            return 0
+        data = path.read_bytes()
+        if len(data) < _SNAPSHOT_HEADER.size:
+            raise OffsetStoreCorruptError(f"{path}: shorter than its header")
+        magic, version, covers = _SNAPSHOT_HEADER.unpack_from(data, 0)
+        if magic != _SNAPSHOT_MAGIC or version != _SNAPSHOT_VERSION:
+            raise OffsetStoreCorruptError(f"{path}: not an offset snapshot (magic {magic!r}, version {version})")
+        groups = 0
+        end_seen = False
+        pos = _SNAPSHOT_HEADER.size
+        for pos, payload in _iter_frames(data, _SNAPSHOT_HEADER.size):  # noqa: B007 - pos used after the loop
+            try:
+                kind, group_id, body = _decode_payload(payload)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise OffsetStoreCorruptError(f"{path}: undecodable record: {exc}") from exc
+            if kind == _KIND_END:
+                end_seen = body == groups
+                break
+            assert isinstance(body, dict)
+            self._state.apply_commit(group_id, body)
+            groups += 1
+        if not end_seen or pos != len(data):
+            raise OffsetStoreCorruptError(f"{path}: damaged or truncated (read {groups} groups)")
+        return int(covers)
+
+    def _replay_log(self, seq: int, *, last: bool) -> None:
+        path = self.directory / self._log_name(seq)
+        data = path.read_bytes()
+        good = 0
+        for end, payload in _iter_frames(data, 0):
+            try:
+                kind, group_id, body = _decode_payload(payload)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise OffsetStoreCorruptError(f"{path}@{good}: undecodable record: {exc}") from exc
+            if kind == _KIND_COMMIT:
+                assert isinstance(body, dict)
+                self._state.apply_commit(group_id, body)
+            elif kind == _KIND_DELETE:
+                self._state.apply_delete(group_id)
+            good = end
+        if good != len(data):
+            if not last:
+                raise OffsetStoreCorruptError(f"{path}: damaged record at byte {good} of {len(data)}")
+            log.warning(
+                "offset log ends in a torn record; ignoring it (it was never acknowledged)",
+                extra={"file": str(path), "good_bytes": good, "torn_bytes": len(data) - good},
+            )
+
+
+def _consume_exception(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,95 @@
+"""Small file-system helpers for the segment store: atomic replace, directory fsync, the data-dir lock.
+
+Every OSError leaving here becomes a ``StorageError`` with one sentence naming the path, because the
+operator reading the log needs to know which file and why, not a traceback.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+from broker.errors import StorageError
+
+__all__ = ["DirLock", "atomic_write", "fsync_dir", "read_json", "write_all"]
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """``os.write`` until every byte is written (regular files may take fewer bytes, e.g. on ENOSPC)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (created, renamed, removed files) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new content.
+
+    Write a temporary file, fsync it, rename it over the old one, fsync the directory.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise StorageError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def read_json(path: Path) -> object | None:
+    """The JSON document in ``path``, None if the file does not exist; StorageError if unreadable."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise StorageError(f"{path} is not valid JSON ({exc}); fix or remove it by hand") from exc
+
+
+class DirLock:
+    """An exclusive ``flock`` on ``<root>/.lock``: two processes writing one data dir would corrupt it."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageError(
+                f"data directory {self.path.parent} is not usable: cannot create {self.path.name} ({exc.strerror})"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise StorageError(
+                f"data directory {self.path.parent} is in use by another Sluice process (lock {self.path} is held)"
+            ) from exc
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None

@@ -1,0 +1,256 @@
+"""One segment on disk: ``<base>.log`` with its ``.index`` and ``.timeindex``, and their file descriptors.
+
+A segment is *active* (the partition appends to it; its log and index files are open for writing)
+or *closed* (read-only; its index is loaded lazily on the first read and rebuilt from the log when
+missing or inconsistent, so a lost or damaged index never loses data). Reads use ``os.pread`` in
+the event loop: page-cache reads are microseconds, a thread hop would cost more.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from broker.errors import InvalidRecordError, StorageError
+from broker.log.files import atomic_write, write_all
+from broker.log.index import SegmentIndex
+from broker.protocol.records import BATCH_HEADER_SIZE, BatchHeader, decode_header, split_complete_batches
+
+__all__ = ["MAX_SEGMENT_BYTES", "Segment", "segment_name"]
+
+log = logging.getLogger("broker.log.segment")
+
+# Index positions and relative offsets are u32; stay well inside them.
+MAX_SEGMENT_BYTES = 2**31 - 1
+MAX_RELATIVE_OFFSET = 2**31 - 1
+_HEADER_CHUNK = 16 * 1024
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+class Segment:
+    """File triple of one segment plus what the partition tracks about it."""
+
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        *,
+        size: int,
+        end_offset: int,
+        last_write_ms: int,
+        created_ms: int,
+        index: SegmentIndex | None = None,
+    ) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.size = size
+        self.end_offset = end_offset  # offset after the last stored record
+        self.last_write_ms = last_write_ms
+        self.created_ms = created_ms
+        self.index = index
+        self.fd: int | None = None  # log file; read-write for the active segment
+        self.index_fd: int | None = None  # open only while the segment is (or was just) active
+        self.time_fd: int | None = None
+        self.dirty_log = False  # written since the last fsync
+        self.dirty_index = False  # index files written and not yet fsynced (after a roll)
+        self.syncing = 0  # fsyncs in flight using this segment's descriptors
+
+    # -- paths ---------------------------------------------------------------------------
+
+    @property
+    def stem(self) -> Path:
+        return self.directory / segment_name(self.base_offset)
+
+    @property
+    def log_path(self) -> Path:
+        return self.stem.with_suffix(".log")
+
+    @property
+    def index_path(self) -> Path:
+        return self.stem.with_suffix(".index")
+
+    @property
+    def time_path(self) -> Path:
+        return self.stem.with_suffix(".timeindex")
+
+    @property
+    def busy(self) -> bool:
+        """Descriptors that must not be closed yet: unsynced data or an fsync in flight."""
+        return self.dirty_log or self.dirty_index or self.syncing > 0
+
+    # -- opening and closing ----------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, now_ms: int, interval: int) -> Segment:
+        """A new, empty active segment (its files created now)."""
+        seg = cls(directory, base_offset, size=0, end_offset=base_offset, last_write_ms=now_ms,
+                  created_ms=now_ms, index=SegmentIndex(interval))
+        try:
+            seg.fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            if os.fstat(seg.fd).st_size:
+                raise StorageError(f"cannot create segment {seg.log_path}: a non-empty file is already there")
+        except OSError as exc:
+            seg.close()
+            raise StorageError(f"cannot create segment {seg.log_path}: {exc.strerror}") from exc
+        seg.open_index_writers(b"", b"")
+        return seg
+
+    def open_log(self) -> int:
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND)
+            except OSError as exc:
+                raise StorageError(f"cannot open segment {self.log_path}: {exc.strerror}") from exc
+        return self.fd
+
+    def open_index_writers(self, index: bytes, times: bytes) -> None:
+        """(Re)write both index files with the given content and keep them open for appending."""
+        try:
+            for path, data, attr in ((self.index_path, index, "index_fd"), (self.time_path, times, "time_fd")):
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+                setattr(self, attr, fd)
+                write_all(fd, data)
+        except OSError as exc:
+            raise StorageError(f"cannot write index files of {self.log_path}: {exc.strerror}") from exc
+
+    def close_index_writers(self) -> None:
+        for attr in ("index_fd", "time_fd"):
+            fd = getattr(self, attr)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, attr, None)
+
+    def close_log(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def close(self) -> None:
+        self.close_log()
+        self.close_index_writers()
+
+    def delete(self) -> None:
+        self.close()
+        for path in (self.log_path, self.index_path, self.time_path):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise StorageError(f"cannot delete {path}: {exc.strerror}") from exc
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def pread(self, length: int, position: int) -> bytes:
+        return os.pread(self.open_log(), length, position)
+
+    def iter_headers(self, position: int, end: int | None = None) -> Iterator[tuple[int, BatchHeader]]:
+        """``(position, header)`` of each batch from ``position`` (a batch boundary) to ``end``.
+
+        Headers only (no CRC): used on bytes that recovery has already checked.
+        """
+        end = self.size if end is None else end
+        while position < end:
+            buf = self.pread(min(_HEADER_CHUNK, end - position), position)
+            pos = 0
+            while len(buf) - pos >= BATCH_HEADER_SIZE:
+                header = decode_header(buf, pos)
+                yield position + pos, header
+                pos += header.size
+            if pos == 0:  # fewer than a header's bytes left: a tail that is not a batch
+                raise InvalidRecordError(f"{self.log_path}: partial batch header at position {position}")
+            position += pos
+
+    def read_batches(self, position: int, max_bytes: int, *, at_least_one: bool) -> bytes:
+        """Whole batches from ``position`` up to ``max_bytes`` (or one whole batch if ``at_least_one``)."""
+        if position >= self.size:
+            return b""
+        want = min(max(max_bytes, BATCH_HEADER_SIZE), self.size - position)
+        buf = self.pread(want, position)
+        _, complete = split_complete_batches(buf)
+        if complete:
+            return buf[:complete] if complete < len(buf) else buf
+        if not at_least_one:
+            return b""
+        header = decode_header(buf if len(buf) >= BATCH_HEADER_SIZE else self.pread(BATCH_HEADER_SIZE, position))
+        return self.pread(header.size, position)
+
+    # -- index -----------------------------------------------------------------------------
+
+    def load_index(self, interval: int) -> SegmentIndex:
+        """The index of a closed segment: read from its files, or rebuilt from the log if they are bad."""
+        if self.index is not None:
+            return self.index
+        index: SegmentIndex | None = None
+        try:
+            raw_index = self.index_path.read_bytes()
+            raw_times = self.time_path.read_bytes()
+        except FileNotFoundError:
+            reason = "missing"
+        else:
+            index = SegmentIndex.from_bytes(
+                interval, raw_index, raw_times, size=self.size, rel_limit=self.end_offset - self.base_offset
+            )
+            reason = "inconsistent"
+            if index is not None and not self.entry_matches(index):
+                index = None
+        if index is None:
+            index = self.rebuild_index(interval, reason)
+        self.index = index
+        return index
+
+    def entry_matches(self, index: SegmentIndex) -> bool:
+        """Cheap check of the last offset entry: the batch it points at has the offset it claims."""
+        if not index.rel_offsets:
+            return True
+        try:
+            header = decode_header(self.pread(BATCH_HEADER_SIZE, index.positions[-1]))
+        except InvalidRecordError:
+            return False
+        return header.base_offset == self.base_offset + index.rel_offsets[-1]
+
+    def rebuild_index(self, interval: int, reason: str) -> SegmentIndex:
+        """Index a closed segment from its log and write both files atomically."""
+        index = SegmentIndex(interval)
+        try:
+            for pos, header in self.iter_headers(0):
+                index.on_batch(pos, header.base_offset - self.base_offset,
+                               header.last_offset - self.base_offset, header.max_timestamp, header.size)
+        except InvalidRecordError as exc:
+            log.error("segment has unreadable batches; index covers the readable prefix",
+                      extra={"segment": str(self.log_path), "error": str(exc)})
+        index.finalize()
+        index.next_rel = self.end_offset - self.base_offset
+        raw_index, raw_times = index.to_bytes()
+        atomic_write(self.index_path, raw_index)
+        atomic_write(self.time_path, raw_times)
+        log.warning("rebuilt %s index files of a segment", reason,
+                    extra={"segment": str(self.log_path), "entries": len(index.rel_offsets)})
+        return index
+
+    def locate(self, offset: int, interval: int, *, retry: bool = True) -> int:
+        """File position of the batch holding ``offset`` (which must lie in this segment)."""
+        index = self.load_index(interval)
+        rel, position = index.position_for(offset - self.base_offset)
+        for pos, header in self.iter_headers(position):
+            if pos == position and header.base_offset != self.base_offset + rel:
+                # The entry does not point at the batch it names. A closed segment's files came from
+                # disk: rebuild them and search again. The active index is built in memory by us.
+                if self.index_fd is not None or not retry:
+                    return self._locate_by_scan(offset)
+                self.index = self.rebuild_index(interval, "inconsistent")
+                return self.locate(offset, interval, retry=False)
+            if header.last_offset >= offset:
+                return pos
+        return self.size
+
+    def _locate_by_scan(self, offset: int) -> int:
+        for pos, header in self.iter_headers(0):
+            if header.last_offset >= offset:
+                return pos
+        return self.size

@@ -1,0 +1,377 @@
+"""The group coordinator driven through its public contract, with a fake clock (no sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from broker.groups import (
+    FakeClock,
+    GroupCoordinator,
+    GroupSettings,
+    JoinResult,
+    MemoryOffsetStore,
+    SyncResult,
+)
+from broker.groups.assignment import (
+    ConsumerAssignment,
+    ConsumerSubscription,
+    decode_assignment,
+    encode_assignment,
+    encode_subscription,
+)
+from broker.protocol.kafka_codes import ErrorCode
+
+GROUP = "g1"
+SESSION_MS = 10_000
+REBALANCE_MS = 30_000
+SUB = encode_subscription(ConsumerSubscription(topics=("t",)))
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def coord(clock: FakeClock) -> AsyncIterator[GroupCoordinator]:
+    c = GroupCoordinator(MemoryOffsetStore(), clock, tick_interval_s=3600)
+    await c.start()
+    yield c
+    await c.stop()
+
+
+async def join(
+    coord: GroupCoordinator,
+    member_id: str = "",
+    *,
+    client_id: str = "client",
+    protocols: list[tuple[str, bytes]] | None = None,
+    require_known: bool = False,
+    session_ms: int = SESSION_MS,
+    rebalance_ms: int = REBALANCE_MS,
+) -> JoinResult:
+    return await coord.join(
+        GROUP,
+        member_id,
+        None,
+        "consumer",
+        protocols if protocols is not None else [("range", SUB)],
+        session_ms,
+        rebalance_ms,
+        client_id,
+        "/127.0.0.1",
+        require_known,
+    )
+
+
+def start_join(coord: GroupCoordinator, member_id: str = "", **kw: object) -> asyncio.Task[JoinResult]:
+    return asyncio.ensure_future(join(coord, member_id, **kw))  # type: ignore[arg-type]
+
+
+async def settle() -> None:
+    """Let every ready task run (no time passes: the clock is fake)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def assignment_for(*partitions: int) -> bytes:
+    return encode_assignment(ConsumerAssignment(partitions=(("t", partitions),)))
+
+
+async def test_single_member_join_sync_heartbeat(coord: GroupCoordinator) -> None:
+    r = await join(coord, client_id="app")
+    assert r.error_code == ErrorCode.NONE
+    assert r.member_id.startswith("app-")
+    assert r.generation_id == 1
+    assert r.leader_id == r.member_id
+    assert r.protocol_type == "consumer" and r.protocol_name == "range"
+    assert [(m.member_id, m.metadata) for m in r.members] == [(r.member_id, SUB)]
+
+    s = await coord.sync(GROUP, r.generation_id, r.member_id, {r.member_id: assignment_for(0, 1)})
+    assert s == SyncResult(ErrorCode.NONE, "consumer", "range", assignment_for(0, 1))
+    assert coord.heartbeat(GROUP, r.generation_id, r.member_id) == ErrorCode.NONE
+    assert coord.heartbeat(GROUP, r.generation_id + 1, r.member_id) == ErrorCode.ILLEGAL_GENERATION
+    assert coord.heartbeat(GROUP, r.generation_id, "nobody") == ErrorCode.UNKNOWN_MEMBER_ID
+    assert coord.heartbeat("other-group", 1, r.member_id) == ErrorCode.UNKNOWN_MEMBER_ID
+
+    d = coord.describe(GROUP)
+    assert d.state == "Stable" and d.protocol_name == "range"
+    assert [(m.member_id, m.client_id, m.metadata, m.assignment) for m in d.members] == [
+        (r.member_id, "app", SUB, assignment_for(0, 1))
+    ]
+    assert decode_assignment(d.members[0].assignment).topic_partitions() == [("t", 0), ("t", 1)]
+    assert coord.list_groups() == [(GROUP, "consumer", "Stable")]
+
+
+async def test_member_id_required_then_join(coord: GroupCoordinator) -> None:
+    r = await join(coord, require_known=True)
+    assert r.error_code == ErrorCode.MEMBER_ID_REQUIRED
+    assert r.member_id.startswith("client-")
+    assert coord.describe(GROUP).members == []
+    r2 = await join(coord, r.member_id, require_known=True)
+    assert r2.error_code == ErrorCode.NONE and r2.member_id == r.member_id and r2.generation_id == 1
+
+
+async def test_unknown_member_and_bad_session_timeout(coord: GroupCoordinator) -> None:
+    assert (await join(coord, "ghost")).error_code == ErrorCode.UNKNOWN_MEMBER_ID
+    assert (await join(coord, session_ms=10)).error_code == ErrorCode.INVALID_SESSION_TIMEOUT
+    assert (
+        await coord.join("", "", None, "consumer", [("range", SUB)], SESSION_MS, REBALANCE_MS, "c", "h", False)
+    ).error_code == ErrorCode.INVALID_GROUP_ID
+
+
+async def test_inconsistent_protocols(coord: GroupCoordinator) -> None:
+    a = await join(coord, protocols=[("range", SUB)])
+    assert a.error_code == ErrorCode.NONE
+    b = await join(coord, protocols=[("roundrobin", SUB)])
+    assert b.error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+    wrong_type = await coord.join(
+        GROUP, "", None, "connect", [("range", SUB)], SESSION_MS, REBALANCE_MS, "c", "h", False
+    )
+    assert wrong_type.error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+
+
+async def test_protocol_chosen_among_common_ones(coord: GroupCoordinator) -> None:
+    t1 = start_join(coord, protocols=[("cooperative-sticky", b"x"), ("range", b"r1")])
+    await settle()
+    first = t1.result()
+    t2 = start_join(coord, protocols=[("range", b"r2"), ("roundrobin", b"rr")])
+    await settle()
+    t1b = start_join(coord, first.member_id, protocols=[("cooperative-sticky", b"x"), ("range", b"r1")])
+    await settle()
+    leader, follower = t1b.result(), t2.result()
+    assert leader.protocol_name == follower.protocol_name == "range"
+    assert sorted(m.metadata for m in leader.members) == [b"r1", b"r2"]
+    assert follower.members == []
+
+
+async def test_three_members_follower_sync_waits_for_leader(coord: GroupCoordinator, clock: FakeClock) -> None:
+    a = await join(coord, client_id="a")
+    await coord.sync(GROUP, a.generation_id, a.member_id, {a.member_id: assignment_for(0, 1, 2)})
+    # Two more members arrive: the group rebalances; they wait until the leader rejoins.
+    tb, tc = start_join(coord, client_id="b"), start_join(coord, client_id="c")
+    await settle()
+    assert not tb.done() and not tc.done()
+    assert coord.describe(GROUP).state == "PreparingRebalance"
+    assert coord.heartbeat(GROUP, a.generation_id, a.member_id) == ErrorCode.REBALANCE_IN_PROGRESS
+    a2 = await join(coord, a.member_id, client_id="a")
+    b, c = await tb, await tc
+    assert a2.generation_id == b.generation_id == c.generation_id == a.generation_id + 1
+    assert a2.leader_id == b.leader_id == c.leader_id == a.member_id
+    assert {m.member_id for m in a2.members} == {a.member_id, b.member_id, c.member_id}
+    assert b.members == [] and c.members == []
+
+    gen = a2.generation_id
+    sb = asyncio.ensure_future(coord.sync(GROUP, gen, b.member_id, {}))
+    sc = asyncio.ensure_future(coord.sync(GROUP, gen, c.member_id, {}))
+    await settle()
+    assert not sb.done() and not sc.done(), "followers must wait for the leader's assignment"
+    assert coord.describe(GROUP).state == "CompletingRebalance"
+    plan = {a.member_id: assignment_for(0), b.member_id: assignment_for(1), c.member_id: assignment_for(2)}
+    sa = await coord.sync(GROUP, gen, a.member_id, plan)
+    assert sa.assignment == plan[a.member_id]
+    assert (await sb).assignment == plan[b.member_id]
+    assert (await sc).assignment == plan[c.member_id]
+    assert coord.describe(GROUP).state == "Stable"
+    # A sync with a stale generation is refused.
+    stale = await coord.sync(GROUP, gen - 1, b.member_id, {})
+    assert stale.error_code == ErrorCode.ILLEGAL_GENERATION
+
+
+async def form_group(coord: GroupCoordinator, n: int) -> list[JoinResult]:
+    """n members, Stable, partition i assigned to member i."""
+    first = await join(coord, client_id="m0")
+    tasks = [start_join(coord, client_id=f"m{i}") for i in range(1, n)]
+    await settle()
+    if tasks:
+        first = await join(coord, first.member_id, client_id="m0")
+    results = [first] + [await t for t in tasks]
+    gen = results[0].generation_id
+    plan = {r.member_id: assignment_for(i) for i, r in enumerate(results)}
+    syncs = [asyncio.ensure_future(coord.sync(GROUP, gen, r.member_id, plan)) for r in results[1:]]
+    await coord.sync(GROUP, gen, results[0].member_id, plan)
+    for s in syncs:
+        assert (await s).error_code == ErrorCode.NONE
+    return results
+
+
+async def test_silent_member_expires_and_others_rebalance(coord: GroupCoordinator, clock: FakeClock) -> None:
+    a, b, c = await form_group(coord, 3)
+    gen = a.generation_id
+    # a and b keep heartbeating, c goes silent.
+    for _ in range(3):
+        clock.advance(SESSION_MS / 1000 / 3)
+        assert coord.heartbeat(GROUP, gen, a.member_id) == ErrorCode.NONE
+        assert coord.heartbeat(GROUP, gen, b.member_id) == ErrorCode.NONE
+        coord.check_timeouts()
+    clock.advance(0.001)
+    coord.check_timeouts()
+    d = coord.describe(GROUP)
+    assert c.member_id not in {m.member_id for m in d.members}
+    assert d.state == "PreparingRebalance"
+    assert coord.heartbeat(GROUP, gen, a.member_id) == ErrorCode.REBALANCE_IN_PROGRESS
+    assert coord.heartbeat(GROUP, gen, b.member_id) == ErrorCode.REBALANCE_IN_PROGRESS
+    assert coord.heartbeat(GROUP, gen, c.member_id) == ErrorCode.UNKNOWN_MEMBER_ID
+    tb = start_join(coord, b.member_id)
+    await settle()
+    assert not tb.done()
+    a2 = await join(coord, a.member_id)
+    b2 = await tb
+    assert a2.generation_id == b2.generation_id == gen + 1
+    assert {m.member_id for m in a2.members} == {a.member_id, b.member_id}
+
+
+async def test_member_that_does_not_rejoin_is_dropped_at_rebalance_timeout(
+    coord: GroupCoordinator, clock: FakeClock
+) -> None:
+    a, b = await form_group(coord, 2)
+    await coord.leave(GROUP, [])  # no-op
+    td = start_join(coord, client_id="d")
+    await settle()
+    ta = start_join(coord, a.member_id)
+    await settle()
+    assert not ta.done() and not td.done()
+    # b keeps heartbeating (so its session never expires) but never rejoins.
+    for _ in range(2 * REBALANCE_MS // SESSION_MS + 1):
+        clock.advance(SESSION_MS / 1000 / 2)
+        coord.heartbeat(GROUP, a.generation_id, b.member_id)
+        coord.check_timeouts()
+        await settle()
+    a2, d2 = await ta, await td
+    assert a2.error_code == d2.error_code == ErrorCode.NONE
+    assert {m.member_id for m in a2.members} == {a.member_id, d2.member_id}
+    assert coord.heartbeat(GROUP, a2.generation_id, b.member_id) == ErrorCode.UNKNOWN_MEMBER_ID
+
+
+async def test_leave_group_triggers_rebalance(coord: GroupCoordinator) -> None:
+    a, b = await form_group(coord, 2)
+    assert await coord.leave(GROUP, [b.member_id, "ghost"]) == {
+        b.member_id: ErrorCode.NONE,
+        "ghost": ErrorCode.UNKNOWN_MEMBER_ID,
+    }
+    assert coord.heartbeat(GROUP, a.generation_id, a.member_id) == ErrorCode.REBALANCE_IN_PROGRESS
+    a2 = await join(coord, a.member_id)
+    assert a2.generation_id == a.generation_id + 1 and [m.member_id for m in a2.members] == [a.member_id]
+    # The last member leaving empties the group.
+    await coord.leave(GROUP, [a.member_id])
+    d = coord.describe(GROUP)
+    assert d.state == "Empty" and d.members == []
+
+
+async def test_leader_leaving_hands_leadership_over(coord: GroupCoordinator) -> None:
+    a, b = await form_group(coord, 2)
+    await coord.leave(GROUP, [a.member_id])
+    b2 = await join(coord, b.member_id)
+    assert b2.leader_id == b.member_id and [m.member_id for m in b2.members] == [b.member_id]
+
+
+async def test_follower_sync_fails_when_rebalance_starts(coord: GroupCoordinator) -> None:
+    a = await join(coord)
+    tb = start_join(coord)
+    await settle()
+    a2 = await join(coord, a.member_id)
+    b = await tb
+    sb = asyncio.ensure_future(coord.sync(GROUP, b.generation_id, b.member_id, {}))
+    await settle()
+    # A third member joins before the leader syncs: b's parked sync is answered REBALANCE_IN_PROGRESS.
+    tc = start_join(coord)
+    await settle()
+    assert (await sb).error_code == ErrorCode.REBALANCE_IN_PROGRESS
+    ta = start_join(coord, a2.member_id)
+    tb2 = start_join(coord, b.member_id)
+    await settle()
+    results = [await ta, await tb2, await tc]
+    assert {r.generation_id for r in results} == {a2.generation_id + 1}
+
+
+async def test_commit_and_fetch_offsets(coord: GroupCoordinator) -> None:
+    a, b = await form_group(coord, 2)
+    gen = a.generation_id
+    res = await coord.commit_offsets(GROUP, gen, a.member_id, {("t", 0): (10, "m0"), ("t", 1): (20, None)})
+    assert res == {("t", 0): ErrorCode.NONE, ("t", 1): ErrorCode.NONE}
+    assert coord.fetch_offsets(GROUP, [("t", 0), ("t", 1), ("t", 9)]) == {
+        ("t", 0): (10, "m0"),
+        ("t", 1): (20, None),
+        ("t", 9): (-1, ""),
+    }
+    assert coord.fetch_offsets(GROUP, None) == {("t", 0): (10, "m0"), ("t", 1): (20, None)}
+    # Stale generation, unknown member, standalone commit into a group with members: all refused.
+    assert await coord.commit_offsets(GROUP, gen - 1, a.member_id, {("t", 0): (5, "")}) == {
+        ("t", 0): ErrorCode.ILLEGAL_GENERATION
+    }
+    assert await coord.commit_offsets(GROUP, gen, "ghost", {("t", 0): (5, "")}) == {
+        ("t", 0): ErrorCode.UNKNOWN_MEMBER_ID
+    }
+    assert await coord.commit_offsets(GROUP, -1, "", {("t", 0): (5, "")}) == {("t", 0): ErrorCode.UNKNOWN_MEMBER_ID}
+    assert coord.fetch_offsets(GROUP, [("t", 0)]) == {("t", 0): (10, "m0")}
+    # Metadata too large is refused per partition.
+    big = await coord.commit_offsets(GROUP, gen, b.member_id, {("t", 0): (11, "x" * 5000), ("t", 1): (21, "")})
+    assert big == {("t", 0): ErrorCode.OFFSET_METADATA_TOO_LARGE, ("t", 1): ErrorCode.NONE}
+    # During CompletingRebalance commits wait for the sync: REBALANCE_IN_PROGRESS.
+    await coord.leave(GROUP, [b.member_id])
+    a2 = await join(coord, a.member_id)
+    assert await coord.commit_offsets(GROUP, a2.generation_id, a.member_id, {("t", 0): (12, "")}) == {
+        ("t", 0): ErrorCode.REBALANCE_IN_PROGRESS
+    }
+    # Lag: high watermark minus committed offset.
+    hw = {("t", 0): 100, ("t", 1): 21}
+    assert coord.lag(GROUP, lambda t, p: hw[(t, p)]) == {("t", 0): 90, ("t", 1): 0}
+
+
+async def test_standalone_commit_without_membership(coord: GroupCoordinator) -> None:
+    assert await coord.commit_offsets("solo", 5, "", {("t", 0): (1, None)}) == {("t", 0): ErrorCode.ILLEGAL_GENERATION}
+    assert await coord.commit_offsets("solo", -1, "", {("t", 0): (7, "meta")}) == {("t", 0): ErrorCode.NONE}
+    assert coord.fetch_offsets("solo", None) == {("t", 0): (7, "meta")}
+    assert ("solo", "", "Empty") in coord.list_groups()
+    assert coord.describe("solo").state == "Empty"
+    assert coord.describe("never-seen").state == "Dead"
+
+
+async def test_stop_answers_parked_requests(clock: FakeClock) -> None:
+    c = GroupCoordinator(MemoryOffsetStore(), clock, settings=GroupSettings(initial_rebalance_delay_ms=3000))
+    await c.start()
+    t = start_join(c)
+    await settle()
+    assert not t.done(), "the initial rebalance delay holds the first join"
+    await c.stop()
+    assert (await t).error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+async def test_initial_rebalance_delay_gathers_members(clock: FakeClock) -> None:
+    c = GroupCoordinator(MemoryOffsetStore(), clock, settings=GroupSettings(initial_rebalance_delay_ms=3000))
+    await c.start()
+    try:
+        t1, t2 = start_join(c), start_join(c)
+        await settle()
+        clock.advance(2.0)
+        t3 = start_join(c)
+        await settle()
+        clock.advance(2.0)  # the third joiner extended the delay to t=5s
+        c.check_timeouts()
+        await settle()
+        assert not t1.done()
+        clock.advance(1.0)
+        c.check_timeouts()
+        r = [await t for t in (t1, t2, t3)]
+        assert {x.generation_id for x in r} == {1}
+        assert len(r[0].members) == 3
+    finally:
+        await c.stop()
+
+
+async def test_background_task_expires_members_with_real_clock() -> None:
+    c = GroupCoordinator(MemoryOffsetStore(), settings=GroupSettings(min_session_timeout_ms=50), tick_interval_s=0.01)
+    await c.start()
+    try:
+        r = await join(c, session_ms=100, rebalance_ms=100)
+        await c.sync(GROUP, r.generation_id, r.member_id, {})
+        deadline = asyncio.get_running_loop().time() + 5
+        while c.describe(GROUP).members and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        assert c.describe(GROUP).state == "Empty"
+        assert c.heartbeat(GROUP, r.generation_id, r.member_id) == ErrorCode.UNKNOWN_MEMBER_ID
+    finally:
+        await c.stop()

@@ -1,0 +1,125 @@
+"""Bad input and unusable data directories: a clear error, and the stored data stays as it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.errors import (
+    CorruptRecordError,
+    InvalidTopicError,
+    RecordTooLargeError,
+    StorageError,
+    UnknownTopicError,
+    UnsupportedMagicError,
+)
+from broker.log.config import TopicConfig
+from broker.log.segment import SegmentLogStore
+from broker.protocol.records import RecordSpec, encode_batch
+from tests.broker.log.helpers import all_records, open_store
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+            and p.name not in (".lock", ".clean-shutdown", "recovery-checkpoint.json")}
+
+
+async def stored_store(root: Path) -> SegmentLogStore:
+    store = await open_store(root)
+    store.create_topic("keep", 1, TopicConfig(max_message_bytes=2000))
+    for i in range(5):
+        await store.append_records("keep", [RecordSpec(b"value-%d" % i)], partition=0)
+    return store
+
+
+async def test_bad_batches_are_refused_and_nothing_reaches_the_files(tmp_path: Path) -> None:
+    store = await stored_store(tmp_path)
+    await store.flush()
+    before = snapshot(tmp_path)
+    good = encode_batch([RecordSpec(b"x")])
+    corrupt = bytearray(good)
+    corrupt[-2] ^= 0x55
+    magic = bytearray(good)
+    magic[16] = 1
+    cases: list[tuple[bytes, type[Exception], str]] = [
+        (bytes(corrupt), CorruptRecordError, "CRC mismatch"),
+        (bytes(magic), UnsupportedMagicError, "magic 1"),
+        (good[:40], CorruptRecordError, "truncated"),
+        (good + good[:20], CorruptRecordError, "truncated"),  # one good batch followed by a torn one
+        (encode_batch([RecordSpec(b"z" * 3000)]), RecordTooLargeError, "max.message.bytes=2000"),
+    ]
+    for data, error, text in cases:
+        with pytest.raises(error, match=text):
+            await store.append("keep", 0, data)
+    with pytest.raises(UnknownTopicError, match="unknown topic 'nope'"):
+        await store.append("nope", 0, good)
+    with pytest.raises(InvalidTopicError, match="characters other than"):
+        store.create_topic("bad/name", 1)
+    assert snapshot(tmp_path) == before
+    await store.close()
+    store = await open_store(tmp_path)
+    assert [r.value for r in all_records(store.partition("keep", 0))] == [b"value-%d" % i for i in range(5)]
+    assert [t.name for t in store.list_topics()] == ["keep"]
+    await store.close()
+
+
+async def test_data_dir_under_a_regular_file_is_a_clear_storage_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    store = SegmentLogStore(blocker / "logs")
+    with pytest.raises(StorageError, match=r"cannot create data directory .*file/logs: Not a directory"):
+        await store.start()
+    assert blocker.read_text() == "not a directory"
+    await store.close()
+
+
+async def test_data_dir_that_is_a_file_is_a_clear_storage_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "logs"
+    blocker.write_text("a file")
+    with pytest.raises(StorageError, match="cannot create data directory"):
+        await open_store(blocker)
+
+
+async def test_second_store_on_the_same_directory_is_refused(tmp_path: Path) -> None:
+    store = await stored_store(tmp_path)
+    before = snapshot(tmp_path)
+    with pytest.raises(StorageError, match="in use by another Sluice process"):
+        await open_store(tmp_path)
+    assert snapshot(tmp_path) == before
+    await store.append_records("keep", [RecordSpec(b"after")], partition=0)  # the first store still works
+    await store.close()
+
+
+async def test_partition_path_taken_by_a_file_fails_topic_creation_only(tmp_path: Path) -> None:
+    store = await stored_store(tmp_path)
+    (tmp_path / "other-0").write_text("in the way")  # tests run as root: modes would not stop us
+    with pytest.raises(StorageError, match="cannot create partition directory .*other-0"):
+        store.create_topic("other", 1)
+    assert [t.name for t in store.list_topics()] == ["keep"]
+    await store.append_records("keep", [RecordSpec(b"still fine")], partition=0)
+    await store.close()
+    store = await open_store(tmp_path)
+    assert [t.name for t in store.list_topics()] == ["keep"]
+    assert store.partition("keep", 0).high_watermark == 6
+    await store.close()
+
+
+async def test_unreadable_topic_metadata_is_refused_and_left_for_the_operator(tmp_path: Path) -> None:
+    store = await stored_store(tmp_path)
+    await store.close()
+    (tmp_path / "topics.json").write_text('{"topics": [{"name": ')
+    before = snapshot(tmp_path)
+    with pytest.raises(StorageError, match=r"topics.json is not valid JSON"):
+        await open_store(tmp_path)
+    assert snapshot(tmp_path) == before
+    (tmp_path / "topics.json").write_text('{"topics": [{"nom": "keep"}]}')
+    with pytest.raises(StorageError, match="does not describe topics"):
+        await open_store(tmp_path)
+
+
+async def test_store_must_be_started(tmp_path: Path) -> None:
+    store = SegmentLogStore(tmp_path)
+    with pytest.raises(StorageError, match="not started"):
+        store.create_topic("t", 1)
+    await store.close()
