@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sluice.ingest_components import file_component, tcp_component
+from sluice.kafka_component import kafka_component
 from sluice.runtime import Component, Runtime
 
 __all__ = ["COMPONENT_FACTORIES", "build_components"]
@@ -18,6 +19,7 @@ ComponentFactory = Callable[[Runtime], Component | None]
 
 COMPONENT_FACTORIES: list[ComponentFactory] = [
     # Filled in by the Kafka, ingest, processor and HTTP work.
+    kafka_component,
     tcp_component,  # TCP line ingest (NDJSON, InfluxDB line protocol, CSV)
     file_component,  # file replay/tail sources from [[ingest.files]]
 ]

@@ -1,0 +1,162 @@
+"""ApiVersions, Metadata, CreateTopics, DeleteTopics, DescribeConfigs.
+
+One broker (node id 0) leads every partition, is its only replica and the controller; Metadata
+advertises the configured host and port so clients reconnect to the right place.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from broker.errors import BrokerError
+from broker.log.config import KAFKA_CONFIG_NAMES
+from broker.protocol.kafka import api_versions_body
+from broker.protocol.kafka_codes import ErrorCode
+from broker.server.handlers_common import NODE_ID, BrokerContext, ConnectionInfo, error_code_for
+
+__all__ = [
+    "handle_api_versions",
+    "handle_create_topics",
+    "handle_delete_topics",
+    "handle_describe_configs",
+    "handle_metadata",
+]
+
+log = logging.getLogger("broker.server.kafka")
+
+_NO_AUTHORIZED_OPERATIONS = -(2**31)
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+SOURCE_DYNAMIC_TOPIC = 1
+SOURCE_DEFAULT = 5
+TYPE_STRING = 2
+TYPE_LONG = 5
+
+
+async def handle_api_versions(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    return api_versions_body()
+
+
+def _topic_metadata(ctx: BrokerContext, name: str, create: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {"error_code": ErrorCode.NONE, "name": name, "is_internal": False, "partitions": [],
+                             "topic_authorized_operations": _NO_AUTHORIZED_OPERATIONS}
+    try:
+        info = ctx.store.ensure_topic(name) if create else ctx.store.topic(name)
+    except BrokerError as exc:
+        entry["error_code"] = error_code_for(exc)
+        return entry
+    entry["is_internal"] = info.internal
+    entry["partitions"] = [
+        {"error_code": ErrorCode.NONE, "partition_index": p, "leader_id": NODE_ID, "leader_epoch": 0,
+         "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID], "offline_replicas": []}
+        for p in range(info.partitions)
+    ]
+    return entry
+
+
+async def handle_metadata(ctx: BrokerContext, body: Any, conn: ConnectionInfo, version: int) -> dict[str, Any]:
+    requested = body.topics
+    if requested is None or (version == 0 and not requested):
+        names = [t.name for t in ctx.store.list_topics()]
+        create = False
+    else:
+        names = [str(t.name) for t in requested]
+        create = bool(getattr(body, "allow_auto_topic_creation", True)) and ctx.store.auto_create_topics
+    return {
+        "throttle_time": 0,
+        "brokers": [{"node_id": NODE_ID, "host": ctx.advertised_host, "port": ctx.advertised_port, "rack": None}],
+        "cluster_id": ctx.cluster_id,
+        "controller_id": NODE_ID,
+        "topics": [_topic_metadata(ctx, name, create) for name in names],
+        "cluster_authorized_operations": _NO_AUTHORIZED_OPERATIONS,
+    }
+
+
+async def handle_create_topics(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    for topic in body.topics:
+        name = str(topic.name)
+        result: dict[str, Any] = {"name": name, "error_code": ErrorCode.NONE, "error_message": None}
+        results.append(result)
+        count: int | None = int(topic.num_partitions)
+        if topic.assignments:
+            count = len(topic.assignments)
+        elif count == -1:
+            count = None
+        if int(topic.replication_factor) not in (-1, 1):
+            result["error_code"] = ErrorCode.INVALID_REPLICATION_FACTOR
+            result["error_message"] = "Sluice is a single broker: replication factor must be 1"
+            continue
+        try:
+            config = ctx.store.default_config.with_kafka_configs({c.name: c.value for c in topic.configs})
+        except ValueError as exc:
+            result["error_code"] = ErrorCode.INVALID_CONFIG
+            result["error_message"] = str(exc)
+            continue
+        if ctx.store.has_topic(name):
+            result["error_code"] = ErrorCode.TOPIC_ALREADY_EXISTS
+            result["error_message"] = f"topic {name!r} already exists"
+            continue
+        if body.validate_only:
+            continue
+        try:
+            ctx.store.create_topic(name, count, config)
+            log.info("topic created", extra={"topic": name, "partitions": count, "peer": conn.peer_host})
+        except BrokerError as exc:
+            result["error_code"] = error_code_for(exc)
+            result["error_message"] = str(exc)
+    return {"throttle_time": 0, "topics": results}
+
+
+async def handle_delete_topics(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    responses: list[dict[str, Any]] = []
+    for name in body.topic_names:
+        code = ErrorCode.NONE
+        try:
+            await ctx.store.delete_topic(str(name))
+            ctx.producer_state.forget_topic(str(name))
+            log.info("topic deleted", extra={"topic": name, "peer": conn.peer_host})
+        except BrokerError as exc:
+            code = error_code_for(exc)
+        responses.append({"name": str(name), "error_code": code})
+    return {"throttle_time": 0, "responses": responses}
+
+
+def _config_entry(name: str, value: str, default: str | None) -> dict[str, Any]:
+    source = SOURCE_DEFAULT if value == default else SOURCE_DYNAMIC_TOPIC
+    kind = TYPE_LONG if value.lstrip("-").isdigit() else TYPE_STRING
+    return {"name": name, "value": value, "read_only": False, "config_source": source, "is_default":
+            source == SOURCE_DEFAULT, "is_sensitive": False, "synonyms": [], "config_type": kind,
+            "documentation": None}
+
+
+async def handle_describe_configs(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
+    defaults = ctx.store.default_config.to_kafka_configs()
+    for resource in body.resources:
+        rtype = int(resource.resource_type)
+        rname = str(resource.resource_name)
+        keys = resource.configuration_keys
+        result: dict[str, Any] = {"error_code": ErrorCode.NONE, "error_message": None, "resource_type": rtype,
+                                  "resource_name": rname, "configs": []}
+        results.append(result)
+        if rtype == RESOURCE_TOPIC:
+            try:
+                configs = ctx.store.topic(rname).config.to_kafka_configs()
+            except BrokerError as exc:
+                result["error_code"] = error_code_for(exc)
+                result["error_message"] = str(exc)
+                continue
+            result["configs"] = [
+                _config_entry(k, v, defaults.get(k)) for k, v in configs.items() if keys is None or k in keys
+            ]
+        elif rtype == RESOURCE_BROKER:
+            result["configs"] = [
+                _config_entry(k, v, v) for k, v in defaults.items() if (keys is None or k in keys)
+                and k in KAFKA_CONFIG_NAMES
+            ]
+        else:
+            result["error_code"] = ErrorCode.INVALID_REQUEST
+            result["error_message"] = f"resource type {rtype} is not described by Sluice"
+    return {"throttle_time": 0, "results": results}

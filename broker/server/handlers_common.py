@@ -1,0 +1,74 @@
+"""What every Kafka request handler shares: the broker context and error mapping."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.errors import (
+    BrokerError,
+    CorruptRecordError,
+    InvalidPartitionsError,
+    InvalidTopicError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    StorageError,
+    TopicExistsError,
+    UnknownTopicError,
+    UnsupportedMagicError,
+)
+from broker.log.api import LogStore
+from broker.protocol.kafka_codes import ErrorCode
+from broker.server.producer_state import ProducerIdAllocator, ProducerStateTable
+
+__all__ = ["NODE_ID", "BrokerContext", "ConnectionInfo", "error_code_for", "millis"]
+
+NODE_ID = 0
+
+
+@dataclass
+class BrokerContext:
+    """State shared by all Kafka connections of one broker."""
+
+    store: LogStore
+    coordinator: Any  # broker.groups.coordinator.GroupCoordinator (contract in handlers_groups)
+    advertised_host: str
+    advertised_port: int
+    cluster_id: str = "sluice"
+    producer_state: ProducerStateTable = field(default_factory=ProducerStateTable)
+    producer_ids: ProducerIdAllocator = field(default_factory=ProducerIdAllocator)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    peer_host: str
+    peer_port: int
+
+
+_ERRORS: tuple[tuple[type[BrokerError], ErrorCode], ...] = (
+    (UnsupportedMagicError, ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT),
+    (RecordTooLargeError, ErrorCode.MESSAGE_TOO_LARGE),
+    (CorruptRecordError, ErrorCode.CORRUPT_MESSAGE),
+    (UnknownTopicError, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+    (TopicExistsError, ErrorCode.TOPIC_ALREADY_EXISTS),
+    (InvalidTopicError, ErrorCode.INVALID_TOPIC_EXCEPTION),
+    (InvalidPartitionsError, ErrorCode.INVALID_PARTITIONS),
+    (OffsetOutOfRangeError, ErrorCode.OFFSET_OUT_OF_RANGE),
+    (StorageError, ErrorCode.KAFKA_STORAGE_ERROR),
+)
+
+
+def error_code_for(exc: BaseException) -> ErrorCode:
+    """The Kafka error code a broker exception is answered with."""
+    for kind, code in _ERRORS:
+        if isinstance(exc, kind):
+            return code
+    return ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+def millis(value: datetime.timedelta | int) -> int:
+    """kio hands durations over as timedeltas."""
+    if isinstance(value, datetime.timedelta):
+        return int(value.total_seconds() * 1000)
+    return int(value)

@@ -1,0 +1,116 @@
+"""Fetch (long-poll) and ListOffsets.
+
+Fetch reads stored batches untouched. It answers at once when at least ``min_bytes`` are ready,
+any partition has an error, or ``max_wait_ms`` is 0; otherwise it waits for an append to any
+requested partition (``PartitionLog.wait_for_data``) until ``max_wait_ms`` has passed. The first
+partition with data always gets at least one whole batch, even if larger than ``max_bytes``.
+Last stable offset = high watermark (no transactions); preferred read replica = -1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from broker.errors import BrokerError
+from broker.log.api import PartitionLog
+from broker.protocol.kafka.fetch import FetchPartitionResponse, FetchResponse, FetchTopicResponse
+from broker.protocol.kafka_codes import ErrorCode
+from broker.server.handlers_common import BrokerContext, ConnectionInfo, error_code_for, millis
+
+__all__ = ["handle_fetch", "handle_list_offsets"]
+
+LATEST = -1
+EARLIEST = -2
+
+
+def _read_all(ctx: BrokerContext, body: Any) -> tuple[FetchResponse, int, bool, list[tuple[PartitionLog, int]]]:
+    remaining = int(body.max_bytes) if int(body.max_bytes) > 0 else 2**31 - 1
+    total = 0
+    errors = False
+    waitable: list[tuple[PartitionLog, int]] = []
+    topics: list[FetchTopicResponse] = []
+    for topic in body.topics:
+        name = str(topic.topic)
+        parts: list[FetchPartitionResponse] = []
+        for p in topic.partitions:
+            index = int(p.partition)
+            offset = int(p.fetch_offset)
+            try:
+                plog = ctx.store.partition(name, index)
+            except BrokerError as exc:
+                errors = True
+                parts.append(FetchPartitionResponse(index, error_code_for(exc), -1, -1, -1, b""))
+                continue
+            hw = plog.high_watermark
+            start = plog.log_start_offset
+            data = b""
+            try:
+                if remaining > 0 or total == 0:
+                    data = plog.read(offset, min(int(p.partition_max_bytes), max(remaining, 1)))
+                elif not start <= offset <= hw:
+                    plog.read(offset, 1)  # raises OffsetOutOfRangeError
+            except BrokerError as exc:
+                errors = True
+                parts.append(FetchPartitionResponse(index, error_code_for(exc), hw, hw, start, b""))
+                continue
+            total += len(data)
+            remaining -= len(data)
+            if not data:
+                waitable.append((plog, offset))
+            parts.append(FetchPartitionResponse(index, ErrorCode.NONE, hw, hw, start, data))
+        topics.append(FetchTopicResponse(name, tuple(parts)))
+    return FetchResponse(tuple(topics)), total, errors, waitable
+
+
+async def _wait_any(waitable: list[tuple[PartitionLog, int]], timeout: float) -> None:
+    if len(waitable) == 1:
+        plog, offset = waitable[0]
+        await plog.wait_for_data(offset, timeout)
+        return
+    tasks = [asyncio.ensure_future(plog.wait_for_data(offset, timeout)) for plog, offset in waitable]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def handle_fetch(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> FetchResponse:
+    deadline = time.monotonic() + millis(body.max_wait) / 1000
+    min_bytes = int(body.min_bytes)
+    while True:
+        response, total, errors, waitable = _read_all(ctx, body)
+        left = deadline - time.monotonic()
+        if total >= min_bytes or errors or left <= 0 or not waitable:
+            return response
+        await _wait_any(waitable, left)
+
+
+async def handle_list_offsets(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    topics: list[dict[str, Any]] = []
+    for topic in body.topics:
+        name = str(topic.name)
+        parts: list[dict[str, Any]] = []
+        for p in topic.partitions:
+            index = int(p.partition_index)
+            when = int(p.timestamp)
+            entry: dict[str, Any] = {"partition_index": index, "error_code": ErrorCode.NONE, "timestamp": -1,
+                                     "offset": -1, "leader_epoch": 0}
+            try:
+                plog = ctx.store.partition(name, index)
+                if when == LATEST:
+                    entry["offset"] = plog.high_watermark
+                elif when == EARLIEST:
+                    entry["offset"] = plog.log_start_offset
+                else:
+                    found = plog.offset_for_timestamp(when)
+                    if found is not None:
+                        entry["offset"] = found
+                        entry["timestamp"] = when
+            except BrokerError as exc:
+                entry["error_code"] = error_code_for(exc)
+            parts.append(entry)
+        topics.append({"name": name, "partitions": parts})
+    return {"throttle_time": 0, "topics": topics}

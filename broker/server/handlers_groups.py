@@ -1,0 +1,167 @@
+"""FindCoordinator and the group APIs, translated onto the group coordinator.
+
+The coordinator (``broker.groups.coordinator.GroupCoordinator``) owns the state machine and the
+offset store; this module only maps wire fields to its calls and back:
+join/sync/leave/commit_offsets are awaited, heartbeat/fetch_offsets/describe/list_groups are plain
+calls. This broker is the coordinator for every group (FindCoordinator answers with itself).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.protocol.kafka_codes import ErrorCode
+from broker.server.handlers_common import NODE_ID, BrokerContext, ConnectionInfo, millis
+
+__all__ = [
+    "handle_describe_groups",
+    "handle_find_coordinator",
+    "handle_heartbeat",
+    "handle_join_group",
+    "handle_leave_group",
+    "handle_list_groups",
+    "handle_offset_commit",
+    "handle_offset_fetch",
+    "handle_sync_group",
+]
+
+
+async def handle_find_coordinator(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": ErrorCode.NONE, "error_message": None, "node_id": NODE_ID,
+            "host": ctx.advertised_host, "port": ctx.advertised_port}
+
+
+async def handle_join_group(
+    ctx: BrokerContext, body: Any, conn: ConnectionInfo, version: int, client_id: str | None
+) -> dict[str, Any]:
+    session_ms = millis(body.session_timeout)
+    rebalance = getattr(body, "rebalance_timeout", None)
+    rebalance_ms = millis(rebalance) if rebalance is not None else session_ms
+    result = await ctx.coordinator.join(
+        str(body.group_id),
+        str(body.member_id),
+        getattr(body, "group_instance_id", None),
+        str(body.protocol_type),
+        [(str(p.name), bytes(p.metadata)) for p in body.protocols],
+        session_ms,
+        rebalance_ms,
+        client_id or "",
+        conn.peer_host,
+        version >= 4,
+    )
+    return {
+        "throttle_time": 0,
+        "error_code": int(result.error_code),
+        "generation_id": result.generation_id,
+        "protocol_type": result.protocol_type,
+        "protocol_name": result.protocol_name or "",
+        "leader": result.leader_id or "",
+        "member_id": result.member_id or "",
+        "members": [
+            {"member_id": m.member_id, "group_instance_id": m.group_instance_id, "metadata": m.metadata}
+            for m in result.members
+        ],
+    }
+
+
+async def handle_sync_group(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    result = await ctx.coordinator.sync(
+        str(body.group_id),
+        int(body.generation_id),
+        str(body.member_id),
+        {str(a.member_id): bytes(a.assignment) for a in body.assignments},
+    )
+    return {"throttle_time": 0, "error_code": int(result.error_code), "assignment": result.assignment or b""}
+
+
+async def handle_heartbeat(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    code = ctx.coordinator.heartbeat(str(body.group_id), int(body.generation_id), str(body.member_id))
+    return {"throttle_time": 0, "error_code": int(code)}
+
+
+async def handle_leave_group(ctx: BrokerContext, body: Any, conn: ConnectionInfo, version: int) -> dict[str, Any]:
+    if version < 3:
+        member_id = str(body.member_id)
+        codes = await ctx.coordinator.leave(str(body.group_id), [member_id])
+        return {"throttle_time": 0, "error_code": int(codes.get(member_id, ErrorCode.UNKNOWN_MEMBER_ID))}
+    members = [(str(m.member_id), m.group_instance_id) for m in body.members]
+    codes = await ctx.coordinator.leave(str(body.group_id), [m for m, _ in members])
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.NONE,
+        "members": [
+            {"member_id": m, "group_instance_id": instance,
+             "error_code": int(codes.get(m, ErrorCode.UNKNOWN_MEMBER_ID))}
+            for m, instance in members
+        ],
+    }
+
+
+async def handle_offset_commit(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    offsets: dict[tuple[str, int], tuple[int, str | None]] = {}
+    for topic in body.topics:
+        for p in topic.partitions:
+            offsets[(str(topic.name), int(p.partition_index))] = (int(p.committed_offset), p.committed_metadata)
+    codes = await ctx.coordinator.commit_offsets(
+        str(body.group_id), int(body.generation_id_or_member_epoch), str(body.member_id), offsets
+    )
+    return {
+        "throttle_time": 0,
+        "topics": [
+            {"name": str(topic.name), "partitions": [
+                {"partition_index": int(p.partition_index),
+                 "error_code": int(codes.get((str(topic.name), int(p.partition_index)), ErrorCode.NONE))}
+                for p in topic.partitions
+            ]}
+            for topic in body.topics
+        ],
+    }
+
+
+async def handle_offset_fetch(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    wanted: list[tuple[str, int]] | None = None
+    if body.topics is not None:
+        wanted = [(str(t.name), int(p)) for t in body.topics for p in t.partition_indexes]
+    offsets = ctx.coordinator.fetch_offsets(str(body.group_id), wanted)
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    keys = wanted if wanted is not None else sorted(offsets)
+    for name, index in keys:
+        offset, metadata = offsets.get((name, index), (-1, None))
+        by_topic.setdefault(name, []).append({
+            "partition_index": index, "committed_offset": offset, "committed_leader_epoch": -1,
+            "metadata": metadata if metadata is not None else "", "error_code": ErrorCode.NONE,
+        })
+    return {
+        "throttle_time": 0,
+        "topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()],
+        "error_code": ErrorCode.NONE,
+    }
+
+
+async def handle_describe_groups(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    groups: list[dict[str, Any]] = []
+    for group_id in body.groups:
+        desc = ctx.coordinator.describe(str(group_id))
+        groups.append({
+            "error_code": ErrorCode.NONE,
+            "group_id": desc.group_id,
+            "group_state": desc.state,
+            "protocol_type": desc.protocol_type or "",
+            "protocol_data": desc.protocol_name or "",
+            "members": [
+                {"member_id": m.member_id, "group_instance_id": m.group_instance_id, "client_id": m.client_id,
+                 "client_host": m.client_host, "member_metadata": m.metadata or b"",
+                 "member_assignment": m.assignment or b""}
+                for m in desc.members
+            ],
+            "authorized_operations": -(2**31),
+        })
+    return {"throttle_time": 0, "groups": groups}
+
+
+async def handle_list_groups(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.NONE,
+        "groups": [{"group_id": g, "protocol_type": ptype} for g, ptype, _state in ctx.coordinator.list_groups()],
+    }

@@ -1,0 +1,117 @@
+"""Produce and InitProducerId.
+
+Produce runs in two steps so that pipelined requests keep their order and still share fsyncs:
+``handle_produce`` validates and appends synchronously (offsets assigned in request order, no await),
+then returns an awaitable that waits for the flush policy's durability and builds the response.
+acks=0 gets no response at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from broker.errors import BrokerError, InvalidRecordError, UnknownTopicError
+from broker.log.api import PartitionLog
+from broker.protocol.kafka.produce import ProducePartitionResponse, ProduceResponse, ProduceTopicResponse
+from broker.protocol.kafka_codes import ErrorCode
+from broker.protocol.records import decode_header
+from broker.server.handlers_common import BrokerContext, ConnectionInfo, error_code_for
+
+__all__ = ["handle_init_producer_id", "handle_produce"]
+
+log = logging.getLogger("broker.server.kafka")
+
+
+async def _durable(logs: list[PartitionLog]) -> None:
+    for plog in logs:
+        # The flush policy's wait, without appending again (the append happened synchronously).
+        await plog._make_durable()
+
+
+def _append_one(
+    ctx: BrokerContext, topic: str, partition: int, records: bytes | None, conn: ConnectionInfo
+) -> tuple[ProducePartitionResponse, PartitionLog | None]:
+    store = ctx.store
+    try:
+        plog = store.partition(topic, partition)
+    except UnknownTopicError:
+        return ProducePartitionResponse(partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), None
+    if not records:
+        return ProducePartitionResponse(partition, ErrorCode.CORRUPT_MESSAGE, error_message="no records"), None
+    try:
+        header = decode_header(records)
+        if header.producer_id >= 0 and header.base_sequence >= 0 and header.size != len(records):
+            return ProducePartitionResponse(
+                partition, ErrorCode.INVALID_RECORD, error_message="idempotent produce needs exactly one batch"
+            ), None
+        decision = ctx.producer_state.check(topic, partition, header)
+        if decision.duplicate_of is not None:
+            return ProducePartitionResponse(partition, ErrorCode.NONE, decision.duplicate_of, -1,
+                                            plog.log_start_offset), plog
+        if decision.error != ErrorCode.NONE:
+            log.info(
+                "produce rejected by sequence check",
+                extra={"topic": topic, "partition": partition, "error": decision.error.name,
+                       "producer_id": header.producer_id, "sequence": header.base_sequence},
+            )
+            return ProducePartitionResponse(partition, decision.error), None
+        result = plog.append_nowait(records)
+        ctx.producer_state.record(topic, partition, header, result.base_offset)
+    except BrokerError as exc:
+        code = error_code_for(exc)
+        if isinstance(exc, InvalidRecordError):
+            log.warning(
+                "rejected record batch",
+                extra={"topic": topic, "partition": partition, "peer": conn.peer_host, "error": code.name,
+                       "reason": str(exc)},
+            )
+        return ProducePartitionResponse(partition, code, error_message=str(exc)), None
+    return ProducePartitionResponse(partition, ErrorCode.NONE, result.base_offset, -1, result.log_start_offset), plog
+
+
+def handle_produce(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> Awaitable[ProduceResponse | None]:
+    acks = int(body.acks)
+    topics: list[ProduceTopicResponse] = []
+    touched: dict[int, PartitionLog] = {}
+    for topic_data in body.topic_data:
+        name = str(topic_data.name)
+        responses: list[ProducePartitionResponse] = []
+        topic_error: ErrorCode | None = None
+        if acks not in (0, 1, -1):
+            topic_error = ErrorCode.INVALID_REQUIRED_ACKS
+        else:
+            try:
+                ctx.store.ensure_topic(name)
+            except BrokerError as exc:
+                topic_error = error_code_for(exc)
+        for part in topic_data.partition_data:
+            if topic_error is not None:
+                responses.append(ProducePartitionResponse(int(part.index), topic_error))
+                continue
+            resp, plog = _append_one(ctx, name, int(part.index), part.records, conn)
+            responses.append(resp)
+            if plog is not None:
+                touched[id(plog)] = plog
+        topics.append(ProduceTopicResponse(name, tuple(responses)))
+    response = ProduceResponse(tuple(topics))
+
+    async def finish() -> ProduceResponse | None:
+        if acks == 0:
+            return None
+        await _durable(list(touched.values()))
+        return response
+
+    return finish()
+
+
+async def handle_init_producer_id(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    if body.transactional_id is not None:
+        # Transactions are not served (AddPartitionsToTxn/EndTxn are not advertised).
+        log.warning("transactional producer refused", extra={"transactional_id": body.transactional_id,
+                                                              "peer": conn.peer_host})
+        return {"throttle_time": 0, "error_code": ErrorCode.INVALID_REQUEST, "producer_id": -1,
+                "producer_epoch": -1}
+    return {"throttle_time": 0, "error_code": ErrorCode.NONE, "producer_id": ctx.producer_ids.allocate(),
+            "producer_epoch": 0}

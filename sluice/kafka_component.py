@@ -1,0 +1,54 @@
+"""The Kafka front door as a ``sluice serve`` component: listener + group coordinator.
+
+The coordinator is published as ``runtime.registries["groups"]`` so the HTTP API and CLI can read
+groups, committed offsets and lag.
+"""
+
+from __future__ import annotations
+
+from broker.groups.coordinator import GroupCoordinator
+from broker.groups.offsets import DurableOffsetStore, MemoryOffsetStore, OffsetStore
+from broker.server.kafka import KafkaServer, KafkaServerConfig
+from sluice.runtime import Runtime
+
+__all__ = ["KafkaComponent", "kafka_component"]
+
+
+class KafkaComponent:
+    name = "kafka"
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        settings = runtime.settings
+        offsets: OffsetStore
+        if settings.storage.backend == "memory":
+            offsets = MemoryOffsetStore()
+        else:
+            offsets = DurableOffsetStore(settings.data_dir / "groups")
+        self.coordinator = GroupCoordinator(offsets)
+        kafka = settings.kafka
+        self.server = KafkaServer(
+            runtime.store,
+            self.coordinator,
+            KafkaServerConfig(
+                host=settings.host,
+                port=kafka.port,
+                advertised_host=kafka.advertised_host,
+                advertised_port=kafka.advertised_port,
+                max_request_bytes=kafka.max_request_bytes,
+            ),
+        )
+
+    async def start(self) -> None:
+        await self.coordinator.start()
+        self.runtime.registries["groups"] = self.coordinator
+        await self.server.start()
+        self.runtime.announce("kafka", self.runtime.settings.host, self.server.port)
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        await self.coordinator.stop()
+
+
+def kafka_component(runtime: Runtime) -> KafkaComponent | None:
+    return KafkaComponent(runtime) if runtime.settings.kafka.enabled else None

@@ -1,0 +1,68 @@
+"""One sample request per API the broker serves (superset of fields over the served versions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.protocol.kafka import ApiKey
+from broker.protocol.records import RecordSpec, encode_batch
+
+BATCH = encode_batch([RecordSpec(b"value-%d" % i, key=b"key-%d" % i) for i in range(3)], timestamp=1_700_000_000_000)
+
+SAMPLE_REQUESTS: dict[int, dict[str, Any]] = {
+    ApiKey.PRODUCE: {
+        "transactional_id": None, "acks": -1, "timeout": 30000,
+        "topic_data": [{"name": "samples", "partition_data": [{"index": 0, "records": BATCH}]}],
+    },
+    ApiKey.FETCH: {
+        "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+        "session_id": 0, "session_epoch": -1,
+        "topics": [{"topic": "samples", "partitions": [
+            {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
+             "partition_max_bytes": 1 << 20}]}],
+        "forgotten_topics_data": [], "rack_id": "",
+    },
+    ApiKey.LIST_OFFSETS: {
+        "replica_id": -1, "isolation_level": 0,
+        "topics": [{"name": "samples", "partitions": [
+            {"partition_index": 0, "current_leader_epoch": -1, "timestamp": -1}]}],
+    },
+    ApiKey.METADATA: {
+        "topics": [{"name": "samples"}], "allow_auto_topic_creation": True,
+        "include_cluster_authorized_operations": False, "include_topic_authorized_operations": False,
+    },
+    ApiKey.OFFSET_COMMIT: {
+        "group_id": "sample-group", "generation_id_or_member_epoch": -1, "member_id": "", "retention_time": -1,
+        "group_instance_id": None,
+        "topics": [{"name": "samples", "partitions": [
+            {"partition_index": 0, "committed_offset": 2, "committed_leader_epoch": -1,
+             "committed_metadata": "meta"}]}],
+    },
+    ApiKey.OFFSET_FETCH: {"group_id": "sample-group", "topics": [{"name": "samples", "partition_indexes": [0, 1]}]},
+    ApiKey.FIND_COORDINATOR: {"key": "sample-group", "key_type": 0},
+    ApiKey.JOIN_GROUP: {
+        "group_id": "join-group", "session_timeout": 10000, "rebalance_timeout": 30000, "member_id": "",
+        "group_instance_id": None, "protocol_type": "consumer",
+        "protocols": [{"name": "range", "metadata": b"\x00\x01"}],
+    },
+    ApiKey.HEARTBEAT: {"group_id": "join-group", "generation_id": 1, "member_id": "nobody",
+                       "group_instance_id": None},
+    ApiKey.LEAVE_GROUP: {"group_id": "join-group", "member_id": "nobody",
+                         "members": [{"member_id": "nobody", "group_instance_id": None}]},
+    ApiKey.SYNC_GROUP: {"group_id": "join-group", "generation_id": 1, "member_id": "nobody",
+                        "group_instance_id": None, "assignments": []},
+    ApiKey.DESCRIBE_GROUPS: {"groups": ["sample-group"], "include_authorized_operations": False},
+    ApiKey.LIST_GROUPS: {},
+    ApiKey.API_VERSIONS: {"client_software_name": "sluice-tests", "client_software_version": "1.0"},
+    ApiKey.CREATE_TOPICS: {
+        "topics": [{"name": "created", "num_partitions": 3, "replication_factor": 1, "assignments": [],
+                    "configs": [{"name": "retention.ms", "value": "60000"}]}],
+        "timeout": 1000, "validate_only": True,
+    },
+    ApiKey.DELETE_TOPICS: {"topic_names": ["does-not-exist"], "timeout": 1000},
+    ApiKey.INIT_PRODUCER_ID: {"transactional_id": None, "transaction_timeout": 60000},
+    ApiKey.DESCRIBE_CONFIGS: {
+        "resources": [{"resource_type": 2, "resource_name": "samples", "configuration_keys": None}],
+        "include_synonyms": False, "include_documentation": False,
+    },
+}

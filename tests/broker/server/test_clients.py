@@ -1,0 +1,145 @@
+"""Real Kafka client libraries nobody here wrote, each moving 100k keyed records through Sluice:
+confluent-kafka (librdkafka, idempotent producer + group consumer), aiokafka (producer + group
+consumer) and kafka-python (producer with its default idempotence + group consumer)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from tests.broker.server.conftest import SluiceProcess, check_records, values_in_key_order
+
+N = 100_000
+PARTITIONS = 3
+Received = list[tuple[int, int, bytes | None, bytes | None]]
+
+
+def _key(i: int) -> bytes:
+    return b"dev-%d" % (i % 101)
+
+
+def _value(i: int) -> bytes:
+    return b"v:%d" % i
+
+
+def _expected() -> set[bytes]:
+    return {_value(i) for i in range(N)}
+
+
+def test_confluent_kafka_idempotent_producer_and_group_consumer(
+    tmp_path: Path, sluice_factory: type[SluiceProcess]
+) -> None:
+    from confluent_kafka import Consumer, Producer
+
+    server = sluice_factory(tmp_path / "data", partitions=PARTITIONS)
+    server.start()
+    errors: list[str] = []
+    producer = Producer({
+        "bootstrap.servers": server.bootstrap, "enable.idempotence": True, "partitioner": "murmur2_random",
+        "linger.ms": 5, "batch.num.messages": 5000,
+    })
+
+    def on_delivery(err: object, _msg: object) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    for i in range(N):
+        while True:
+            try:
+                producer.produce("confluent-test", _value(i), _key(i), on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(60) == 0
+    assert errors == []
+
+    consumer = Consumer({
+        "bootstrap.servers": server.bootstrap, "group.id": "confluent-group", "auto.offset.reset": "earliest",
+        "enable.auto.commit": True, "session.timeout.ms": 6000,
+    })
+    consumer.subscribe(["confluent-test"])
+    received: Received = []
+    deadline = time.monotonic() + 60
+    try:
+        while len(received) < N and time.monotonic() < deadline:
+            for msg in consumer.consume(10000, timeout=0.5):
+                assert msg.error() is None, msg.error()
+                received.append((msg.partition(), msg.offset(), msg.key(), msg.value()))
+    finally:
+        consumer.close()
+    assert len(received) == N
+    check_records(received, _expected(), PARTITIONS)
+    values_in_key_order(received)
+
+
+async def _aiokafka_round_trip(bootstrap: str) -> Received:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=5,
+                                max_batch_size=256 * 1024)
+    await producer.start()
+    try:
+        pending = []
+        for i in range(N):
+            pending.append(await producer.send("aiokafka-test", _value(i), key=_key(i)))
+        await producer.flush()
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(
+        "aiokafka-test", bootstrap_servers=bootstrap, group_id="aiokafka-group", auto_offset_reset="earliest",
+        session_timeout_ms=6000, heartbeat_interval_ms=1000,
+    )
+    await consumer.start()
+    received: Received = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(received) < N and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500, max_records=10000)
+            for tp, messages in batches.items():
+                received.extend((tp.partition, m.offset, m.key, m.value) for m in messages)
+        await consumer.commit()
+    finally:
+        await consumer.stop()
+    return received
+
+
+def test_aiokafka_producer_and_group_consumer(tmp_path: Path, sluice_factory: type[SluiceProcess]) -> None:
+    server = sluice_factory(tmp_path / "data", partitions=PARTITIONS)
+    server.start()
+    received = asyncio.run(_aiokafka_round_trip(server.bootstrap))
+    assert len(received) == N
+    check_records(received, _expected(), PARTITIONS)
+    values_in_key_order(received)
+
+
+def test_kafka_python_producer_and_group_consumer(tmp_path: Path, sluice_factory: type[SluiceProcess]) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+
+    server = sluice_factory(tmp_path / "data", partitions=PARTITIONS)
+    server.start()
+    producer = KafkaProducer(bootstrap_servers=server.bootstrap, linger_ms=5, batch_size=256 * 1024)
+    futures = [producer.send("kafka-python-test", _value(i), key=_key(i)) for i in range(N)]
+    producer.flush(60)
+    for future in futures[-10:]:
+        future.get(timeout=10)
+    assert all(f.succeeded() for f in futures)
+    producer.close()
+
+    consumer = KafkaConsumer(
+        "kafka-python-test", bootstrap_servers=server.bootstrap, group_id="kafka-python-group",
+        auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=1000,
+    )
+    received: Received = []
+    deadline = time.monotonic() + 60
+    try:
+        while len(received) < N and time.monotonic() < deadline:
+            for tp, messages in consumer.poll(timeout_ms=500, max_records=10000).items():
+                received.extend((tp.partition, m.offset, m.key, m.value) for m in messages)
+        consumer.commit()
+    finally:
+        consumer.close()
+    assert len(received) == N
+    check_records(received, _expected(), PARTITIONS)
+    values_in_key_order(received)
