@@ -191,19 +191,13 @@ class Executor:
     def _build(self, spec: NodeSpec) -> _Node:
         if spec.kind in ("map", "filter", "flat_map", "key_by"):
             return _Stateless(spec, self)
-        if spec.kind in ("window", "process", "reduce"):
+        if spec.kind == "sink":
+            return _Sink(spec, self)
+        if callable(getattr(spec.config, "build", None)):  # window, process, reduce, custom keyed
             node = _Keyed(spec, self)
             self.keyed[spec.id] = node
             return node
-        if spec.kind == "sink":
-            return _Sink(spec, self)
-        build_node = getattr(spec.config, "build_node", None)
-        if build_node is None:
-            raise PipelineDefinitionError(f"unknown operator kind {spec.kind!r}")
-        node = build_node(spec, self)
-        if not isinstance(node, _Node):
-            raise PipelineDefinitionError(f"{spec.kind}: build_node must return an executor node")
-        return node
+        raise PipelineDefinitionError(f"unknown operator kind {spec.kind!r}")
 
     # -- input ---------------------------------------------------------------------------------
 

@@ -160,10 +160,6 @@ class Stream:
         self.pipeline.add("sink", SinkConfig(topic, serializer), self.node)
         return self
 
-    def apply(self, kind: str, config: Any) -> Stream:
-        """Attach a custom batch operator: ``config.build_node()`` (see ``processors.skew``)."""
-        return self._then(kind, config)
-
 
 class KeyedStream:
     """Items with a key: stateful operators keep state per key."""
@@ -187,6 +183,12 @@ class KeyedStream:
 
     def reduce(self, fn: Callable[[Any, Any], Any]) -> Stream:
         return Stream(self.pipeline, self.pipeline.add("reduce", ReduceConfig(fn), self.node))
+
+    def apply(self, kind: str, config: Any) -> Stream:
+        """A custom keyed operator: ``config.build(resume_state)`` returns its per-key logic."""
+        if not callable(getattr(config, "build", None)):
+            raise PipelineDefinitionError(f"{kind}: a keyed operator config needs build(resume_state)")
+        return Stream(self.pipeline, self.pipeline.add(kind, config, self.node))
 
 
 class WindowedStream:
