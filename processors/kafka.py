@@ -45,8 +45,10 @@ class _Listener(ConsumerRebalanceListener):
 
 
 class KafkaSource:
-    def __init__(self, bootstrap: str, topics: tuple[str, ...], group: str, *, client_id: str | None = None) -> None:
+    def __init__(self, bootstrap: str, topics: tuple[str, ...], group: str, *, client_id: str | None = None,
+                 session_timeout_ms: int = 10_000) -> None:
         self.bootstrap = bootstrap
+        self.session_timeout_ms = session_timeout_ms
         self.topics = topics
         self.group = group
         self.client_id = client_id
@@ -61,8 +63,8 @@ class KafkaSource:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=1024 * 1024,
-            session_timeout_ms=10_000,
-            heartbeat_interval_ms=1_000,
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=max(self.session_timeout_ms // 6, 100),
         )
         self.consumer.subscribe(list(self.topics), listener=_Listener(on_assigned, on_revoked))
         try:

@@ -70,6 +70,7 @@ class Runner:
         self.out_q: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.config.queue_batches)
         self._tasks: list[asyncio.Task[None]] = []
         self._last_cp = self.clock.now_ms()
+        self._last_progress: tuple[Any, ...] = ()
         self.checkpoints_written = 0
         self.last_checkpoint_ms: int | None = None
         self.records_out = 0
@@ -183,7 +184,10 @@ class Runner:
                 continue
             await self._flush_outputs()
             if now - self._last_cp >= interval and self.positions:
-                await self._put_out(("checkpoint", self._checkpoint(now, None), None))
+                progress = (ex.records_in, ex.watermark, tuple(self.positions.values()))
+                if progress != self._last_progress:  # nothing new since the last one: skip it
+                    self._last_progress = progress
+                    await self._put_out(("checkpoint", self._checkpoint(now, None), None))
 
     def _process(self, tp: TopicPartition, records: list[Record], now: int) -> None:
         if tp not in self.positions or not records:
@@ -201,7 +205,9 @@ class Runner:
             ex.add_partition(tp, now, restore.max_ts)
             ex.restore(restore.ops)
             self.positions[tp] = restore.offset
-        log.info("partitions assigned", extra={"pipeline": self.pipeline.name, "partitions": [e[0] for e in entries]})
+        restored = {f"{tp[0]}/{tp[1]}": r.offset for tp, r in entries if r is not None}
+        log.info("partitions assigned",
+                 extra={"pipeline": self.pipeline.name, "partitions": [e[0] for e in entries], "restored": restored})
 
     async def _flush_outputs(self) -> None:
         outputs = self.executor.take_outputs()

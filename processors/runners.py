@@ -102,6 +102,7 @@ async def run_standalone(
     config: RunnerConfig | None = None,
     stop: asyncio.Event | None = None,
     client_id: str | None = None,
+    session_timeout_ms: int = 10_000,
 ) -> Runner:
     """Run ``pipeline`` as a consumer-group member until ``stop`` is set or SIGINT/SIGTERM."""
     from processors.kafka import KafkaCheckpointStore, KafkaSink, KafkaSource
@@ -113,7 +114,8 @@ async def run_standalone(
             loop.add_signal_handler(sig, stop.set)
     sink = KafkaSink(bootstrap, client_id=client_id)
     await sink.start()
-    source = KafkaSource(bootstrap, pipeline.source_config.topics, pipeline.name, client_id=client_id)
+    source = KafkaSource(bootstrap, pipeline.source_config.topics, pipeline.name, client_id=client_id,
+                         session_timeout_ms=session_timeout_ms)
     checkpoints = KafkaCheckpointStore(bootstrap, pipeline.name, sink)
     runner = Runner(pipeline, source, sink, checkpoints, config=config)
     try:
