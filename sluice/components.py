@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from sluice.ingest_components import file_component, tcp_component
 from sluice.kafka_component import kafka_component
+from sluice.processors_component import processors_component
 from sluice.runtime import Component, Runtime
 
 __all__ = ["COMPONENT_FACTORIES", "build_components"]
@@ -29,6 +30,7 @@ COMPONENT_FACTORIES: list[ComponentFactory] = [
     kafka_component,
     tcp_component,  # TCP line ingest (NDJSON, InfluxDB line protocol, CSV)
     file_component,  # file replay/tail sources from [[ingest.files]]
+    processors_component,  # attached stream processors (--processor module:pipeline)
     _http_component,  # HTTP API last: starts once everything it reports on is up, stops first
 ]
 
