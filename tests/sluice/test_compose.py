@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,6 +26,7 @@ from pydantic import BaseModel
 from ingest.routing import RouteRule
 from processors.runners import load_pipeline
 from sluice.cli import app
+from sluice.cli_demo import PIPELINE, SENSOR_ROUTES, TOPICS
 from sluice.cli_simulate import PROFILES, TRANSPORTS
 from sluice.config import Settings
 
@@ -231,3 +233,14 @@ def test_dependencies_wait_for_health(compose: dict[str, Any]) -> None:
         for mount in service.get("volumes", []):
             source = str(mount).split(":")[0]
             assert source.startswith("./") or source in volumes, f"{name}: {source} is not a named volume"
+
+
+def test_compose_and_sluice_demo_run_the_same_pipeline(compose: dict[str, Any]) -> None:
+    """`sluice demo` is the stack without Docker: the same routes, pipeline and topics."""
+    services = compose["services"]
+    assert json.loads(_env(services["sluice"])["SLUICE_INGEST__ROUTES"]) == SENSOR_ROUTES
+    for name in ("processor", "processor-cluster"):
+        _path, ctx = parse_sluice_args([str(a) for a in services[name]["command"]])
+        assert ctx.params["pipeline"] == PIPELINE
+        env = _env(services[name])
+        assert {k: env[f"SENSORS_{k.upper()}"] for k in TOPICS} == TOPICS
