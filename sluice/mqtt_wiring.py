@@ -3,7 +3,7 @@
 The listener writes through ``ingest_core(runtime).sink`` as source ``SourceRef("mqtt", "default")``;
 credentials from ``settings.mqtt.users`` become the authentication hook. Each ``[[mqtt.bridges]]`` entry
 writes as ``SourceRef("bridge", name)``; the bridge objects are in ``runtime.registries["bridges"]``
-(name -> MqttBridge, whose ``status`` the HTTP API shows).
+(name -> MqttBridge, whose ``status()`` the HTTP API shows).
 """
 
 from __future__ import annotations

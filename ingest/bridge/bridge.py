@@ -87,8 +87,8 @@ class MqttBridge:
         self._status = BridgeStatus(config.name, f"{config.host}:{config.port}", topics=list(config.topics))
         self.connected = asyncio.Event()
 
-    @property
     def status(self) -> dict[str, Any]:
+        """Connected, connects, messages, bytes, acked, last message / connect / error times, last error."""
         return asdict(self._status)
 
     async def start(self) -> None:

@@ -169,17 +169,34 @@ class Decoder:
         dup = bool(flags & 8)
         if dup and not qos:
             raise MalformedPacket("PUBLISH with DUP set at QoS 0")
-        topic, pos = utf8(buf, pos, end)
+        # The hot path, inlined: topic (UTF-8 string), packet id, properties, payload.
+        if pos + 2 > end:
+            raise MalformedPacket("truncated topic length")
+        tstart = pos + 2
+        pos = tstart + ((buf[pos] << 8) | buf[pos + 1])
+        if pos > end:
+            raise MalformedPacket("topic runs past the packet")
+        try:
+            topic = buf[tstart:pos].decode()
+        except UnicodeDecodeError as exc:
+            raise MalformedPacket("topic is not well-formed UTF-8") from exc
+        if "\x00" in topic:
+            raise MalformedPacket("topic contains U+0000")
         packet_id = None
         if qos:
-            packet_id = u16(buf, pos, end)
+            if pos + 2 > end:
+                raise MalformedPacket("truncated packet identifier")
+            packet_id = (buf[pos] << 8) | buf[pos + 1]
             if packet_id == 0:
                 raise MalformedPacket("PUBLISH with packet identifier 0")
             pos += 2
-        props = NO_PROPERTIES
         if version == MQTT_5:
-            props, pos = decode_properties(buf, pos, end, PacketType.PUBLISH)
-        return Publish(topic, buf[pos:end], qos, bool(flags & 1), dup, packet_id, props)
+            if pos < end and buf[pos] == 0:
+                pos += 1
+            else:
+                props, pos = decode_properties(buf, pos, end, PacketType.PUBLISH)
+                return Publish(topic, buf[pos:end], qos, bool(flags & 1), dup, packet_id, props)
+        return Publish(topic, buf[pos:end], qos, bool(flags & 1), dup, packet_id)
 
 
 def _decode_connect(buf: bytes, pos: int, end: int) -> Connect:

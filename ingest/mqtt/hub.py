@@ -19,7 +19,7 @@ from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
 if TYPE_CHECKING:
     from ingest.mqtt.session import MqttConnection, SessionState
 
-__all__ = ["Authenticator", "Hub", "HubConfig", "HubStats", "Inbound", "IngestPort"]
+__all__ = ["Accepted", "Authenticator", "Hub", "HubConfig", "HubStats", "IngestPort"]
 
 log = logging.getLogger("ingest.mqtt")
 
@@ -27,23 +27,15 @@ log = logging.getLogger("ingest.mqtt")
 Authenticator = Callable[[str, str | None, bytes | None], bool]
 
 
-@dataclass(frozen=True, slots=True)
-class Inbound:
-    """One PUBLISH accepted from a device, handed to the ingest port for the durable append."""
-
-    topic: str
-    payload: bytes
-    qos: int
-    retain: bool
-    client_id: str
-    arrival_ms: int
+# A PUBLISH accepted from a device: (the packet with its topic resolved, its packet id or 0, arrival ms).
+Accepted = tuple[Publish, int, int]
 
 
 class IngestPort(Protocol):
     """The durable append, implemented by the assembly on top of the ingest sink."""
 
-    def ingest(self, messages: Sequence[Inbound]) -> Awaitable[None]:
-        """Append ``messages`` in order; complete only once they are durable (per the flush policy)."""
+    def ingest(self, client_id: str, messages: Sequence[Accepted]) -> Awaitable[None]:
+        """Append ``messages`` of ``client_id`` in order; complete only once durable (per the flush policy)."""
         ...
 
     def backlog_bytes(self) -> int:
@@ -52,6 +44,10 @@ class IngestPort(Protocol):
 
     def connections_changed(self, delta: int) -> None:
         """A client connected (+1) or went away (-1); for source health."""
+        ...
+
+    def reads_paused(self, paused: bool) -> None:
+        """A connection's socket reads were paused (True) or resumed (False) by backpressure."""
         ...
 
 
@@ -149,12 +145,12 @@ class Hub:
         return self.tree.remove(topic_filter, session)
 
     # ------------------------------------------------------------------ routing
-    def deliver(self, messages: Sequence[Inbound]) -> None:
+    def deliver(self, client_id: str, messages: Sequence[Accepted]) -> None:
         """Route durably appended messages: retained store, then every matching subscriber."""
         tree = self.tree
-        for msg in messages:
+        for msg, _, _ in messages:
             if msg.retain:
-                self.retained.store(Publish(msg.topic, msg.payload, msg.qos, True))
+                self.retained.store(msg)
             if not len(tree):
                 continue
             matches = tree.match(msg.topic)
@@ -162,7 +158,7 @@ class Hub:
                 continue
             best: dict[SessionState, Subscription] = {}
             for session, sub in matches:
-                if sub.no_local and session.client_id == msg.client_id:
+                if sub.no_local and session.client_id == client_id:
                     continue
                 prev = best.get(session)
                 if prev is None or sub.qos > prev.qos:
@@ -174,19 +170,19 @@ class Hub:
 
     def publish_will(self, client_id: str, will: Will) -> None:
         """Publish a will after an abnormal disconnect: appended like any message, then delivered."""
-        msg = Inbound(will.topic, will.payload, will.qos, will.retain, client_id, int(time.time() * 1000))
+        msg = Publish(will.topic, will.payload, will.qos, will.retain)
         self.stats.wills_published += 1
         log.info("publishing will", extra={"client_id": client_id, "topic": will.topic})
-        self.spawn(self._append_and_deliver([msg]))
+        self.spawn(self._append_and_deliver(client_id, [(msg, 0, int(time.time() * 1000))]))
 
-    async def _append_and_deliver(self, messages: list[Inbound]) -> None:
+    async def _append_and_deliver(self, client_id: str, messages: list[Accepted]) -> None:
         try:
-            await self.port.ingest(messages)
+            await self.port.ingest(client_id, messages)
         except Exception:
             self.stats.append_errors += 1
-            log.exception("append of will message failed", extra={"topic": messages[0].topic})
+            log.exception("append of will message failed", extra={"topic": messages[0][0].topic})
             return
-        self.deliver(messages)
+        self.deliver(client_id, messages)
 
     def spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)

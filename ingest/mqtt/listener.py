@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from ingest.mqtt.hub import Hub, Inbound
+from ingest.mqtt.hub import Accepted, Hub
 from ingest.mqtt.packets import Reason
 from ingest.mqtt.session import MqttConnection
 from ingest.routing import RawMessage, SourceRef
@@ -33,16 +33,20 @@ class SinkPort:
         self.sink = sink
         self.source = source
 
-    async def ingest(self, messages: Sequence[Inbound]) -> None:
-        await self.sink.write(
-            self.source, [RawMessage(m.payload, m.topic, m.client_id, m.arrival_ms) for m in messages]
-        )
+    async def ingest(self, client_id: str, messages: Sequence[Accepted]) -> None:
+        await self.sink.write(self.source, [RawMessage(m.payload, m.topic, client_id, at) for m, _, at in messages])
 
     def connections_changed(self, delta: int) -> None:
         if delta > 0:
             self.sink.health.connection_opened(self.source)
         else:
             self.sink.health.connection_closed(self.source)
+
+    def reads_paused(self, paused: bool) -> None:
+        if paused:
+            self.sink.health.pause_started(self.source)
+        else:
+            self.sink.health.pause_ended(self.source)
 
     def backlog_bytes(self) -> int:
         return self.sink.pending_bytes if not self.sink.saturated else self.sink.max_pending_bytes + 1

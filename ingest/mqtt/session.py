@@ -24,7 +24,8 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
   the append, or while the ingest backlog is above its high-water mark, and resume when the queue has
   drained to half. A 5.0 client that exceeds the advertised Receive Maximum gets DISCONNECT 0x93.
 * Topic aliases (5.0): alias 0 or above Topic Alias Maximum → DISCONNECT 0x94; an unknown alias → 0x82.
-* Keepalive: no packet for 1.5 × keepalive → close (5.0: DISCONNECT 0x8D).
+* Keepalive: no packet for 1.5 × keepalive → close (5.0: DISCONNECT 0x8D). Time spent with reads paused
+  by backpressure does not count against the client.
 * Will: published (appended, then delivered) when the connection ends without a normal DISCONNECT
   (5.0: reason 0x04 also publishes it).
 * Errors after CONNECT: a 5.0 client gets DISCONNECT with the reason (0x81 malformed, 0x82 protocol
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 import uuid
 from collections import deque
@@ -62,14 +64,15 @@ from ingest.mqtt.packets import (
     Reason,
     Suback,
     Subscribe,
+    Subscription,
     Unsuback,
     Unsubscribe,
     Will,
 )
-from ingest.mqtt.subscriptions import valid_filter, valid_topic
+from ingest.mqtt.subscriptions import valid_filter
 
 if TYPE_CHECKING:
-    from ingest.mqtt.hub import Hub, Inbound
+    from ingest.mqtt.hub import Accepted, Hub
 
 __all__ = ["READ_SIZE", "MqttConnection", "SessionState"]
 
@@ -78,6 +81,9 @@ log = logging.getLogger("ingest.mqtt")
 _NEW, _CONNECTED, _CLOSED = 0, 1, 2
 _PINGRESP = b"\xd0\x00"
 _FOREVER = float("inf")
+_MAX_BATCH = 4096  # messages per append call
+_PUBACK = 0x40020000  # fixed header + remaining length 2; the packet id goes in the low 16 bits
+_PUBREC = 0x50020000
 
 
 class SessionState:
@@ -98,7 +104,7 @@ class SessionState:
 
     def __init__(self, client_id: str) -> None:
         self.client_id = client_id
-        self.subscriptions: dict[str, Any] = {}
+        self.subscriptions: dict[str, Subscription] = {}
         self.inflight_out: dict[int, Publish | None] = {}  # None: PUBREC received, PUBREL sent
         self.queue: deque[tuple[str, bytes, int, bool]] | None = None
         self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids answered with PUBREC
@@ -178,6 +184,7 @@ class MqttConnection(asyncio.BufferedProtocol):
 
     __slots__ = (
         "_aliases",
+        "_arrival_ms",
         "_batch",
         "_queue",
         "_queued",
@@ -212,8 +219,9 @@ class MqttConnection(asyncio.BufferedProtocol):
         self.paused = False
         self.worker: asyncio.Task[None] | None = None
         self._aliases: dict[int, str] | None = None
-        self._batch: list[tuple[Inbound, int]] = []
-        self._queue: deque[list[tuple[Inbound, int]]] | None = None
+        self._arrival_ms = 0  # receive time of the current read, shared by its packets
+        self._batch: list[Accepted] = []
+        self._queue: deque[list[Accepted]] | None = None
         self._queued = 0
         self._will: Will | None = None
 
@@ -238,6 +246,7 @@ class MqttConnection(asyncio.BufferedProtocol):
         if self.state == _CLOSED:
             return
         self.last_rx = time.monotonic()
+        self._arrival_ms = int(time.time() * 1000)
         try:
             packets = self.decoder.feed(data)
         except UnsupportedProtocol as exc:
@@ -247,7 +256,10 @@ class MqttConnection(asyncio.BufferedProtocol):
             self._protocol_error(exc)
             return
         for packet in packets:
-            self._handle(packet)
+            if type(packet) is Publish and self.state == _CONNECTED:
+                self._on_publish(packet, self.session)  # type: ignore[arg-type]  # set once CONNECTED
+            else:
+                self._handle(packet)
             if self.state == _CLOSED:
                 break
         self._flush_batch()  # publishes accepted before a DISCONNECT (or an error) are still appended
@@ -259,6 +271,9 @@ class MqttConnection(asyncio.BufferedProtocol):
         self.state = _CLOSED
         self.hub.connections.discard(self)
         self.hub.port.connections_changed(-1)
+        if self.paused:
+            self.paused = False
+            self.hub.port.reads_paused(False)
         if was_connected and self._will is not None:
             self.hub.publish_will(self.client_id, self._will)
         self._will = None
@@ -339,6 +354,8 @@ class MqttConnection(asyncio.BufferedProtocol):
     def check_timeout(self, now: float) -> None:
         if self.state == _NEW and now - self.last_rx > self.hub.config.connect_timeout_s:
             self._close()
+        elif self.paused:
+            self.last_rx = now  # we stopped reading, not the client: its PINGREQs wait in the socket
         elif self.state == _CONNECTED and self.keepalive and now - self.last_rx > 1.5 * self.keepalive:
             log.info("keepalive expired", extra={"client_id": self.client_id})
             self._disconnect(Reason.KEEP_ALIVE_TIMEOUT, "keepalive timeout")
@@ -451,7 +468,7 @@ class MqttConnection(asyncio.BufferedProtocol):
 
     def _on_publish(self, packet: Publish, session: SessionState) -> None:
         topic = packet.topic
-        alias = packet.properties.topic_alias
+        alias = packet.properties.topic_alias if packet.properties is not NO_PROPERTIES else None
         if alias is not None:
             if alias == 0 or alias > self.hub.config.topic_alias_maximum:
                 self._protocol_error(ProtocolError(f"topic alias {alias} out of range", Reason.TOPIC_ALIAS_INVALID))
@@ -466,7 +483,7 @@ class MqttConnection(asyncio.BufferedProtocol):
                     self._protocol_error(ProtocolError(f"unknown topic alias {alias}", Reason.PROTOCOL_ERROR))
                     return
                 topic = known
-        if not valid_topic(topic):
+        if not topic or "+" in topic or "#" in topic:  # valid_topic(), inlined on the hot path
             self._protocol_error(ProtocolError(f"invalid topic name {topic!r}", Reason.TOPIC_NAME_INVALID))
             return
         qos = packet.qos
@@ -486,11 +503,9 @@ class MqttConnection(asyncio.BufferedProtocol):
                 self._protocol_error(ProtocolError("Receive Maximum exceeded", Reason.RECEIVE_MAXIMUM_EXCEEDED))
                 return
             session.pending_in.add(pid)
-        from ingest.mqtt.hub import Inbound
-
-        self._batch.append(
-            (Inbound(topic, packet.payload, qos, packet.retain, self.client_id, int(time.time() * 1000)), pid)
-        )
+        if topic is not packet.topic:  # resolved from a topic alias
+            packet = Publish(topic, packet.payload, qos, packet.retain, packet.dup, packet.packet_id)
+        self._batch.append((packet, pid, self._arrival_ms))
 
     def _on_subscribe(self, packet: Subscribe, session: SessionState) -> None:
         v5 = self.version == MQTT_5
@@ -526,7 +541,13 @@ class MqttConnection(asyncio.BufferedProtocol):
         self._batch = []
         if self._queue is None:
             self._queue = deque()
-        self._queue.append(batch)
+        queue = self._queue
+        # Reads that arrive while an append is running join the waiting batch: one append (one fsync)
+        # then covers many reads (group commit), and acks still leave in arrival order.
+        if queue and len(queue[-1]) < _MAX_BATCH:
+            queue[-1].extend(batch)
+        else:
+            queue.append(batch)
         self._queued += len(batch)
         stats = self.hub.stats
         stats.messages_in += len(batch)
@@ -540,6 +561,7 @@ class MqttConnection(asyncio.BufferedProtocol):
         ):
             self.paused = True
             stats.read_pauses += 1
+            self.hub.port.reads_paused(True)
             if self.transport is not None:
                 self.transport.pause_reading()
 
@@ -550,39 +572,39 @@ class MqttConnection(asyncio.BufferedProtocol):
         hub = self.hub
         try:
             while queue:
-                batch = queue[0]
-                messages = [m for m, _ in batch]
+                batch = queue.popleft()  # taken: later reads start a new batch
                 try:
-                    await hub.port.ingest(messages)
+                    await hub.port.ingest(self.client_id, batch)
                 except Exception as exc:
                     hub.stats.append_errors += 1
                     log.exception("durable append failed; closing the client unacknowledged",
                                   extra={"client_id": self.client_id, "messages": len(batch)})
-                    for batch in queue:
-                        for _, pid in batch:
+                    for failed in (batch, *queue):
+                        for _, pid, _ in failed:
                             session.pending_in.discard(pid)
                     queue.clear()
                     self._queued = 0
                     if self.state != _CLOSED:
                         self._disconnect(Reason.UNSPECIFIED_ERROR, f"append failed: {exc}")
                     return
-                queue.popleft()
                 self._queued -= len(batch)
                 acks = []
-                for msg, pid in batch:
+                pending_in = session.pending_in
+                for msg, pid, _ in batch:
                     if pid:
-                        session.pending_in.discard(pid)
+                        pending_in.discard(pid)
                         if msg.qos == 1:
-                            acks.append(b"\x40\x02" + pid.to_bytes(2, "big"))
+                            acks.append(_PUBACK | pid)
                         else:
                             session.awaiting_rel.add(pid)
-                            acks.append(b"\x50\x02" + pid.to_bytes(2, "big"))
+                            acks.append(_PUBREC | pid)
                 conn = session.connection
                 if acks and conn is not None and conn.state == _CONNECTED and conn.transport is not None:
-                    conn.transport.write(b"".join(acks))
-                hub.deliver(messages)
+                    conn.transport.write(struct.pack(f">{len(acks)}I", *acks))  # 4-byte PUBACK/PUBREC each
+                hub.deliver(self.client_id, batch)
                 if self.paused and self._queued <= hub.config.receive_maximum // 2:
                     self.paused = False
+                    hub.port.reads_paused(False)
                     if self.transport is not None and self.state != _CLOSED:
                         self.transport.resume_reading()
         finally:

@@ -74,22 +74,22 @@ async def test_bridge_moves_messages_reports_status_and_reconnects(tmp_path: Pat
         assert [r.value for r in recs] == [b"m%d" % i for i in range(50)]
         assert recs[0].key == b"plant/line1/temp"
         assert dict(recs[0].headers)["source"] == b"bridge:site1"
-        status = bridge.status
+        status = bridge.status()
         assert status["connected"] and status["messages"] == 50 and status["acked"] == 50
         assert status["last_message_at"] is not None and status["connects"] == 1
 
         # The broker goes away: the bridge reports it and retries with backoff.
         broker.stop()
-        await wait_for(lambda: not bridge.status["connected"] and bridge.status["last_error"], what="disconnect")
+        await wait_for(lambda: not bridge.status()["connected"] and bridge.status()["last_error"], what="disconnect")
         await asyncio.sleep(0.8)  # a few backoff rounds against a closed port
-        assert not bridge.status["connected"]
+        assert not bridge.status()["connected"]
         broker.start()  # same port, same persistence
-        await wait_for(lambda: bridge.status["connected"], what="reconnect")
-        assert bridge.status["connects"] == 2
+        await wait_for(lambda: bridge.status()["connected"], what="reconnect")
+        assert bridge.status()["connects"] == 2
         await asyncio.to_thread(publish, broker.port, "plant/line2/temp", [b"n%d" % i for i in range(10)])
         expected = {b"m%d" % i for i in range(50)} | {b"n%d" % i for i in range(10)}
         await wait_for(lambda: {r.value for r in records(store, "mqtt")} == expected,
-                       what=f"records after reconnect: {bridge.status}")
+                       what=f"records after reconnect: {bridge.status()}")
     finally:
         await component.stop()
         broker.stop()

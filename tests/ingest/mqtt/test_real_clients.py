@@ -194,3 +194,19 @@ async def test_mosquitto_sub_clean_session_off_with_client_id(server: MqttServer
     assert code == 0, err
     assert out.strip() == "alerts/fire drill"
     assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("version", ["mqttv311", "mqttv5"])
+async def test_qos2_delivery_to_a_subscriber_completes_the_handshake(server: MqttServer, version: str) -> None:
+    port = str(server.port)
+    sub = await asyncio.create_subprocess_exec(
+        "mosquitto_sub", "-p", port, "-V", version, "-q", "2", "-i", f"q2-{version}", "-C", "3", "-t", "orders/#",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    await wait_until(lambda: f"q2-{version}" in server.hub.sessions and len(server.hub.tree) == 1, what="subscribed")
+    code, _, err = await run("mosquitto_pub", "-p", port, "-V", version, "-q", "2", "-t", "orders/1", "-l",
+                             stdin=b"a\nb\nc\n")
+    assert code == 0, err
+    out, _ = await asyncio.wait_for(sub.communicate(), 10)
+    assert out.decode().split() == ["a", "b", "c"]
+    assert sub.returncode == 0

@@ -4,11 +4,14 @@ reads paused while appends are behind, topic aliases and Receive Maximum (MQTT 5
 from __future__ import annotations
 
 import asyncio
+import time
 
 from ingest.mqtt.codec import encode
 from ingest.mqtt.packets import (
     MQTT_5,
     MQTT_311,
+    Pingreq,
+    Pingresp,
     Properties,
     Puback,
     Pubcomp,
@@ -22,6 +25,7 @@ from ingest.mqtt.packets import (
     Unsubscribe,
 )
 from ingest.mqtt.session import READ_SIZE
+from ingest.routing import SourceRef
 from tests.ingest.conftest import SlowLogStore, records
 from tests.ingest.mqtt.conftest import MqttServer, RawClient, StartServer, wait_until
 
@@ -106,6 +110,9 @@ async def test_reads_pause_while_appends_are_behind_and_nothing_is_lost(start_se
     assert acked == list(range(1, n + 1))  # in order (§4.6)
     stats = server.hub.stats
     assert stats.read_pauses >= 1
+    health = server.runtime.registries["ingest_health"].source(SourceRef("mqtt", "default"))
+    assert health.pauses >= 1 and health.paused_s > 0 and health.paused_count == 0
+    assert health.messages == n and health.connections == 1
     # reads stop at the limit; what one read (at most READ_SIZE bytes) already held can exceed it
     assert stats.max_queued <= 8 + READ_SIZE // 1000 + 1
     assert [r.value for r in records(server.store, "mqtt")] == [b"%04d" % i + payload for i in range(n)]
@@ -157,3 +164,32 @@ async def test_subscribe_unsubscribe_and_invalid_filters(server: MqttServer) -> 
     raw.send(Unsubscribe(2, ("a/+/c", "nope")))
     assert await raw.recv() == Unsuback(2, (0, 0x11))
     await wait_until(lambda: len(server.hub.tree) == 0, what="unsubscribed")
+
+
+async def test_time_paused_by_backpressure_does_not_count_against_keepalive(start_server: StartServer) -> None:
+    server = await start_server(store=SlowLogStore(2.5), receive_maximum=1)
+    raw = await RawClient.open(server.port, MQTT_5)
+    await raw.connect("patient", keepalive=1)
+    raw.send(Publish("p/1", b"x", 1, packet_id=1))
+    await wait_until(lambda: server.hub.stats.read_pauses == 1, what="reads paused")
+    raw.send(Pingreq())  # waits in the socket while reads are paused, longer than 1.5 x keepalive
+    assert await raw.recv(timeout=5) == Puback(1)
+    assert await raw.recv(timeout=2) == Pingresp()
+
+
+async def test_mqtt5_session_expiry_interval(server: MqttServer) -> None:
+    raw = await RawClient.open(server.port, MQTT_5)
+    await raw.connect("brief", clean_start=False, properties=Properties(session_expiry_interval=60))
+    raw.send(Subscribe(1, (Subscription("cmd/brief", 1),)))
+    assert await raw.recv() == Suback(1, (1,))
+    await raw.close()
+    await wait_until(lambda: server.hub.sessions["brief"].connection is None, what="disconnect")
+    server.hub.sweep(time.monotonic() + 30)  # not yet expired
+    assert "brief" in server.hub.sessions
+    server.hub.sweep(time.monotonic() + 61)  # expired: subscriptions go with it
+    assert "brief" not in server.hub.sessions and len(server.hub.tree) == 0
+    raw = await RawClient.open(server.port, MQTT_5)
+    assert not (await raw.connect("brief", clean_start=False)).session_present
+    # expiry 0 (the 5.0 default): the session ends with the connection even without clean start
+    await raw.close()
+    await wait_until(lambda: "brief" not in server.hub.sessions, what="session dropped")
