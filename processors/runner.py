@@ -23,10 +23,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from broker.protocol.records import Record
 from processors.checkpoint import Checkpoint, CheckpointStore, PartitionRestore, encode_checkpoint, latest_per_partition
 from processors.errors import ProcessorError
-from processors.executor import Executor, TopicPartition
+from processors.executor import Executor, RecordLike, TopicPartition
 from processors.pipeline import Pipeline
 from processors.sources import Sink, Source
 from processors.time import NO_TIME, Clock, SystemClock
@@ -189,7 +188,7 @@ class Runner:
                     self._last_progress = progress
                     await self._put_out(("checkpoint", self._checkpoint(now, None), None))
 
-    def _process(self, tp: TopicPartition, records: list[Record], now: int) -> None:
+    def _process(self, tp: TopicPartition, records: list[RecordLike], now: int) -> None:
         if tp not in self.positions or not records:
             return  # revoked while the batch was queued
         self.executor.process(tp, records, now)
