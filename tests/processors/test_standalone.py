@@ -200,3 +200,42 @@ async def test_kill_9_at_random_points_then_restart_loses_no_window(sluice: Slui
         assert tuple(r["_key"]) == (r["window_start"], r["window_end"], r["key"])
         assert r["value"] == pytest.approx(expected[tuple(r["_key"])])
         assert r["_emit_header"] == r["emit"] == "first"
+
+
+async def test_an_instance_joining_mid_stream_takes_over_partitions_with_their_state(
+        sluice: SluiceProcess, tmp_path: Path) -> None:
+    """A runs alone over half the data (windows half full); B joins: A checkpoints and hands the
+    revoked partitions over, B restores their keyed state and finishes the windows."""
+    readings = sensor_readings(60)
+    expected = batch_window_means(readings, 10_000)
+    env = topics("join")
+    half = len(readings) // 2 + 55  # mid-window for every sensor
+    await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings[:half])
+    # the partitions no sensor hashes to would hold time back until their idle timeout: punctuate them
+    await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], readings[half - 1]["ts"] - 6_000)
+    a = Processor(sluice.bootstrap, env, tmp_path / "a.log")
+    b = None
+    try:
+        deadline = time.monotonic() + 60
+        while len(finals(await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"]))) < 20:
+            assert time.monotonic() < deadline, a.log.read_text()[-3000:]
+            await asyncio.sleep(0.2)
+        b = Processor(sluice.bootstrap, env, tmp_path / "b.log")
+        while not (b.assigned() and b.assigned()[-1] and len(a.assigned()) >= 2):
+            assert time.monotonic() < deadline, (a.log.read_text()[-2000:], b.log.read_text()[-2000:])
+            await asyncio.sleep(0.1)
+        await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings[half:])
+        await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
+        rows = await wait_for_windows(sluice.bootstrap, env["SENSORS_OUTPUT"], len(expected))
+        assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
+        for r in rows:  # every emission (re-emissions included) is the complete window
+            assert r["value"] == pytest.approx(expected[tuple(r["_key"])])
+        taken = [tp for tp in b.assigned()[-1]]
+        assert any(r != "{}" for r in b.restored()), ("B should restore the state A checkpointed on revoke",
+                                                      b.log.read_text()[-3000:])
+        assert taken and sorted(map(tuple, a.assigned()[-1] + taken)) == [
+            (env["SENSORS_INPUT"], p) for p in range(PARTITIONS)]
+    finally:
+        for p in (a, b):
+            if p is not None:
+                assert p.stop() == 0, p.log.read_text()[-3000:]
