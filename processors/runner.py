@@ -202,6 +202,8 @@ class Runner:
                 self.positions[tp] = -1  # unknown until the first record: nothing to checkpoint yet
                 continue
             ex.add_partition(tp, now, restore.max_ts)
+            if restore.heartbeat != NO_TIME:
+                ex.tracker.heartbeat(tp, restore.heartbeat, now)
             ex.restore(restore.ops)
             self.positions[tp] = restore.offset
         restored = {f"{tp[0]}/{tp[1]}": r.offset for tp, r in entries if r is not None}
@@ -224,7 +226,7 @@ class Runner:
         parts = {}
         for tp, off in chosen.items():
             pw = self.executor.tracker.partitions.get(tp)
-            parts[tp] = (off, pw.max_ts if pw is not None else NO_TIME)
+            parts[tp] = (off, pw.max_ts, pw.explicit) if pw is not None else (off, NO_TIME, NO_TIME)
         cp = Checkpoint(self.pipeline.name, now, self.executor.watermark, parts, self.executor.snapshot(set(chosen)))
         return encode_checkpoint(cp), chosen
 

@@ -43,13 +43,14 @@ def test_fast_decoder_rejects_a_truncated_record_body() -> None:
 
 
 def test_checkpoints_round_trip_and_the_newest_wins_per_partition() -> None:
-    a = Checkpoint("p", 1, 100, {("t", 0): (10, 90), ("t", 1): (5, 80)},
+    a = Checkpoint("p", 1, 100, {("t", 0): (10, 90, -1), ("t", 1): (5, 80, 70)},
                    {"3": [["k0", ["t", 0], {"w": [[0, [10, [1.0, 1], False, 1, 0]]], "s": []}],
                           ["k1", ["t", 1], {"w": [], "s": []}]]})
-    b = Checkpoint("p", 2, 120, {("t", 0): (20, 110)}, {"3": [["k0", ["t", 0], {"w": [], "s": []}]]})
+    b = Checkpoint("p", 2, 120, {("t", 0): (20, 110, 100)}, {"3": [["k0", ["t", 0], {"w": [], "s": []}]]})
     decoded = [decode_checkpoint(encode_checkpoint(cp)) for cp in (a, b)]
     restore = latest_per_partition(decoded)
     assert restore[("t", 0)].offset == 20 and restore[("t", 0)].ops == {"3": [["k0", ["t", 0], {"w": [], "s": []}]]}
+    assert restore[("t", 0)].heartbeat == 100 and restore[("t", 1)].heartbeat == 70
     assert restore[("t", 1)].offset == 5 and [e[0] for e in restore[("t", 1)].ops["3"]] == ["k1"]
     with pytest.raises(CheckpointError):
         decode_checkpoint(b"\x93garbage")
