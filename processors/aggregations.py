@@ -7,6 +7,7 @@ two-phase (partial then final) aggregation for hot keys uses in its second phase
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,8 +23,7 @@ def field_getter(field: Field) -> Callable[[Any], Any]:
         return lambda v: v
     if callable(field):
         return field
-    name = field
-    return lambda v: v[name]
+    return operator.itemgetter(field)
 
 
 class Aggregator(Protocol):

@@ -3,7 +3,7 @@
 A checkpoint is one msgpack record on the single-partition topic ``_checkpoints.<pipeline>``::
 
     {"v": 1, "pipeline": name, "created": ms, "watermark": ms,
-     "parts": [[topic, partition, next_offset, max_event_ts], ...],
+     "parts": [[topic, partition, next_offset, max_event_ts, heartbeat_watermark], ...],
      "ops": {operator_id: [[key, [topic, partition], state], ...]}}
 
 Every keyed state entry names the source partition whose records created it, so instances of a
@@ -52,7 +52,7 @@ class Checkpoint:
     pipeline: str
     created: int
     watermark: int
-    parts: dict[TopicPartition, tuple[int, int]]  # tp -> (next offset, max event ts)
+    parts: dict[TopicPartition, tuple[int, int, int]]  # tp -> (next offset, max event ts, heartbeat watermark)
     ops: dict[str, list[list[Any]]] = field(default_factory=dict)
 
 
@@ -61,6 +61,7 @@ class PartitionRestore:
     tp: TopicPartition
     offset: int
     max_ts: int
+    heartbeat: int
     ops: dict[str, list[list[Any]]]
 
 
@@ -70,7 +71,7 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
         "pipeline": cp.pipeline,
         "created": cp.created,
         "watermark": cp.watermark,
-        "parts": [[t, p, off, mts] for (t, p), (off, mts) in cp.parts.items()],
+        "parts": [[t, p, off, mts, hb] for (t, p), (off, mts, hb) in cp.parts.items()],
         "ops": cp.ops,
     }
     try:
@@ -84,7 +85,7 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         doc = msgpack.unpackb(data, raw=False, strict_map_key=False)
         if doc.get("v") != VERSION:
             raise CheckpointError(f"unknown checkpoint version {doc.get('v')!r}")
-        parts = {(t, int(p)): (int(off), int(mts)) for t, p, off, mts in doc["parts"]}
+        parts = {(t, int(p)): (int(off), int(mts), int(hb)) for t, p, off, mts, hb in doc["parts"]}
         return Checkpoint(doc["pipeline"], doc["created"], doc["watermark"], parts, doc.get("ops", {}))
     except CheckpointError:
         raise
@@ -101,12 +102,12 @@ def latest_per_partition(checkpoints: Iterable[Checkpoint]) -> dict[TopicPartiti
             latest[tp] = cp
     out: dict[TopicPartition, PartitionRestore] = {}
     for tp, cp in latest.items():
-        offset, max_ts = cp.parts[tp]
+        offset, max_ts, heartbeat = cp.parts[tp]
         ops = {
             op: [e for e in entries if e[1] is not None and (e[1][0], e[1][1]) == tp]
             for op, entries in cp.ops.items()
         }
-        out[tp] = PartitionRestore(tp, offset, max_ts, ops)
+        out[tp] = PartitionRestore(tp, offset, max_ts, heartbeat, ops)
     return out
 
 

@@ -20,11 +20,11 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
-from broker.protocol.records import Record
 from processors.checkpoint import Checkpoint, checkpoint_topic, decode_checkpoint
 from processors.errors import CheckpointError, SourceError
-from processors.executor import OutRecord
+from processors.executor import OutRecord, RecordLike
 from processors.executor import TopicPartition as TP
+from processors.fastdecode import SourceRecord
 from processors.sources import AssignmentListener
 
 __all__ = ["KafkaCheckpointStore", "KafkaSink", "KafkaSource"]
@@ -96,7 +96,7 @@ class KafkaSource:
             # A rebalance raced the commit: the checkpoint is stored, which is what restores use.
             raise SourceError(f"commit failed for group {self.group!r}: {exc}") from exc
 
-    async def fetch(self, max_records: int, timeout: float, paused: set[TP]) -> list[tuple[TP, list[Record]]]:
+    async def fetch(self, max_records: int, timeout: float, paused: set[TP]) -> list[tuple[TP, list[RecordLike]]]:
         if paused != self._paused:
             assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
             to_pause = [TopicPartition(*tp) for tp in paused - self._paused if tp in assigned]
@@ -110,10 +110,10 @@ class KafkaSource:
             data = await self.consumer.getmany(timeout_ms=int(timeout * 1000), max_records=max_records)
         except KafkaError as exc:
             raise SourceError(f"fetch failed: {exc}") from exc
-        out: list[tuple[TP, list[Record]]] = []
+        out: list[tuple[TP, list[RecordLike]]] = []
         for tp, messages in data.items():
-            records = [
-                Record(m.offset, m.timestamp, m.key, m.value, tuple(m.headers or ())) for m in messages
+            records: list[RecordLike] = [
+                SourceRecord(m.offset, m.timestamp, m.key, m.value, tuple(m.headers or ())) for m in messages
             ]
             if records:
                 out.append(((tp.topic, tp.partition), records))

@@ -23,10 +23,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from broker.protocol.records import Record
 from processors.checkpoint import Checkpoint, CheckpointStore, PartitionRestore, encode_checkpoint, latest_per_partition
 from processors.errors import ProcessorError
-from processors.executor import Executor, TopicPartition
+from processors.executor import Executor, RecordLike, TopicPartition
 from processors.pipeline import Pipeline
 from processors.sources import Sink, Source
 from processors.time import NO_TIME, Clock, SystemClock
@@ -189,7 +188,7 @@ class Runner:
                     self._last_progress = progress
                     await self._put_out(("checkpoint", self._checkpoint(now, None), None))
 
-    def _process(self, tp: TopicPartition, records: list[Record], now: int) -> None:
+    def _process(self, tp: TopicPartition, records: list[RecordLike], now: int) -> None:
         if tp not in self.positions or not records:
             return  # revoked while the batch was queued
         self.executor.process(tp, records, now)
@@ -203,6 +202,8 @@ class Runner:
                 self.positions[tp] = -1  # unknown until the first record: nothing to checkpoint yet
                 continue
             ex.add_partition(tp, now, restore.max_ts)
+            if restore.heartbeat != NO_TIME:
+                ex.tracker.heartbeat(tp, restore.heartbeat, now)
             ex.restore(restore.ops)
             self.positions[tp] = restore.offset
         restored = {f"{tp[0]}/{tp[1]}": r.offset for tp, r in entries if r is not None}
@@ -225,7 +226,7 @@ class Runner:
         parts = {}
         for tp, off in chosen.items():
             pw = self.executor.tracker.partitions.get(tp)
-            parts[tp] = (off, pw.max_ts if pw is not None else NO_TIME)
+            parts[tp] = (off, pw.max_ts, pw.explicit) if pw is not None else (off, NO_TIME, NO_TIME)
         cp = Checkpoint(self.pipeline.name, now, self.executor.watermark, parts, self.executor.snapshot(set(chosen)))
         return encode_checkpoint(cp), chosen
 

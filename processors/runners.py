@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import logging
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from broker.log.api import LogStore
@@ -103,6 +104,7 @@ async def run_standalone(
     stop: asyncio.Event | None = None,
     client_id: str | None = None,
     session_timeout_ms: int = 10_000,
+    on_started: Callable[[Runner], None] | None = None,
 ) -> Runner:
     """Run ``pipeline`` as a consumer-group member until ``stop`` is set or SIGINT/SIGTERM."""
     from processors.kafka import KafkaCheckpointStore, KafkaSink, KafkaSource
@@ -120,6 +122,8 @@ async def run_standalone(
     runner = Runner(pipeline, source, sink, checkpoints, config=config)
     try:
         await runner.start()
+        if on_started is not None:
+            on_started(runner)
         stopped = asyncio.ensure_future(runner.stopped.wait())
         asked = asyncio.ensure_future(stop.wait())
         await asyncio.wait([stopped, asked], return_when=asyncio.FIRST_COMPLETED)

@@ -17,9 +17,10 @@ from typing import Protocol
 
 from broker.errors import BrokerError, OffsetOutOfRangeError
 from broker.log.api import LogStore
-from broker.protocol.records import Record, RecordSpec, decode_records, iter_batches
+from broker.protocol.records import RecordSpec
 from processors.errors import SourceError
-from processors.executor import OutRecord, TopicPartition
+from processors.executor import OutRecord, RecordLike, TopicPartition
+from processors.fastdecode import decode_from
 
 __all__ = ["AssignmentListener", "LogSink", "LogSource", "Sink", "Source"]
 
@@ -31,7 +32,7 @@ class Source(Protocol):
     async def stop(self) -> None: ...
     def seek(self, tp: TopicPartition, offset: int) -> None: ...
     async def fetch(self, max_records: int, timeout: float, paused: set[TopicPartition]
-                    ) -> list[tuple[TopicPartition, list[Record]]]: ...
+                    ) -> list[tuple[TopicPartition, list[RecordLike]]]: ...
     def end_offset(self, tp: TopicPartition) -> int | None: ...
     async def commit(self, offsets: dict[TopicPartition, int]) -> None: ...
 
@@ -75,7 +76,7 @@ class LogSource:
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         return None  # attached: the checkpoint itself is the commit
 
-    def _read(self, tp: TopicPartition, max_records: int) -> list[Record]:
+    def _read(self, tp: TopicPartition, max_records: int) -> list[RecordLike]:
         log = self.store.partition(*tp)
         offset = self.positions[tp]
         if offset < log.log_start_offset:  # retention removed what we had not read: resume at the start
@@ -84,30 +85,20 @@ class LogSource:
             data = log.read(offset, self.max_bytes)
         except OffsetOutOfRangeError:
             data = log.read(log.log_start_offset, self.max_bytes)
-        out: list[Record] = []
-        view = memoryview(data)
-        for pos, header in iter_batches(view, verify=False):
-            if header.last_offset < offset:
-                continue
-            records = decode_records(view[pos : pos + header.size], header)
-            if header.base_offset < offset:
-                records = [r for r in records if r.offset >= offset]
-            out.extend(records)
-            if len(out) >= max_records:
-                break
+        out = decode_from(data, offset, max_records)
         if out:
             self.positions[tp] = out[-1].offset + 1
         return out
 
     async def fetch(self, max_records: int, timeout: float, paused: set[TopicPartition]
-                    ) -> list[tuple[TopicPartition, list[Record]]]:
+                    ) -> list[tuple[TopicPartition, list[RecordLike]]]:
         tps = [tp for tp in self.positions if tp not in paused]
         if not tps:
             await asyncio.sleep(min(timeout, 0.05))
             return []
         self._rr = (self._rr + 1) % len(tps)
         order = tps[self._rr :] + tps[: self._rr]
-        out: list[tuple[TopicPartition, list[Record]]] = []
+        out: list[tuple[TopicPartition, list[RecordLike]]] = []
         budget = max_records
         for tp in order:
             records = self._read(tp, budget)

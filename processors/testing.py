@@ -18,7 +18,7 @@ from typing import Any
 
 from broker.protocol.records import Record
 from processors.checkpoint import Checkpoint, decode_checkpoint
-from processors.executor import Executor, OutRecord, TopicPartition
+from processors.executor import Executor, OutRecord, RecordLike, TopicPartition
 from processors.pipeline import Pipeline, Stream
 from processors.serde import HEADER_EMIT, HEADER_WATERMARK
 from processors.sources import AssignmentListener
@@ -137,7 +137,7 @@ class MemorySource:
 
     def __init__(self, topic: str, partitions: int = 1) -> None:
         self.topic = topic
-        self.data: dict[int, list[Record]] = {p: [] for p in range(partitions)}
+        self.data: dict[int, list[RecordLike]] = {p: [] for p in range(partitions)}
         self.positions: dict[TopicPartition, int] = {}
         self._event = asyncio.Event()
 
@@ -165,7 +165,7 @@ class MemorySource:
         return None
 
     async def fetch(self, max_records: int, timeout: float, paused: set[TopicPartition]
-                    ) -> list[tuple[TopicPartition, list[Record]]]:
+                    ) -> list[tuple[TopicPartition, list[RecordLike]]]:
         out = []
         for tp, pos in self.positions.items():
             rows = self.data[tp[1]][pos : pos + max_records]

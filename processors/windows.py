@@ -132,13 +132,19 @@ class WindowLogic:
     """All open windows of one key. Tumbling/sliding windows are keyed by start; sessions are a
     sorted list of ``[start, slot]`` pairs."""
 
-    __slots__ = ("agg", "cfg", "count_n", "lateness", "sessions", "windows")
+    __slots__ = ("_add_fn", "_early", "_off", "_size", "_tumbling", "agg", "cfg", "count_n", "lateness", "sessions",
+                 "windows")
 
     def __init__(self, cfg: WindowConfig, resume_state: Any) -> None:
         self.cfg = cfg
         self.agg = cfg.agg
+        self._add_fn = cfg.agg.add
         self.lateness = cfg.allowed_lateness_ms
         self.count_n = cfg.trigger.n if isinstance(cfg.trigger, CountTrigger) else 0
+        self._early = isinstance(cfg.trigger, EarlyEvery)
+        self._tumbling = isinstance(cfg.spec, Tumbling)
+        self._size = cfg.spec.size_ms if isinstance(cfg.spec, Tumbling) else 0
+        self._off = cfg.spec.offset_ms if isinstance(cfg.spec, Tumbling) else 0
         self.windows: dict[int, list[Any]] = {}
         self.sessions: list[list[Any]] = []  # [start, last_ts, slot]
         if resume_state is not None:
@@ -148,6 +154,16 @@ class WindowLogic:
     # -- items --------------------------------------------------------------------------------
 
     def on_item(self, ts: int, value: Any, ctx: OpContext) -> None:
+        if self._tumbling:
+            start = ts - (ts - self._off) % self._size
+            slot = self.windows.get(start)
+            # the common case: an open window, not yet fired, no count trigger
+            if slot is not None and not slot[2] and ctx.watermark < slot[0] - 1 and not self.count_n:
+                slot[1] = self._add_fn(slot[1], value)
+                slot[3] += 1
+                if self._early:
+                    ctx.mark_dirty()
+                return
         spec = self.cfg.spec
         if isinstance(spec, Tumbling):
             start = ts - (ts - spec.offset_ms) % spec.size_ms
@@ -182,7 +198,7 @@ class WindowLogic:
                 ctx.schedule_event(end - 1 + self.lateness)
         elif self.count_n and slot[_COUNT] - slot[_EMITTED] >= self.count_n:
             self._emit(start, slot, EMIT_EARLY, ctx)
-        else:
+        elif self._early:
             ctx.mark_dirty()
         return True
 
@@ -215,7 +231,7 @@ class WindowLogic:
             ctx.schedule_event(end - 1)
             if self.count_n and slot[_COUNT] - slot[_EMITTED] >= self.count_n:
                 self._emit(start, slot, EMIT_EARLY, ctx)
-            else:
+            elif self._early:
                 ctx.mark_dirty()
 
     def _late(self, ts: int, value: Any, ctx: OpContext, window_end: int) -> None:

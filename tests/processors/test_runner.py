@@ -135,7 +135,7 @@ async def test_restart_resumes_from_the_checkpoint_and_re_emits_only_same_keys(s
     await first.stop(checkpoint=False)  # a crash: no final checkpoint
 
     cps = await LogCheckpointStore(store, "avg-temp").load()
-    assert cps and sum(off for off, _ in cps[-1].parts.values()) == half
+    assert cps and sum(off for off, _, _ in cps[-1].parts.values()) == half
     await publish(store, "sensors", readings[half + 600 :])
     second = AttachedRunner(sensor_pipeline(), store, clock=clock, config=config)
     await second.start()

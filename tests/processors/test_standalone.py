@@ -138,25 +138,30 @@ async def test_two_instances_split_the_partitions_and_produce_the_same_results_a
     readings = sensor_readings(60)
     expected = batch_window_means(readings, 10_000)
     env_two, env_one = topics("two"), topics("one")
-    await produce(sluice.bootstrap, env_two["SENSORS_INPUT"], readings)
-    await produce(sluice.bootstrap, env_one["SENSORS_INPUT"], readings)
-    end = readings[-1]["ts"] + 60_000
-    await heartbeat_all(sluice.bootstrap, env_two["SENSORS_INPUT"], end)
-    await heartbeat_all(sluice.bootstrap, env_one["SENSORS_INPUT"], end)
-
+    all_two = [(env_two["SENSORS_INPUT"], p) for p in range(PARTITIONS)]
+    # create the input topics, then let both instances join and split them before data flows
+    await heartbeat_all(sluice.bootstrap, env_two["SENSORS_INPUT"], readings[0]["ts"] - 10_000)
     a = Processor(sluice.bootstrap, env_two, tmp_path / "a.log")
     b = Processor(sluice.bootstrap, env_two, tmp_path / "b.log")
     single = Processor(sluice.bootstrap, env_one, tmp_path / "one.log")
     try:
+        deadline = time.monotonic() + 60
+        while True:
+            last_a, last_b = (a.assigned() or [[]])[-1], (b.assigned() or [[]])[-1]
+            if last_a and last_b and sorted(map(tuple, last_a + last_b)) == all_two:
+                break
+            assert time.monotonic() < deadline, (a.log.read_text()[-2000:], b.log.read_text()[-2000:])
+            await asyncio.sleep(0.1)
+        end = readings[-1]["ts"] + 60_000
+        for env in (env_two, env_one):
+            await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings)
+            await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], end)
         two_rows = await wait_for_windows(sluice.bootstrap, env_two["SENSORS_OUTPUT"], len(expected))
         one_rows = await wait_for_windows(sluice.bootstrap, env_one["SENSORS_OUTPUT"], len(expected))
         assert finals(two_rows) == finals(one_rows) == {k: pytest.approx(v) for k, v in expected.items()}
-        # each window came out once (no rebalance after the data was processed); all 'first'
+        # each window came out exactly once, from whichever instance owns its sensor's partition
         assert sorted(tuple(r["_key"]) for r in two_rows) == sorted(finals(two_rows))
-        # the two instances split the input partitions between them
-        last_a, last_b = a.assigned()[-1], b.assigned()[-1]
-        assert last_a and last_b
-        assert sorted(map(tuple, last_a + last_b)) == [(env_two["SENSORS_INPUT"], p) for p in range(PARTITIONS)]
+        assert (a.assigned()[-1], b.assigned()[-1]) == (last_a, last_b)  # the split held throughout
     finally:
         for p in (a, b, single):
             assert p.stop() == 0, p.log.read_text()[-3000:]
@@ -200,3 +205,42 @@ async def test_kill_9_at_random_points_then_restart_loses_no_window(sluice: Slui
         assert tuple(r["_key"]) == (r["window_start"], r["window_end"], r["key"])
         assert r["value"] == pytest.approx(expected[tuple(r["_key"])])
         assert r["_emit_header"] == r["emit"] == "first"
+
+
+async def test_an_instance_joining_mid_stream_takes_over_partitions_with_their_state(
+        sluice: SluiceProcess, tmp_path: Path) -> None:
+    """A runs alone over half the data (windows half full); B joins: A checkpoints and hands the
+    revoked partitions over, B restores their keyed state and finishes the windows."""
+    readings = sensor_readings(60)
+    expected = batch_window_means(readings, 10_000)
+    env = topics("join")
+    half = len(readings) // 2 + 55  # mid-window for every sensor
+    await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings[:half])
+    # the partitions no sensor hashes to would hold time back until their idle timeout: punctuate them
+    await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], readings[half - 1]["ts"] - 6_000)
+    a = Processor(sluice.bootstrap, env, tmp_path / "a.log")
+    b = None
+    try:
+        deadline = time.monotonic() + 60
+        while len(finals(await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"]))) < 20:
+            assert time.monotonic() < deadline, a.log.read_text()[-3000:]
+            await asyncio.sleep(0.2)
+        b = Processor(sluice.bootstrap, env, tmp_path / "b.log")
+        while not (b.assigned() and b.assigned()[-1] and len(a.assigned()) >= 2):
+            assert time.monotonic() < deadline, (a.log.read_text()[-2000:], b.log.read_text()[-2000:])
+            await asyncio.sleep(0.1)
+        await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings[half:])
+        await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
+        rows = await wait_for_windows(sluice.bootstrap, env["SENSORS_OUTPUT"], len(expected))
+        assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
+        for r in rows:  # every emission (re-emissions included) is the complete window
+            assert r["value"] == pytest.approx(expected[tuple(r["_key"])])
+        taken = [tp for tp in b.assigned()[-1]]
+        assert any(r != "{}" for r in b.restored()), ("B should restore the state A checkpointed on revoke",
+                                                      b.log.read_text()[-3000:])
+        assert taken and sorted(map(tuple, a.assigned()[-1] + taken)) == [
+            (env["SENSORS_INPUT"], p) for p in range(PARTITIONS)]
+    finally:
+        for p in (a, b):
+            if p is not None:
+                assert p.stop() == 0, p.log.read_text()[-3000:]
