@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,53 @@ def test_compose_and_sluice_demo_run_the_same_pipeline(compose: dict[str, Any]) 
         assert ctx.params["pipeline"] == PIPELINE
         env = _env(services[name])
         assert {k: env[f"SENSORS_{k.upper()}"] for k in TOPICS} == TOPICS
+
+
+def _dist_closure(requirements: list[str]) -> set[str]:
+    """Distribution names installed by ``pip install`` of these requirements (transitively, this platform)."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = req.name.lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            todo += [Requirement(r) for r in (md.requires(req.name) or [])]
+        except md.PackageNotFoundError:
+            pass
+    return seen
+
+
+def test_the_image_installs_every_module_the_shipped_packages_import() -> None:
+    """The Dockerfile installs [project.dependencies] only: a dev-only import would break `sluice` there."""
+    import ast
+    import importlib.metadata as md
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    installed = _dist_closure(project["dependencies"])
+    ours = {"broker", "ingest", "clients", "processors", "sluice"}
+    by_module = md.packages_distributions()
+    missing: dict[str, set[str]] = {}
+    for package in ours:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                         else [])
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in ours or top in sys.stdlib_module_names or top == "__future__":
+                        continue
+                    dists = {d.lower().replace("_", "-") for d in by_module.get(top, [top])}
+                    if not dists & installed:
+                        missing.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    assert not missing, f"imported but not in [project.dependencies]: {missing}"
