@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from clients import AsyncAdmin
+from clients.errors import TopicExistsError
 from sluice.cli_common import DEFAULT_BOOTSTRAP, EXIT_USAGE, Bootstrap, JsonFlag, console, fail, print_json, run
 
 __all__ = ["register"]
@@ -31,19 +32,28 @@ def create(
     name: str,
     partitions: Annotated[int, typer.Option("--partitions", "-p", min=1, help="Partition count.")] = 1,
     config: Annotated[list[str] | None, typer.Option("--config", "-c", help="Topic config name=value.")] = None,
+    if_not_exists: Annotated[bool, typer.Option(help="Succeed when the topic already exists (init scripts).")] = False,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     json_out: JsonFlag = False,
 ) -> None:
     """Create a topic."""
     configs = _configs(config)
 
-    async def go() -> None:
+    async def go() -> bool:
         async with AsyncAdmin(bootstrap) as admin:
-            await admin.create_topic(name, partitions, configs)
+            try:
+                await admin.create_topic(name, partitions, configs)
+            except TopicExistsError:
+                if not if_not_exists:
+                    raise
+                return False
+            return True
 
-    run(go(), topic=name)
+    created = run(go(), topic=name)
     if json_out:
-        print_json({"topic": name, "partitions": partitions, "config": configs})
+        print_json({"topic": name, "partitions": partitions, "config": configs, "created": created})
+    elif not created:
+        console.print(f"topic {name} already exists")
     else:
         console.print(f"created topic {name} with {partitions} partition{'s' if partitions != 1 else ''}")
 

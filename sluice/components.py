@@ -12,6 +12,7 @@ from collections.abc import Callable
 from sluice.ingest_components import file_component, tcp_component
 from sluice.kafka_component import kafka_component
 from sluice.mqtt_wiring import mqtt_bridges, mqtt_listener
+from sluice.processors_component import processors_component
 from sluice.runtime import Component, Runtime
 
 __all__ = ["COMPONENT_FACTORIES", "build_components"]
@@ -32,6 +33,7 @@ COMPONENT_FACTORIES: list[ComponentFactory] = [
     mqtt_bridges,  # [[mqtt.bridges]]: external MQTT brokers -> ingest sink, acked after the append
     tcp_component,  # TCP line ingest (NDJSON, InfluxDB line protocol, CSV)
     file_component,  # file replay/tail sources from [[ingest.files]]
+    processors_component,  # attached stream processors (--processor module:pipeline)
     _http_component,  # HTTP API last: starts once everything it reports on is up, stops first
 ]
 

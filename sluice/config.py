@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -24,6 +24,7 @@ __all__ = [
     "FileSourceSettings",
     "HttpSettings",
     "IngestSettings",
+    "KafkaListenerSettings",
     "KafkaSettings",
     "MqttBridgeSettings",
     "MqttSettings",
@@ -60,12 +61,34 @@ class StorageSettings(BaseModel):
         )
 
 
+class KafkaListenerSettings(BaseModel):
+    """A second Kafka port (``[[kafka.extra_listeners]]``) whose clients are told its own advertised address.
+
+    Environment form: ``SLUICE_KAFKA__EXTRA_LISTENERS='[{"name":"internal","port":29092,"advertised_host":"sluice"}]'``.
+    """
+
+    name: str
+    port: int
+    host: str | None = None  # bind address; defaults to the top-level host
+    advertised_host: str | None = None  # defaults to the bind host
+    advertised_port: int | None = None  # defaults to the bound port
+
+
 class KafkaSettings(BaseModel):
     enabled: bool = True
     port: int = 9092
     advertised_host: str | None = None  # defaults to the bind host
     advertised_port: int | None = None  # defaults to the bound port
     max_request_bytes: int = 100 * 1024 * 1024
+    extra_listeners: list[KafkaListenerSettings] = Field(default_factory=list)
+
+    @field_validator("extra_listeners")
+    @classmethod
+    def _unique_listener_names(cls, value: list[KafkaListenerSettings]) -> list[KafkaListenerSettings]:
+        names = [listener.name for listener in value]
+        if len(set(names)) != len(names) or "default" in names:
+            raise ValueError(f"extra listener names must be unique and not 'default': {names}")
+        return value
 
 
 class MqttBridgeSettings(BaseModel):
