@@ -83,6 +83,31 @@ def serve(
         raise _fail(f"cannot start: {exc}", EXIT_RUNTIME) from None
 
 
+@app.command()
+def process(
+    pipeline: Annotated[str, typer.Argument(help="module:attribute of the Pipeline to run.")],
+    bootstrap: Annotated[str, typer.Option(help="Kafka bootstrap host:port (Sluice or any Kafka cluster).")],
+    checkpoint_interval: Annotated[float, typer.Option(help="Seconds between checkpoints.")] = 10.0,
+    session_timeout_ms: Annotated[int, typer.Option(help="Group session timeout (failover time).")] = 10_000,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
+) -> None:
+    """Run a stream processor standalone, as a member of its consumer group (start more to scale out)."""
+    from sluice.process_cmd import run_process
+
+    configure_logging(log_level, "text")
+    raise typer.Exit(run_process(pipeline, bootstrap, checkpoint_interval, session_timeout_ms))
+
+
+def _register_client_commands() -> None:
+    from sluice import cli_data, cli_demo, cli_ops, cli_simulate, cli_topics
+
+    for module in (cli_topics, cli_data, cli_ops, cli_simulate, cli_demo):
+        module.register(app)
+
+
+_register_client_commands()
+
+
 def main() -> None:
     app(prog_name="sluice")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -21,11 +21,16 @@ from pydantic_settings import (
 from broker.log.config import FlushPolicy, TopicConfig
 
 __all__ = [
+    "FileSourceSettings",
     "HttpSettings",
+    "IngestSettings",
+    "KafkaListenerSettings",
     "KafkaSettings",
+    "MqttBridgeSettings",
     "MqttSettings",
     "Settings",
     "StorageSettings",
+    "TcpListenerSettings",
     "TcpSettings",
     "load_settings",
 ]
@@ -56,24 +61,118 @@ class StorageSettings(BaseModel):
         )
 
 
+class KafkaListenerSettings(BaseModel):
+    """A second Kafka port (``[[kafka.extra_listeners]]``) whose clients are told its own advertised address.
+
+    Environment form: ``SLUICE_KAFKA__EXTRA_LISTENERS='[{"name":"internal","port":29092,"advertised_host":"sluice"}]'``.
+    """
+
+    name: str
+    port: int
+    host: str | None = None  # bind address; defaults to the top-level host
+    advertised_host: str | None = None  # defaults to the bind host
+    advertised_port: int | None = None  # defaults to the bound port
+
+
 class KafkaSettings(BaseModel):
     enabled: bool = True
     port: int = 9092
     advertised_host: str | None = None  # defaults to the bind host
     advertised_port: int | None = None  # defaults to the bound port
     max_request_bytes: int = 100 * 1024 * 1024
+    extra_listeners: list[KafkaListenerSettings] = Field(default_factory=list)
+
+    @field_validator("extra_listeners")
+    @classmethod
+    def _unique_listener_names(cls, value: list[KafkaListenerSettings]) -> list[KafkaListenerSettings]:
+        names = [listener.name for listener in value]
+        if len(set(names)) != len(names) or "default" in names:
+            raise ValueError(f"extra listener names must be unique and not 'default': {names}")
+        return value
+
+
+class MqttBridgeSettings(BaseModel):
+    """An external MQTT broker to subscribe to (``[[mqtt.bridges]]``); acks it only after the durable append."""
+
+    name: str = "default"  # routing source name: SourceRef("bridge", name)
+    host: str = "127.0.0.1"
+    port: int = 1883
+    topics: list[str] = Field(default_factory=lambda: ["#"])
+    client_id: str = "sluice-bridge"  # fixed: the broker keeps our persistent session under it
+    username: str | None = None
+    password: str | None = None
+    protocol: Literal[4, 5] = 4  # 4 = MQTT 3.1.1, 5 = MQTT 5.0
+    keepalive_s: int = 30
+    max_inflight: int = 100  # QoS 1 messages the broker may send before our acks
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
 
 
 class MqttSettings(BaseModel):
     enabled: bool = True
     port: int = 1883
     allow_anonymous: bool = True
+    users: dict[str, str] = Field(default_factory=dict)  # username -> password for the built-in auth hook
+    max_packet_bytes: int = 1024 * 1024 + 1024
+    receive_maximum: int = 1024  # inbound QoS 1/2 in flight per connection; reads pause at this many
+    topic_alias_maximum: int = 32
+    max_queued_messages: int = 10_000  # per persistent session
+    connect_timeout_s: float = 10.0
+    protocol_versions: list[int] = Field(default_factory=lambda: [4, 5])  # 4 = MQTT 3.1.1, 5 = MQTT 5.0
+    backlog: int = 4096
+    bridges: list[MqttBridgeSettings] = Field(default_factory=list)
+
+
+class TcpListenerSettings(BaseModel):
+    """An extra TCP line listener (``[[tcp.listeners]]``), e.g. one per payload format."""
+
+    name: str
+    port: int
+    format: Literal["ndjson", "influx", "csv"] = "ndjson"
+    ack: bool = False
 
 
 class TcpSettings(BaseModel):
     enabled: bool = True
     port: int = 8094
     format: Literal["ndjson", "influx", "csv"] = "ndjson"
+    ack: bool = False  # answer each batch of lines once durable (see README "TCP line ingest")
+    max_line_bytes: int = 64 * 1024  # longer lines go to the dead-letter topic (truncated), not a crash
+    idle_timeout_s: float = 300.0  # close connections silent for this long (0 = never)
+    read_bytes: int = 64 * 1024  # bytes read per batch of lines
+    backlog: int = 4096
+    listeners: list[TcpListenerSettings] = Field(default_factory=list)
+
+
+class FileSourceSettings(BaseModel):
+    """A file replayed or tailed into the log (``[[ingest.files]]``)."""
+
+    name: str
+    path: Path
+    topic: str | None = None  # None: routed by the rules / default topic "file"
+    format: Literal["ndjson", "influx", "csv", "raw"] = "raw"
+    mode: Literal["replay", "tail"] = "tail"
+    start: Literal["beginning", "end"] = "beginning"  # where to start when no position is saved
+    key: str = "default"  # key spec, as in routes
+    time_field: str = "default"
+    time_format: str = "epoch_ms"
+    poll_interval_s: float = 0.5
+    max_line_bytes: int = 64 * 1024
+    read_bytes: int = 64 * 1024
+
+
+class IngestSettings(BaseModel):
+    """Routing rules, dead letters, backpressure and source health for every device front door."""
+
+    routes: list[dict[str, Any]] = Field(default_factory=list)  # see ingest.routing.RouteRule.from_mapping
+    dead_letter_topic: str = "_dead_letters"
+    default_mqtt_topic: str = "mqtt"
+    default_tcp_topic: str = "tcp"
+    default_file_topic: str = "file"
+    max_pending_bytes: int = 64 * 1024 * 1024  # accepted-but-not-durable bytes before sources are paused
+    idle_timeout_s: float = 300.0  # a source/device silent this long is reported idle
+    max_devices_per_source: int = 100_000
+    files: list[FileSourceSettings] = Field(default_factory=list)
 
 
 class HttpSettings(BaseModel):
@@ -98,6 +197,7 @@ class Settings(BaseSettings):
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
     tcp: TcpSettings = Field(default_factory=TcpSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
     processors: list[str] = Field(default_factory=list)  # "module:attribute" pipelines run in-process
 
     @classmethod

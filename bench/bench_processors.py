@@ -1,0 +1,286 @@
+"""Stream processors vs Bytewax: records/s for a keyed tumbling-window mean over 1M records.
+
+Run: ``python -m bench.bench_processors [--records N]``. One run, side by side, the same input:
+N JSON readings ``{"sensor", "temp", "ts"}`` from 100 sensors (keyed by sensor, 1 ms apart in
+event time), a 10 s tumbling-window mean per sensor with 5 s out-of-orderness.
+
+* Sluice attached: the records sit in an in-process ``MemoryLogStore`` (4 partitions, 2 000-record
+  batches); ``AttachedRunner`` reads them from the log, decodes, windows, writes results back.
+* Sluice standalone: ``sluice serve`` (memory storage) in a subprocess; the records are produced
+  beforehand with confluent-kafka; ``run_standalone`` consumes them as a group member (aiokafka),
+  windows, produces results and checkpoints over the Kafka protocol.
+* Bytewax (PyPI): ``TestingSource`` over the same (key, value bytes) pairs, ``json.loads``,
+  ``EventClock`` + ``TumblingWindower`` + ``fold_window``.
+* Plain Python: one dict pass over the same bytes (a batch job; a floor for per-record overhead).
+
+Input preparation is not timed. Every engine's results are checked against the batch job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from broker.log.memory import MemoryLogStore
+from broker.log.partitioner import partition_for_key
+from broker.protocol.records import RecordSpec, encode_batch
+from processors.aggregations import Mean
+from processors.pipeline import Pipeline
+from processors.runner import Runner, RunnerConfig
+from processors.runners import AttachedRunner, run_standalone
+from processors.watermarks import BoundedOutOfOrderness
+from processors.windows import Tumbling
+
+T0 = 1_700_000_000_000
+SENSORS = 100
+PARTITIONS = 4
+WINDOW_MS = 10_000
+
+Row = tuple[bytes, bytes, int]  # key, value, event time
+
+
+def make_input(n: int) -> list[Row]:
+    rng = random.Random(1)
+    temps = [65 + rng.gauss(0, 1) * 20 for _ in range(SENSORS)]
+    rows = []
+    for i in range(n):
+        s = i % SENSORS
+        temps[s] += rng.gauss(0, 1) * 5
+        ts = T0 + i
+        rows.append((f"sensor_{s}".encode(), json.dumps({"sensor": f"sensor_{s}", "temp": round(temps[s], 3),
+                                                          "ts": ts}).encode(), ts))
+    return rows
+
+
+def batch_job(rows: list[Row]) -> dict[tuple[int, str], float]:
+    acc: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    for _key, value, _ts in rows:
+        v = json.loads(value)
+        a = acc[(v["ts"] - v["ts"] % WINDOW_MS, v["sensor"])]
+        a[0] += v["temp"]
+        a[1] += 1
+    return {k: s / c for k, (s, c) in acc.items()}
+
+
+def closed(expected: dict[tuple[int, str], float], rows: list[Row]) -> dict[tuple[int, str], float]:
+    """Windows a watermark of (max ts − 5 s) has closed (the still-open last one is excluded)."""
+    watermark = rows[-1][2] - 5_000 - 1
+    return {k: v for k, v in expected.items() if k[0] + WINDOW_MS - 1 <= watermark}
+
+
+def check(name: str, got: dict[tuple[int, str], float], want: dict[tuple[int, str], float]) -> str:
+    bad = [k for k, v in want.items() if k not in got or abs(got[k] - v) > 1e-6 * max(1.0, abs(v))]
+    return "ok" if not bad and len(got) >= len(want) else f"MISMATCH ({len(bad)} of {len(want)} windows wrong)"
+
+
+def pipeline(topic: str, group: str, out: str) -> Pipeline:
+    stream = Pipeline.source(topic, group=group, event_time=lambda v: v["ts"],
+                             watermarks=BoundedOutOfOrderness(5_000, idle_timeout=None))
+    stream.key_by(lambda v: v["sensor"]).window(Tumbling(WINDOW_MS)).aggregate(Mean("temp")).sink(out)
+    return stream.pipeline
+
+
+def results_from(values: list[bytes]) -> dict[tuple[int, str], float]:
+    out = {}
+    for raw in values:
+        r = json.loads(raw)
+        out[(r["window_start"], r["key"])] = r["value"]
+    return out
+
+
+# ------------------------------------------------------------------------------------- engines
+
+
+async def run_attached(rows: list[Row]) -> tuple[float, dict[tuple[int, str], float]]:
+    store = MemoryLogStore()
+    store.create_topic("bench-in", PARTITIONS)
+    per_partition: dict[int, list[RecordSpec]] = defaultdict(list)
+    for key, value, ts in rows:
+        per_partition[partition_for_key(key, PARTITIONS)].append(RecordSpec(value, key, (), ts))
+    for p, specs in per_partition.items():
+        for i in range(0, len(specs), 2_000):
+            store.partition("bench-in", p).append_nowait(encode_batch(specs[i : i + 2_000]))
+    runner = AttachedRunner(pipeline("bench-in", "bench-attached", "bench-out"), store,
+                            config=RunnerConfig(max_batch_records=4_000, checkpoint_interval_ms=10_000))
+    start = time.perf_counter()
+    await runner.start()
+    while runner.executor.records_in < len(rows) or runner.out_q.qsize() or runner.in_q.qsize():
+        await asyncio.sleep(0.005)
+    elapsed = time.perf_counter() - start
+    await runner.stop()
+    from broker.protocol.records import decode_all
+
+    values = [r.value for log in store.partitions("bench-out") for r in decode_all(log.read(0, 1 << 30)) if r.value]
+    return elapsed, results_from(values)
+
+
+def start_sluice(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    env = {**os.environ, "SLUICE_KAFKA__PORT": "0", "SLUICE_MQTT__ENABLED": "false", "SLUICE_TCP__ENABLED": "false",
+           "SLUICE_HTTP__ENABLED": "false", "SLUICE_STORAGE__BACKEND": "memory",
+           "SLUICE_STORAGE__DEFAULT_PARTITIONS": str(PARTITIONS)}
+    proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--data-dir", str(data_dir)], env=env,
+                            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    endpoints = data_dir / "endpoints.json"
+    deadline = time.monotonic() + 30
+    while not (endpoints.exists() and "kafka" in endpoints.read_text()):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError("sluice serve did not start")
+        time.sleep(0.05)
+    port = json.loads(endpoints.read_text())["kafka"]["port"]
+    return proc, f"127.0.0.1:{port}"
+
+
+def produce_confluent(bootstrap: str, topic: str, rows: list[Row]) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000,
+                         "queue.buffering.max.messages": 2_000_000, "acks": "all"})
+    for key, value, ts in rows:
+        while True:
+            try:
+                producer.produce(topic, value, key, timestamp=ts)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(120) == 0
+
+
+async def read_topic(bootstrap: str, topic: str) -> list[bytes]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        out: list[bytes] = []
+        while True:
+            positions = [await consumer.position(tp) for tp in tps]
+            if all(pos >= ends[tp] for pos, tp in zip(positions, tps, strict=True)):
+                return out
+            for messages in (await consumer.getmany(timeout_ms=500)).values():
+                out += [m.value for m in messages if m.value]
+    finally:
+        await consumer.stop()
+
+
+async def run_standalone_bench(rows: list[Row], bootstrap: str) -> tuple[float, dict[tuple[int, str], float]]:
+    produce_confluent(bootstrap, "bench-sa-in", rows)
+    stop = asyncio.Event()
+    p = pipeline("bench-sa-in", "bench-standalone", "bench-sa-out")
+    started: list[Runner] = []
+    start = time.perf_counter()  # group join and partition assignment are included in the time
+    task = asyncio.create_task(run_standalone(p, bootstrap, stop=stop, on_started=started.append,
+                                              config=RunnerConfig(max_batch_records=4_000)))
+    while not started:
+        if task.done():
+            raise RuntimeError(f"standalone runner ended early: {task.exception()!r}")
+        await asyncio.sleep(0.01)
+    runner = started[0]
+    while runner.executor.records_in < len(rows) or runner.out_q.qsize() or runner.in_q.qsize():
+        if task.done():
+            raise RuntimeError(f"standalone runner ended early: {task.exception()!r}")
+        await asyncio.sleep(0.005)
+    elapsed = time.perf_counter() - start
+    stop.set()
+    await task
+    return elapsed, results_from(await read_topic(bootstrap, "bench-sa-out"))
+
+
+def run_bytewax(rows: list[Row]) -> tuple[float, dict[tuple[int, str], float]]:
+    import bytewax.operators as op
+    import bytewax.operators.windowing as win
+    from bytewax.dataflow import Dataflow
+    from bytewax.testing import TestingSink, TestingSource, run_main
+
+    out: list[Any] = []
+    flow = Dataflow("bench")
+    inp = op.input("in", flow, TestingSource([(k, v) for k, v, _ in rows], batch_size=2_000))
+    values = op.map("parse", inp, lambda kv: json.loads(kv[1]))
+    keyed = op.key_on("key", values, lambda v: v["sensor"])
+    clock = win.EventClock(lambda v: datetime.fromtimestamp(v["ts"] / 1000, tz=UTC),
+                           wait_for_system_duration=timedelta(seconds=5))
+    windower = win.TumblingWindower(length=timedelta(milliseconds=WINDOW_MS),
+                                    align_to=datetime.fromtimestamp(0, tz=UTC))
+
+    def folder(acc: list[float], v: dict[str, Any]) -> list[float]:
+        acc[0] += v["temp"]
+        acc[1] += 1
+        return acc
+
+    means = win.fold_window("mean", keyed, clock, windower, lambda: [0.0, 0], folder,
+                            lambda a, b: [a[0] + b[0], a[1] + b[1]])
+    op.output("out", means.down, TestingSink(out))
+    start = time.perf_counter()
+    run_main(flow)
+    elapsed = time.perf_counter() - start
+    got = {}
+    for key, (window_id, acc) in out:
+        got[(window_id * WINDOW_MS, key)] = acc[0] / acc[1]
+    return elapsed, got
+
+
+def run_plain(rows: list[Row]) -> tuple[float, dict[tuple[int, str], float]]:
+    start = time.perf_counter()
+    got = batch_job(rows)
+    return time.perf_counter() - start, got
+
+
+async def main_async(n: int) -> None:
+    rows = make_input(n)
+    expected = batch_job(rows)
+    want_closed = closed(expected, rows)
+    results: list[tuple[str, float, str]] = []
+
+    t, got = await run_attached(rows)
+    results.append(("sluice attached", n / t, check("attached", got, want_closed)))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, bootstrap = start_sluice(Path(tmp))
+        try:
+            t, got = await run_standalone_bench(rows, bootstrap)
+            results.append(("sluice standalone (Kafka protocol)", n / t, check("standalone", got, want_closed)))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+    t, got = run_bytewax(rows)
+    results.append(("bytewax " + _version("bytewax"), n / t, check("bytewax", got, expected)))
+    t, got = run_plain(rows)
+    results.append(("plain Python batch job", n / t, check("plain", got, expected)))
+
+    bytewax_rate = results[2][1]
+    print(f"keyed 10 s tumbling mean, {n:,} records, {SENSORS} keys, Python {sys.version.split()[0]}")
+    print(f"{'engine':40} {'records/s':>12} {'vs bytewax':>11}  results")
+    for name, rate, ok in results:
+        print(f"{name:40} {rate:12,.0f} {rate / bytewax_rate:10.2f}x  {ok}")
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    args = parser.parse_args()
+    asyncio.run(main_async(args.records))
+
+
+if __name__ == "__main__":
+    main()

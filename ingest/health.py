@@ -1,0 +1,217 @@
+"""Source health: per source and per device counters, last-seen times and idle detection.
+
+One ``HealthRegistry`` per running Sluice (``runtime.registries["ingest_health"]``); the ingest sink
+counts messages, bytes and errors, listeners count connections and the time their reads were paused
+by backpressure. The CLI, the HTTP API and metrics read ``snapshot()``.
+
+Time comes from an injected clock (seconds since the epoch, ``time.time`` by default), so idle
+detection is tested without sleeping. A source or device is idle when nothing arrived from it for
+``idle_timeout_s`` (a source that never sent anything counts from when it was registered).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ingest.routing import SourceRef
+
+__all__ = ["OVERFLOW_DEVICE", "DeviceHealth", "HealthRegistry", "SourceHealth"]
+
+OVERFLOW_DEVICE = "_other"  # devices beyond max_devices_per_source are counted under this name
+
+
+@dataclass(slots=True)
+class DeviceHealth:
+    device: str
+    messages: int = 0
+    bytes: int = 0
+    errors: int = 0
+    last_seen: float | None = None
+
+
+@dataclass(slots=True)
+class SourceHealth:
+    source: SourceRef
+    registered: float
+    messages: int = 0
+    bytes: int = 0
+    errors: int = 0
+    last_seen: float | None = None
+    last_error: str | None = None
+    in_flight: int = 0
+    paused_s: float = 0.0
+    pauses: int = 0
+    paused_since: float | None = None
+    paused_count: int = 0  # readers currently paused (a listener has many connections)
+    connections: int = 0
+    connections_total: int = 0
+    devices: dict[str, DeviceHealth] = field(default_factory=dict)
+
+
+class HealthRegistry:
+    def __init__(
+        self,
+        *,
+        idle_timeout_s: float = 300.0,
+        clock: Callable[[], float] = time.time,
+        max_devices_per_source: int = 100_000,
+    ) -> None:
+        self.idle_timeout_s = idle_timeout_s
+        self._clock = clock
+        self.max_devices_per_source = max_devices_per_source
+        self._sources: dict[SourceRef, SourceHealth] = {}
+
+    # -- recording ------------------------------------------------------------------------------
+
+    def register(self, source: SourceRef) -> SourceHealth:
+        entry = self._sources.get(source)
+        if entry is None:
+            entry = self._sources[source] = SourceHealth(source, self._clock())
+        return entry
+
+    def _device(self, entry: SourceHealth, device: str) -> DeviceHealth:
+        found = entry.devices.get(device)
+        if found is None:
+            if len(entry.devices) >= self.max_devices_per_source:
+                device = OVERFLOW_DEVICE
+                found = entry.devices.get(device)
+            if found is None:
+                found = entry.devices[device] = DeviceHealth(device)
+        return found
+
+    def record(self, source: SourceRef, device: str | None, nbytes: int, *, messages: int = 1) -> None:
+        """Messages received (accepted or not: errors are counted separately)."""
+        now = self._clock()
+        entry = self.register(source)
+        entry.messages += messages
+        entry.bytes += nbytes
+        entry.last_seen = now
+        if device is not None:
+            dev = self._device(entry, device)
+            dev.messages += messages
+            dev.bytes += nbytes
+            dev.last_seen = now
+
+    def error(self, source: SourceRef, device: str | None, reason: str) -> None:
+        entry = self.register(source)
+        entry.errors += 1
+        entry.last_error = reason
+        if device is not None:
+            self._device(entry, device).errors += 1
+
+    def add_in_flight(self, source: SourceRef, delta: int) -> None:
+        self.register(source).in_flight += delta
+
+    def pause_started(self, source: SourceRef) -> None:
+        entry = self.register(source)
+        if entry.paused_count == 0:
+            entry.paused_since = self._clock()
+            entry.pauses += 1
+        entry.paused_count += 1
+
+    def pause_ended(self, source: SourceRef) -> None:
+        entry = self.register(source)
+        if entry.paused_count == 0:
+            return
+        entry.paused_count -= 1
+        if entry.paused_count == 0 and entry.paused_since is not None:
+            entry.paused_s += max(0.0, self._clock() - entry.paused_since)
+            entry.paused_since = None
+
+    @contextmanager
+    def paused(self, source: SourceRef) -> Iterator[None]:
+        self.pause_started(source)
+        try:
+            yield
+        finally:
+            self.pause_ended(source)
+
+    def connection_opened(self, source: SourceRef) -> None:
+        entry = self.register(source)
+        entry.connections += 1
+        entry.connections_total += 1
+
+    def connection_closed(self, source: SourceRef) -> None:
+        entry = self.register(source)
+        entry.connections = max(0, entry.connections - 1)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def source(self, source: SourceRef) -> SourceHealth | None:
+        return self._sources.get(source)
+
+    def sources(self) -> list[SourceHealth]:
+        return list(self._sources.values())
+
+    def is_idle(self, source: SourceRef, device: str | None = None) -> bool:
+        entry = self._sources.get(source)
+        if entry is None:
+            return True
+        now = self._clock()
+        if device is None:
+            since = entry.last_seen if entry.last_seen is not None else entry.registered
+        else:
+            dev = entry.devices.get(device)
+            if dev is None or dev.last_seen is None:
+                return True
+            since = dev.last_seen
+        return now - since > self.idle_timeout_s
+
+    def idle_devices(self, source: SourceRef) -> list[str]:
+        entry = self._sources.get(source)
+        if entry is None:
+            return []
+        return [name for name in entry.devices if self.is_idle(source, name)]
+
+    def snapshot(self, *, devices: bool = True) -> list[dict[str, Any]]:
+        """JSON-ready rows: one ``"type": "source"`` row per source, then its ``"device"`` rows."""
+        now = self._clock()
+        rows: list[dict[str, Any]] = []
+        for entry in self._sources.values():
+            paused = entry.paused_s + (now - entry.paused_since if entry.paused_since is not None else 0.0)
+            since = entry.last_seen if entry.last_seen is not None else entry.registered
+            rows.append(
+                {
+                    "type": "source",
+                    "source": entry.source.label,
+                    "kind": entry.source.kind,
+                    "name": entry.source.name,
+                    "messages": entry.messages,
+                    "bytes": entry.bytes,
+                    "errors": entry.errors,
+                    "last_error": entry.last_error,
+                    "last_seen_ms": _ms(entry.last_seen),
+                    "idle": now - since > self.idle_timeout_s,
+                    "in_flight": entry.in_flight,
+                    "paused": entry.paused_count > 0,
+                    "paused_s": round(paused, 6),
+                    "pauses": entry.pauses,
+                    "connections": entry.connections,
+                    "connections_total": entry.connections_total,
+                    "devices": len(entry.devices),
+                }
+            )
+            if not devices:
+                continue
+            for dev in entry.devices.values():
+                rows.append(
+                    {
+                        "type": "device",
+                        "source": entry.source.label,
+                        "device": dev.device,
+                        "messages": dev.messages,
+                        "bytes": dev.bytes,
+                        "errors": dev.errors,
+                        "last_seen_ms": _ms(dev.last_seen),
+                        "idle": dev.last_seen is None or now - dev.last_seen > self.idle_timeout_s,
+                    }
+                )
+        return rows
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds * 1000)

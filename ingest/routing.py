@@ -1,0 +1,520 @@
+"""Routing: which log topic, key and event time a device message becomes.
+
+A ``RouteRule`` matches a source (kind and name) and, for MQTT, a topic filter with ``+``/``#``
+wildcards; it names the log topic (``{0}``, ``{1}``… insert MQTT topic levels), how to take the
+record key, the event time and the payload format. Rules are tried in order; the first match wins
+unless it says ``continue`` (then later matches also apply: fan-out). When no rule matches, the
+built-in default for the source kind applies:
+
+- ``mqtt`` / ``bridge``: log topic ``mqtt``, key = the MQTT topic name, payload kept raw,
+  event time = arrival time.
+- ``tcp``: log topic ``tcp``; key = the ``device_id`` field (NDJSON, CSV) or measurement plus
+  sorted tag set (InfluxDB line protocol); event time = the line's timestamp (InfluxDB, ns) or
+  arrival time.
+- ``file``: log topic ``file``, same keys and times as ``tcp`` (file sources usually add a rule).
+
+Every record carries the headers ``source`` (``kind:name``) and ``device`` (when known), and an
+event timestamp in ms. Anything that cannot be parsed or routed comes back as ``Rejected`` with
+the reason; the sink sends those to the dead-letter topic.
+
+Key specs (``key = "..."``): ``default``, ``none``, ``topic`` (MQTT topic name), ``level:N``
+(MQTT topic level, 0-based), ``field:NAME`` (JSON/CSV field, dotted path), ``tag:NAME``
+(InfluxDB tag), ``series`` (InfluxDB measurement+tags), ``device``. Time specs: ``time_field =
+"arrival"`` (default), ``"timestamp"`` (the InfluxDB line timestamp) or a payload field, with
+``time_format`` one of ``epoch_s``, ``epoch_ms``, ``epoch_us``, ``epoch_ns``, ``rfc3339``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from broker.errors import InvalidTopicError
+from broker.log.config import validate_topic_name
+from broker.protocol.records import RecordSpec
+from ingest.errors import ConfigError, PayloadError, RouteError
+from ingest.formats import FORMATS, Parsed, parse_payload
+
+__all__ = [
+    "SOURCE_KINDS",
+    "TIME_FORMATS",
+    "KeySpec",
+    "RawMessage",
+    "Rejected",
+    "RouteDefaults",
+    "RouteRule",
+    "Routed",
+    "Router",
+    "SourceRef",
+    "TimeSpec",
+    "topic_matches",
+    "validate_filter",
+]
+
+SOURCE_KINDS = ("mqtt", "bridge", "tcp", "file")
+TIME_FORMATS = ("epoch_s", "epoch_ms", "epoch_us", "epoch_ns", "rfc3339")
+_KEY_KINDS = ("default", "none", "topic", "level", "field", "tag", "series", "device")
+_DEVICE_TAGS = ("device_id", "device", "host")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    """Where messages come from: ``kind`` in SOURCE_KINDS, ``name`` of the listener/bridge/file.
+
+    ``format`` is the payload format the source itself declares (a TCP listener's format, a file's
+    format); rules without a format of their own use it.
+    """
+
+    kind: str
+    name: str
+    format: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class RawMessage:
+    """One device message: an MQTT publish, a TCP line, a file line.
+
+    ``subject`` is the MQTT topic name (None for TCP/file lines); ``device`` the client id when the
+    source knows it; ``arrival_ms`` the receive time (-1: the router stamps it); ``columns`` the
+    CSV header of the stream a CSV row came from.
+    """
+
+    payload: bytes
+    subject: str | None = None
+    device: str | None = None
+    arrival_ms: int = -1
+    columns: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    topic: str
+    key: bytes | None
+    record: RecordSpec
+    device: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    reason: str
+    original: bytes
+    device: str | None = None
+
+
+# ---------------------------------------------------------------- MQTT topic filters
+
+
+def validate_filter(topic_filter: str) -> None:
+    """MQTT rules: non-empty; ``#`` only as the whole last level; ``+`` only as a whole level."""
+    if not topic_filter:
+        raise ConfigError("topic filter is empty")
+    levels = topic_filter.split("/")
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != len(levels) - 1):
+            raise ConfigError(f"topic filter {topic_filter!r}: '#' must be the whole last level")
+        if "+" in level and level != "+":
+            raise ConfigError(f"topic filter {topic_filter!r}: '+' must be a whole level")
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """Whether an MQTT topic name matches a filter (``a/#`` also matches ``a``; wildcards at the
+    first level do not match topics starting with ``$``)."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False
+    f_levels = topic_filter.split("/")
+    t_levels = topic.split("/")
+    for i, f in enumerate(f_levels):
+        if f == "#":
+            return True
+        if i >= len(t_levels):
+            return False
+        if f != "+" and f != t_levels[i]:
+            return False
+    return len(f_levels) == len(t_levels)
+
+
+# ---------------------------------------------------------------- key and time specs
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    kind: str = "default"
+    arg: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> KeySpec:
+        kind, _, arg = text.partition(":")
+        kind = kind.strip()
+        arg = arg.strip()
+        if kind not in _KEY_KINDS:
+            raise ConfigError(f"unknown key spec {text!r}; use one of {', '.join(_KEY_KINDS)} (e.g. field:device_id)")
+        if kind in ("field", "tag", "level") and not arg:
+            raise ConfigError(f"key spec {text!r} needs an argument, e.g. {kind}:{'1' if kind == 'level' else 'id'}")
+        if kind == "level" and not arg.isdigit():
+            raise ConfigError(f"key spec {text!r}: the level index must be a non-negative integer")
+        return cls(kind, arg)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.arg}" if self.arg else self.kind
+
+
+@dataclass(frozen=True, slots=True)
+class TimeSpec:
+    field: str = "arrival"  # "arrival", "timestamp" (InfluxDB line timestamp) or a payload field
+    format: str = "epoch_ms"
+
+    def __post_init__(self) -> None:
+        if self.format not in TIME_FORMATS:
+            raise ConfigError(f"unknown time_format {self.format!r}; use one of {', '.join(TIME_FORMATS)}")
+
+
+_EPOCH_SCALE = {"epoch_s": (1000, 1), "epoch_ms": (1, 1), "epoch_us": (1, 1_000), "epoch_ns": (1, 1_000_000)}
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+def _to_ms(value: Any, fmt: str) -> int:
+    if fmt == "rfc3339":
+        if not isinstance(value, str) or not _RFC3339.match(value):
+            raise RouteError(f"event time {str(value)[:40]!r} is not RFC 3339 (e.g. 2024-05-01T12:00:00Z)")
+        text = value.replace("z", "Z").replace("Z", "+00:00")
+        frac = re.search(r"\.(\d+)", text)
+        if frac and len(frac.group(1)) > 6:  # Python parses at most microseconds
+            text = text.replace(frac.group(0), "." + frac.group(1)[:6])
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise RouteError(f"event time {str(value)[:40]!r} is not a number ({fmt})")
+    number: int | float
+    if isinstance(value, str):
+        try:
+            number = int(value, 10)
+        except ValueError:
+            try:
+                number = float(value)
+            except ValueError:
+                raise RouteError(f"event time {value[:40]!r} is not a number ({fmt})") from None
+    else:
+        number = value
+    if number != number or number in (float("inf"), float("-inf")):
+        raise RouteError(f"event time {value!r} is not a finite number")
+    mul, div = _EPOCH_SCALE[fmt]
+    ms = number * mul // div if isinstance(number, int) else int(number * mul / div)
+    if not 0 <= ms < 2**53:
+        raise RouteError(f"event time {value!r} ({fmt}) is out of range")
+    return ms
+
+
+# ---------------------------------------------------------------- rules
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRule:
+    name: str
+    topic: str
+    source_kind: str = "*"
+    source_name: str = "*"
+    filter: str | None = None  # MQTT topic filter on the message subject; None matches all
+    key: KeySpec = KeySpec()
+    time: TimeSpec = TimeSpec()
+    format: str | None = None  # None: the source's format (raw when it declares none)
+    value: str = "original"  # "original" bytes, or "json" (the parsed payload re-encoded)
+    device: KeySpec | None = None  # where the device id comes from; None = message or device_id
+    fan_out: bool = False  # True: later rules may also match ("continue" in TOML)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("a route needs a name")
+        if self.source_kind != "*" and self.source_kind not in SOURCE_KINDS:
+            raise ConfigError(f"route {self.name!r}: unknown source {self.source_kind!r} ({', '.join(SOURCE_KINDS)})")
+        if self.filter is not None:
+            validate_filter(self.filter)
+        if self.format is not None and self.format not in FORMATS:
+            raise ConfigError(f"route {self.name!r}: unknown format {self.format!r} ({', '.join(FORMATS)})")
+        if self.value not in ("original", "json"):
+            raise ConfigError(f"route {self.name!r}: value must be 'original' or 'json'")
+        if "{" not in self.topic:
+            try:
+                validate_topic_name(self.topic)
+            except InvalidTopicError as exc:
+                raise ConfigError(f"route {self.name!r}: {exc}") from None
+
+    def matches(self, source: SourceRef, message: RawMessage) -> bool:
+        if self.source_kind != "*" and self.source_kind != source.kind:
+            return False
+        if self.source_name != "*" and self.source_name != source.name:
+            return False
+        if self.filter is not None:
+            return message.subject is not None and topic_matches(self.filter, message.subject)
+        return True
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> RouteRule:
+        """Build from TOML / JSON (the config file and the HTTP API use the same keys)."""
+        known = {
+            "name", "topic", "source", "source_name", "filter", "key", "time_field", "time_format",
+            "format", "value", "device", "continue",
+        }
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown route settings {sorted(unknown)}; known: {sorted(known)}")
+        if "name" not in data or "topic" not in data:
+            raise ConfigError("a route needs at least 'name' and 'topic'")
+        device = data.get("device")
+        return cls(
+            name=str(data["name"]),
+            topic=str(data["topic"]),
+            source_kind=str(data.get("source") or "*"),
+            source_name=str(data.get("source_name") or "*"),
+            filter=data.get("filter"),
+            key=KeySpec.parse(str(data.get("key") or "default")),
+            time=TimeSpec(str(data.get("time_field") or "arrival"), str(data.get("time_format") or "epoch_ms")),
+            format=data.get("format"),
+            value=str(data.get("value") or "original"),
+            device=KeySpec.parse(str(device)) if device else None,
+            fan_out=bool(data.get("continue", False)),
+        )
+
+    def to_mapping(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "topic": self.topic,
+            "source": self.source_kind,
+            "source_name": self.source_name,
+            "filter": self.filter,
+            "key": str(self.key),
+            "time_field": self.time.field,
+            "time_format": self.time.format,
+            "format": self.format,
+            "value": self.value,
+            "device": str(self.device) if self.device else None,
+            "continue": self.fan_out,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDefaults:
+    """Where messages go when no rule matches (see the module docstring)."""
+
+    mqtt_topic: str = "mqtt"
+    tcp_topic: str = "tcp"
+    file_topic: str = "file"
+
+    def rule_for(self, source: SourceRef) -> RouteRule:
+        if source.kind in ("mqtt", "bridge"):
+            return RouteRule(f"default-{source.kind}", self.mqtt_topic, source.kind, key=KeySpec("topic"))
+        if source.kind == "file":
+            return RouteRule("default-file", self.file_topic, "file", time=TimeSpec("default"))
+        return RouteRule(f"default-{source.kind}", self.tcp_topic, source.kind, time=TimeSpec("default"))
+
+
+# ---------------------------------------------------------------- the router
+
+
+class Router:
+    """Applies rules to messages. Rules can be replaced at runtime (``add_rule``/``remove_rule``)."""
+
+    def __init__(
+        self,
+        rules: Iterable[RouteRule] = (),
+        defaults: RouteDefaults | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._rules: list[RouteRule] = []
+        self.defaults = defaults or RouteDefaults()
+        self._clock = clock
+        self._default_rules: dict[tuple[str, str], RouteRule] = {}
+        for rule in rules:
+            self.add_rule(rule)
+
+    @property
+    def rules(self) -> list[RouteRule]:
+        return list(self._rules)
+
+    def add_rule(self, rule: RouteRule, *, index: int | None = None, replace: bool = False) -> None:
+        """Add a rule (at the end, or at ``index``); ``replace`` swaps a rule of the same name."""
+        for i, existing in enumerate(self._rules):
+            if existing.name == rule.name:
+                if not replace:
+                    raise ConfigError(f"a route named {rule.name!r} already exists")
+                self._rules[i] = rule
+                return
+        if index is None:
+            self._rules.append(rule)
+        else:
+            self._rules.insert(index, rule)
+
+    def remove_rule(self, name: str) -> RouteRule:
+        for i, rule in enumerate(self._rules):
+            if rule.name == name:
+                return self._rules.pop(i)
+        raise ConfigError(f"no route named {name!r}")
+
+    def rules_for(self, source: SourceRef, message: RawMessage) -> list[RouteRule]:
+        chosen: list[RouteRule] = []
+        for rule in self._rules:
+            if rule.matches(source, message):
+                chosen.append(rule)
+                if not rule.fan_out:
+                    return chosen
+        if not chosen:
+            default = self._default_rules.get((source.kind, source.name))
+            if default is None:
+                default = self._default_rules[(source.kind, source.name)] = self.defaults.rule_for(source)
+            chosen.append(default)
+        return chosen
+
+    def route(self, source: SourceRef, message: RawMessage) -> list[Routed | Rejected]:
+        arrival = message.arrival_ms if message.arrival_ms >= 0 else int(self._clock() * 1000)
+        out: list[Routed | Rejected] = []
+        parsed_by_format: dict[str, Parsed | PayloadError] = {}
+        for rule in self.rules_for(source, message):
+            fmt = rule.format or source.format or "raw"
+            parsed = parsed_by_format.get(fmt)
+            if parsed is None:
+                try:
+                    parsed = parse_payload(fmt, message.payload, message.columns)
+                except PayloadError as exc:
+                    parsed = exc
+                parsed_by_format[fmt] = parsed
+            if isinstance(parsed, PayloadError):
+                out.append(Rejected(f"{fmt}: {parsed}", message.payload, message.device))
+                continue
+            try:
+                out.append(self._apply(rule, source, message, parsed, arrival))
+            except PayloadError as exc:
+                device = message.device or _default_device(parsed)
+                out.append(Rejected(f"route {rule.name}: {exc}", message.payload, device))
+        return out
+
+    def _apply(self, rule: RouteRule, source: SourceRef, message: RawMessage, parsed: Parsed, arrival: int) -> Routed:
+        topic = _topic_for(rule, message)
+        device = _device(rule.device, message, parsed) if rule.device else message.device or _default_device(parsed)
+        key = _key(rule.key, message, parsed, device)
+        timestamp = _event_time(rule.time, parsed, arrival)
+        value = message.payload if rule.value == "original" or parsed.format == "raw" else parsed.to_json_bytes()
+        headers: tuple[tuple[str, bytes | None], ...] = (("source", source.label.encode()),)
+        if device is not None:
+            headers += (("device", device.encode()),)
+        if message.subject is not None and source.kind in ("mqtt", "bridge"):
+            headers += (("mqtt_topic", message.subject.encode()),)
+        return Routed(topic, key, RecordSpec(value, key, headers, timestamp), device)
+
+    def to_mapping(self) -> dict[str, Any]:
+        return {
+            "rules": [rule.to_mapping() for rule in self._rules],
+            "defaults": dataclasses.asdict(self.defaults),
+        }
+
+
+def _topic_for(rule: RouteRule, message: RawMessage) -> str:
+    if "{" not in rule.topic:
+        return rule.topic
+    levels = (message.subject or "").split("/")
+    try:
+        topic = rule.topic.format(*levels)
+    except (IndexError, KeyError, ValueError):
+        raise RouteError(
+            f"log topic template {rule.topic!r} needs more MQTT topic levels than {message.subject!r} has"
+        ) from None
+    try:
+        validate_topic_name(topic)
+    except InvalidTopicError as exc:
+        raise RouteError(f"log topic {topic!r} from template {rule.topic!r} is invalid: {exc}") from None
+    return topic
+
+
+def _scalar_text(value: Any) -> str | None:
+    if value is None or isinstance(value, dict | list):
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _default_device(parsed: Parsed) -> str | None:
+    if parsed.point is not None:
+        for name in _DEVICE_TAGS:
+            tag = parsed.tag(name)
+            if tag is not None:
+                return tag
+        return None
+    if parsed.format in ("json", "csv"):
+        return _scalar_text(parsed.lookup("device_id"))
+    return None
+
+
+def _device(spec: KeySpec, message: RawMessage, parsed: Parsed) -> str | None:
+    key = _key(spec, message, parsed, message.device)
+    return key.decode("utf-8", "replace") if key is not None else None
+
+
+def _key(spec: KeySpec, message: RawMessage, parsed: Parsed, device: str | None) -> bytes | None:
+    kind = spec.kind
+    if kind == "default":
+        if parsed.point is not None:
+            return parsed.point.series_key().encode()
+        if parsed.format in ("json", "csv"):
+            text = _scalar_text(parsed.lookup("device_id"))
+            return text.encode() if text is not None else None
+        return None
+    if kind == "none":
+        return None
+    if kind == "topic":
+        return message.subject.encode() if message.subject is not None else None
+    if kind == "level":
+        if message.subject is None:
+            raise RouteError("key from an MQTT topic level, but the message has no topic")
+        levels = message.subject.split("/")
+        index = int(spec.arg)
+        if index >= len(levels):
+            raise RouteError(f"key level {index} but topic {message.subject!r} has {len(levels)} levels")
+        return levels[index].encode()
+    if kind == "field":
+        if parsed.format == "raw":
+            raise RouteError(f"key field {spec.arg!r} needs a structured payload (json, csv, influx)")
+        text = _scalar_text(parsed.lookup(spec.arg))
+        if text is None:
+            raise RouteError(f"key field {spec.arg!r} is missing or not a scalar")
+        return text.encode()
+    if kind == "tag":
+        tag = parsed.tag(spec.arg)
+        if tag is None:
+            raise RouteError(f"key tag {spec.arg!r} is missing (needs an InfluxDB line with that tag)")
+        return tag.encode()
+    if kind == "series":
+        if parsed.point is None:
+            raise RouteError("key 'series' needs an InfluxDB line protocol payload")
+        return parsed.point.series_key().encode()
+    # device
+    return device.encode() if device is not None else None
+
+
+def _event_time(spec: TimeSpec, parsed: Parsed, arrival: int) -> int:
+    name = spec.field
+    if name == "arrival":
+        return arrival
+    if name in ("default", "timestamp") and parsed.point is not None:
+        if parsed.point.timestamp is None:
+            return arrival
+        fmt = spec.format if name == "timestamp" else "epoch_ns"
+        return _to_ms(parsed.point.timestamp, fmt)
+    if name == "default":
+        return arrival
+    if parsed.format == "raw":
+        raise RouteError(f"event time field {name!r} needs a structured payload (json, csv, influx)")
+    value = parsed.lookup(name)
+    if value is None:
+        raise RouteError(f"event time field {name!r} is missing")
+    return _to_ms(value, spec.format)
+

@@ -1,0 +1,342 @@
+"""The durable append path every device front door writes through.
+
+``IngestSink.write(source, messages)`` routes each message, groups the records per (log topic,
+partition) into RecordBatches, appends them through the LogStore (topics are auto-created when the
+store allows it) and returns only once every record *and every dead letter* of the call is as
+durable as its topic's flush policy promises. Listeners acknowledge devices after that, never before.
+
+Nothing vanishes: a message that cannot be parsed or routed, or whose append the log refuses
+(topic limits, unknown topic with auto-creation off), is written to the dead-letter topic with the
+headers ``reason``, ``source``, ``device`` and (for MQTT) ``mqtt_topic``, its value the original bytes.
+If even the dead-letter append fails, ``write`` raises ``SinkError`` and the caller must not ack.
+
+Backpressure: ``write`` first reserves the payload bytes of its messages from a budget of
+``max_pending_bytes`` (bytes accepted but not yet durable). When the budget is used up, callers wait
+in FIFO order — a listener that awaits ``write`` before reading more simply stops reading its socket,
+so the sender's TCP window fills. ``saturated`` and ``wait_writable()`` let listeners that read
+independently of their writes (MQTT, pipelined readers) pause their reads too. One call larger than
+the whole budget is let through alone, so nothing deadlocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from broker.errors import BrokerError
+from broker.log.api import LogStore
+from broker.protocol.records import RecordSpec, encode_batch
+from ingest.errors import SinkError
+from ingest.health import HealthRegistry
+from ingest.routing import RawMessage, Rejected, Routed, Router, SourceRef
+
+__all__ = ["DEFAULT_MAX_PENDING_BYTES", "IngestSink", "Placement", "WriteOutcome"]
+
+log = logging.getLogger("ingest.sink")
+
+DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
+_MESSAGE_OVERHEAD = 64  # bytes charged per message beyond its payload (headers, bookkeeping)
+_MAX_BATCH_BYTES = 512 * 1024  # records per RecordBatch, well below max.message.bytes
+_RECORD_OVERHEAD = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOutcome:
+    """What became of one message: where its records are, and why parts were dead-lettered."""
+
+    placements: tuple[Placement, ...] = ()
+    rejected: tuple[str, ...] = ()  # reasons; each has a dead letter at the same index below
+    dead_letters: tuple[Placement, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.rejected
+
+
+@dataclass
+class _Group:
+    """Records bound for one (topic, partition), with the index of the message each came from."""
+
+    topic: str
+    partition: int
+    records: list[RecordSpec] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)
+    devices: list[str | None] = field(default_factory=list)
+
+
+@dataclass
+class _Letter:
+    owner: int
+    reason: str
+    original: bytes
+    device: str | None
+
+
+class IngestSink:
+    def __init__(
+        self,
+        store: LogStore,
+        router: Router,
+        health: HealthRegistry,
+        *,
+        dead_letter_topic: str = "_dead_letters",
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if max_pending_bytes <= 0:
+            raise ValueError("max_pending_bytes must be positive")
+        self.store = store
+        self.router = router
+        self.health = health
+        self.dead_letter_topic = dead_letter_topic
+        self.max_pending_bytes = max_pending_bytes
+        self._clock = clock
+        self._pending = 0
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self.messages_written = 0
+        self.dead_lettered = 0
+        # (topic, partition count, key) -> partition: murmur2 in Python costs more than a dict lookup
+        self._partition_cache: dict[tuple[str, int, bytes], int] = {}
+
+    # -- backpressure ---------------------------------------------------------------------------
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes accepted by ``write`` calls that have not returned yet (not yet durable)."""
+        return self._pending
+
+    @property
+    def saturated(self) -> bool:
+        """True while new writes would wait: listeners should stop reading their sockets."""
+        return self._pending >= self.max_pending_bytes or bool(self._waiters)
+
+    async def wait_writable(self) -> None:
+        """Return once the sink has room again (immediately when it has)."""
+        while self.saturated:
+            self._writable.clear()
+            await self._writable.wait()
+
+    def _update_writable(self) -> None:
+        if self.saturated:
+            self._writable.clear()
+        else:
+            self._writable.set()
+
+    async def _reserve(self, source: SourceRef, nbytes: int) -> None:
+        fits = self._pending + nbytes <= self.max_pending_bytes or self._pending == 0
+        if fits and not self._waiters:
+            self._pending += nbytes
+            self._update_writable()
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (nbytes, future)
+        self._waiters.append(entry)
+        self._update_writable()
+        self.health.pause_started(source)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._release(nbytes)  # granted just as we were cancelled: give it back
+            elif entry in self._waiters:
+                self._waiters.remove(entry)
+                self._grant()
+            raise
+        finally:
+            self.health.pause_ended(source)
+
+    def _release(self, nbytes: int) -> None:
+        self._pending -= nbytes
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiters:
+            nbytes, future = self._waiters[0]
+            if future.done():
+                self._waiters.popleft()
+                continue
+            if self._pending + nbytes > self.max_pending_bytes and self._pending > 0:
+                break
+            self._waiters.popleft()
+            self._pending += nbytes
+            future.set_result(None)
+        self._update_writable()
+
+    # -- the write path -------------------------------------------------------------------------
+
+    async def write(self, source: SourceRef, messages: Sequence[RawMessage | Rejected]) -> list[WriteOutcome]:
+        """Route, append and wait for durability; one outcome per message, in order.
+
+        A ``Rejected`` among ``messages`` is something the source already knows is bad (a line over
+        the length limit, a broken CSV header): it goes straight to the dead-letter topic.
+        """
+        if not messages:
+            return []
+        charge = sum(len(m.payload if isinstance(m, RawMessage) else m.original) for m in messages)
+        charge += _MESSAGE_OVERHEAD * len(messages)
+        await self._reserve(source, charge)
+        self.health.add_in_flight(source, len(messages))
+        try:
+            return await self._write(source, messages)
+        finally:
+            self.health.add_in_flight(source, -len(messages))
+            self._release(charge)
+
+    async def _write(self, source: SourceRef, given: Sequence[RawMessage | Rejected]) -> list[WriteOutcome]:
+        groups: dict[tuple[str, int], _Group] = {}
+        letters: list[_Letter] = []
+        placements: list[list[Placement]] = [[] for _ in given]
+        messages: list[RawMessage] = []
+        health = self.health
+        for index, item in enumerate(given):
+            results: list[Routed | Rejected]
+            if isinstance(item, Rejected):
+                message = RawMessage(item.original, device=item.device)
+                results = [item]
+            else:
+                message = item
+                results = self.router.route(source, message)
+            messages.append(message)
+            device = message.device
+            for result in results:
+                if isinstance(result, Rejected):
+                    letters.append(_Letter(index, result.reason, result.original, result.device or message.device))
+                    device = device or result.device
+                    continue
+                device = device or result.device
+                try:
+                    group = self._group_for(groups, result)
+                except BrokerError as exc:
+                    letters.append(_Letter(index, f"log refused topic {result.topic!r}: {exc}", message.payload,
+                                           result.device))
+                    continue
+                group.records.append(result.record)
+                group.owners.append(index)
+                group.devices.append(result.device)
+            health.record(source, device, len(message.payload))
+
+        if groups:
+            failures = await asyncio.gather(
+                *(self._append_group(group, placements) for group in groups.values())
+            )
+            for group, failure in zip(groups.values(), failures, strict=True):
+                if failure is None:
+                    continue
+                # The log refused the batch: every record of it becomes a dead letter.
+                for owner, device in zip(group.owners, group.devices, strict=True):
+                    letters.append(_Letter(owner, failure, messages[owner].payload, device))
+
+        dead: list[list[Placement]] = [[] for _ in messages]
+        reasons: list[list[str]] = [[] for _ in messages]
+        if letters:
+            await self._append_dead_letters(source, messages, letters, dead)
+            for letter in letters:
+                reasons[letter.owner].append(letter.reason)
+                health.error(source, letter.device, letter.reason)
+            self.dead_lettered += len(letters)
+        self.messages_written += len(messages)
+        return [
+            WriteOutcome(tuple(placements[i]), tuple(reasons[i]), tuple(dead[i])) for i in range(len(messages))
+        ]
+
+    def _group_for(self, groups: dict[tuple[str, int], _Group], routed: Routed) -> _Group:
+        info = self.store.ensure_topic(routed.topic)
+        key = routed.key
+        if key is None:
+            partition = self.store.partition_for(routed.topic, None)
+        else:
+            cache_key = (routed.topic, info.partitions, key)
+            cached = self._partition_cache.get(cache_key)
+            if cached is None:
+                if len(self._partition_cache) >= 100_000:
+                    self._partition_cache.clear()
+                cached = self._partition_cache[cache_key] = self.store.partition_for(routed.topic, key)
+            partition = cached
+        group = groups.get((routed.topic, partition))
+        if group is None:
+            group = groups[(routed.topic, partition)] = _Group(routed.topic, partition)
+        return group
+
+    async def _append_group(self, group: _Group, placements: list[list[Placement]]) -> str | None:
+        """Append one group's records in batches; returns a failure reason or None."""
+        try:
+            for start, end in _chunks(group.records):
+                result = await self.store.append(group.topic, group.partition, encode_batch(group.records[start:end]))
+                for offset, owner in enumerate(group.owners[start:end], start=result.base_offset):
+                    placements[owner].append(Placement(group.topic, group.partition, offset))
+        except BrokerError as exc:
+            log.warning(
+                "log refused an ingest append; records go to the dead-letter topic",
+                extra={"topic": group.topic, "partition": group.partition, "error": str(exc)},
+            )
+            return f"log refused append to {group.topic}-{group.partition}: {exc}"
+        return None
+
+    async def _append_dead_letters(
+        self, source: SourceRef, messages: Sequence[RawMessage], letters: list[_Letter], dead: list[list[Placement]]
+    ) -> None:
+        topic = self.dead_letter_topic
+        now = int(self._clock() * 1000)
+        try:
+            info = self.store.ensure_topic(topic)
+            limit = info.config.max_message_bytes - 4096
+            by_partition: dict[int, list[tuple[_Letter, RecordSpec]]] = {}
+            for letter in letters:
+                message = messages[letter.owner]
+                original = letter.original
+                headers: list[tuple[str, bytes | None]] = [
+                    ("reason", letter.reason.encode()),
+                    ("source", source.label.encode()),
+                    ("device", letter.device.encode() if letter.device is not None else None),
+                ]
+                if message.subject is not None:
+                    headers.append(("mqtt_topic", message.subject.encode()))
+                if len(original) > limit:
+                    headers.append(("truncated_from", str(len(original)).encode()))
+                    original = original[:limit]
+                key = letter.device.encode() if letter.device is not None else None
+                timestamp = message.arrival_ms if message.arrival_ms >= 0 else now
+                partition = self.store.partition_for(topic, key)
+                spec = RecordSpec(original, key, tuple(headers), timestamp)
+                by_partition.setdefault(partition, []).append((letter, spec))
+            for partition, items in by_partition.items():
+                specs = [spec for _, spec in items]
+                for start, end in _chunks(specs):
+                    result = await self.store.append(topic, partition, encode_batch(specs[start:end]))
+                    for offset, (letter, _) in enumerate(items[start:end], start=result.base_offset):
+                        dead[letter.owner].append(Placement(topic, partition, offset))
+        except BrokerError as exc:
+            log.error("dead-letter append failed", extra={"topic": topic, "error": str(exc)})
+            raise SinkError(f"cannot write to the dead-letter topic {topic!r}: {exc}") from exc
+        for letter in letters:
+            log.debug("dead letter", extra={"source": source.label, "device": letter.device, "reason": letter.reason})
+
+
+def _chunks(records: Sequence[RecordSpec]) -> list[tuple[int, int]]:
+    """Split records into runs of at most ``_MAX_BATCH_BYTES`` (estimated)."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    size = 0
+    for i, rec in enumerate(records):
+        est = _RECORD_OVERHEAD + len(rec.value or b"") + len(rec.key or b"")
+        for hkey, hvalue in rec.headers:
+            est += len(hkey) + len(hvalue or b"") + 4
+        if size and size + est > _MAX_BATCH_BYTES:
+            spans.append((start, i))
+            start, size = i, 0
+        size += est
+    spans.append((start, len(records)))
+    return spans

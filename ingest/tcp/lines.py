@@ -1,0 +1,65 @@
+"""Framed lines → messages for the sink, per stream (a TCP connection or a file).
+
+Sans-IO. Keeps the per-stream state a line format needs: the line count (for ack lines) and, for
+CSV, the header (the first non-empty line of the stream). Empty lines, and ``#`` comments in
+InfluxDB line protocol, are counted and skipped. Lines over the length limit and broken CSV headers
+become ``Rejected`` (dead letters) with their reason.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ingest.errors import FormatError
+from ingest.formats import parse_csv_header
+from ingest.routing import RawMessage, Rejected
+from ingest.tcp.framing import LineTooLong
+
+__all__ = ["LINE_FORMATS", "LineStream", "payload_format"]
+
+LineFormat = Literal["ndjson", "influx", "csv", "raw"]
+LINE_FORMATS: tuple[str, ...] = ("ndjson", "influx", "csv", "raw")
+
+
+def payload_format(line_format: str) -> str:
+    """The routing payload format for a line format (``ndjson`` lines are ``json`` payloads)."""
+    return "json" if line_format == "ndjson" else line_format
+
+
+class LineStream:
+    def __init__(self, line_format: str, *, columns: tuple[str, ...] | None = None) -> None:
+        if line_format not in LINE_FORMATS:
+            raise ValueError(f"unknown line format {line_format!r} ({', '.join(LINE_FORMATS)})")
+        self.format = line_format
+        self.columns = columns
+        self.line_no = 0  # lines seen on this stream, 1-based numbering
+
+    def messages(
+        self, items: list[bytes | LineTooLong], arrival_ms: int
+    ) -> tuple[list[RawMessage | Rejected], list[int]]:
+        """Messages for the sink and the line number of each."""
+        out: list[RawMessage | Rejected] = []
+        numbers: list[int] = []
+        fmt = self.format
+        columns = self.columns
+        line_no = self.line_no
+        for item in items:
+            line_no += 1
+            if isinstance(item, LineTooLong):
+                out.append(Rejected(f"line of {item.length} bytes is longer than the limit", item.prefix))
+                numbers.append(line_no)
+                continue
+            if not item or item.isspace() or (fmt == "influx" and item.lstrip().startswith(b"#")):
+                continue
+            if fmt == "csv" and columns is None:
+                try:
+                    columns = parse_csv_header(item)
+                except FormatError as exc:
+                    out.append(Rejected(f"csv header: {exc}", item))
+                    numbers.append(line_no)
+                continue
+            out.append(RawMessage(item, None, None, arrival_ms, columns))
+            numbers.append(line_no)
+        self.line_no = line_no
+        self.columns = columns
+        return out, numbers

@@ -1,0 +1,204 @@
+"""The TCP line listener: newline-delimited JSON, InfluxDB line protocol or CSV, one format per listener.
+
+Each connection is read in chunks of up to ``read_bytes``; the complete lines of a chunk are one
+``IngestSink.write`` call, and the connection reads nothing more until that write is durable. So
+when the log falls behind, reads stop, the kernel's receive buffer fills and the sender's TCP window
+closes: its writes block (backpressure) and nothing is dropped.
+
+Ack mode (``ack = true``): after each batch is durable the server writes, in this order::
+
+    ERR <line> <reason>                 one per line that went to the dead-letter topic
+    OK <topic> <partition> <offset>     one per log partition written: the last offset written there
+    ACK <line>                          every line up to and including <line> is durable
+
+``<line>`` counts the connection's lines from 1 (empty lines and comments included). If the log
+cannot take the batch at all the server writes ``FATAL <reason>`` and closes the connection; lines
+after the last ``ACK`` were not stored. Without ack mode the server never writes to the socket.
+
+A connection that sends nothing for ``idle_timeout_s`` is closed. Any error in one connection is
+logged and closes that connection only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ingest.errors import SinkError
+from ingest.health import HealthRegistry
+from ingest.routing import SourceRef
+from ingest.sink import IngestSink, WriteOutcome
+from ingest.tcp.framing import LineFramer
+from ingest.tcp.lines import LineStream, payload_format
+
+__all__ = ["LISTENER_FORMATS", "TcpLineListener", "TcpListenerConfig", "ack_lines"]
+
+log = logging.getLogger("ingest.tcp")
+
+LISTENER_FORMATS: tuple[str, ...] = ("ndjson", "influx", "csv")
+
+
+@dataclass(frozen=True, slots=True)
+class TcpListenerConfig:
+    name: str = "default"
+    host: str = "127.0.0.1"
+    port: int = 8094
+    format: str = "ndjson"
+    ack: bool = False
+    max_line_bytes: int = 64 * 1024
+    idle_timeout_s: float = 300.0  # 0 = never
+    read_bytes: int = 64 * 1024
+    backlog: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.format not in LISTENER_FORMATS:
+            raise ValueError(f"unknown TCP line format {self.format!r} ({', '.join(LISTENER_FORMATS)})")
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def ack_lines(
+    outcomes: Sequence[WriteOutcome], numbers: Sequence[int], last_line: int, dead_letter_topic: str
+) -> bytes:
+    """The ack-mode answer for one durable batch (format in the module docstring)."""
+    out: list[str] = []
+    last: dict[tuple[str, int], int] = {}
+    for outcome, number in zip(outcomes, numbers, strict=True):
+        for reason in outcome.rejected:
+            out.append(f"ERR {number} {_one_line(reason)}\n")
+        for placement in outcome.placements:
+            key = (placement.topic, placement.partition)
+            if placement.offset > last.get(key, -1):
+                last[key] = placement.offset
+    for (topic, partition), offset in last.items():
+        if topic != dead_letter_topic:
+            out.append(f"OK {topic} {partition} {offset}\n")
+    out.append(f"ACK {last_line}\n")
+    return "".join(out).encode()
+
+
+class TcpLineListener:
+    def __init__(
+        self,
+        config: TcpListenerConfig,
+        sink: IngestSink,
+        health: HealthRegistry,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.sink = sink
+        self.health = health
+        self.source = SourceRef("tcp", config.name, payload_format(config.format))
+        self._clock = clock
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.host = config.host
+        self.port = config.port
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def start(self) -> None:
+        self.health.register(self.source)
+        self._server = await asyncio.start_server(
+            self._handle,
+            self.config.host,
+            self.config.port,
+            backlog=self.config.backlog,
+            limit=max(self.config.read_bytes, 64 * 1024),
+            reuse_address=True,
+        )
+        sock = self._server.sockets[0]
+        self.host, self.port = sock.getsockname()[:2]
+        log.info(
+            "tcp line listener started",
+            extra={"listener": self.config.name, "port": self.port, "format": self.config.format,
+                   "ack": self.config.ack},
+        )
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop accepting; close connections; wait for in-flight writes to become durable."""
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            # End the read side: a handler mid-write finishes its durable append, then sees EOF.
+            with contextlib.suppress(OSError):
+                sock = writer.get_extra_info("socket")
+                if sock is not None:
+                    sock.shutdown(socket.SHUT_RD)
+        if self._connections:
+            _, pending = await asyncio.wait(set(self._connections), timeout=timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        self._writers.add(writer)
+        self.health.connection_opened(self.source)
+        peer = writer.get_extra_info("peername")
+        try:
+            await self._serve(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the peer went away; everything acked so far is stored
+        except SinkError as exc:
+            log.error("tcp batch not stored; closing connection",
+                      extra={"listener": self.config.name, "peer": str(peer), "error": str(exc)})
+            if self.config.ack:
+                with contextlib.suppress(ConnectionError, OSError):
+                    writer.write(f"FATAL {_one_line(str(exc))}\n".encode())
+                    await asyncio.wait_for(writer.drain(), 1.0)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("tcp connection failed", extra={"listener": self.config.name, "peer": str(peer)})
+        finally:
+            self.health.connection_closed(self.source)
+            self._writers.discard(writer)
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        config = self.config
+        sink = self.sink
+        framer = LineFramer(config.max_line_bytes)
+        stream = LineStream(config.format)
+        idle = config.idle_timeout_s if config.idle_timeout_s > 0 else None
+        while True:
+            if sink.saturated:
+                # Backpressure from other writers: stop reading until the log catches up.
+                with self.health.paused(self.source):
+                    await sink.wait_writable()
+            try:
+                data = await asyncio.wait_for(reader.read(config.read_bytes), idle)
+            except TimeoutError:
+                log.info("closing idle tcp connection",
+                         extra={"listener": config.name, "peer": str(writer.get_extra_info("peername"))})
+                return
+            items = framer.feed(data) if data else framer.end()
+            if items:
+                messages, numbers = stream.messages(items, int(self._clock() * 1000))
+                outcomes = await sink.write(self.source, messages) if messages else []
+                if config.ack:
+                    writer.write(ack_lines(outcomes, numbers, stream.line_no, sink.dead_letter_topic))
+                    await writer.drain()
+            if not data:
+                return

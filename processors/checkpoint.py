@@ -1,0 +1,153 @@
+"""Checkpoints: operator state together with the input offsets it reflects, stored in Sluice.
+
+A checkpoint is one msgpack record on the single-partition topic ``_checkpoints.<pipeline>``::
+
+    {"v": 1, "pipeline": name, "created": ms, "watermark": ms,
+     "parts": [[topic, partition, next_offset, max_event_ts, heartbeat_watermark], ...],
+     "ops": {operator_id: [[key, [topic, partition], state], ...]}}
+
+Every keyed state entry names the source partition whose records created it, so instances of a
+scaled-out pipeline each write checkpoints for the partitions they own and a partition moving to
+another instance takes exactly its own keys along. Restoring a partition uses the newest
+checkpoint that lists it. Output is written before the checkpoint that covers it, so after a
+crash the input after the checkpoint is replayed: at-least-once, with deterministic output keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgpack
+
+from broker.errors import BrokerError
+from broker.log.api import LogStore
+from broker.protocol.records import RecordSpec, decode_all
+from processors.errors import CheckpointError
+from processors.executor import TopicPartition
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointStore",
+    "LogCheckpointStore",
+    "PartitionRestore",
+    "checkpoint_topic",
+    "decode_checkpoint",
+    "encode_checkpoint",
+    "latest_per_partition",
+]
+
+VERSION = 1
+MAX_CHECKPOINT_BYTES = 256 * 1024 * 1024
+
+
+def checkpoint_topic(pipeline: str) -> str:
+    return f"_checkpoints.{pipeline}"
+
+
+@dataclass
+class Checkpoint:
+    pipeline: str
+    created: int
+    watermark: int
+    parts: dict[TopicPartition, tuple[int, int, int]]  # tp -> (next offset, max event ts, heartbeat watermark)
+    ops: dict[str, list[list[Any]]] = field(default_factory=dict)
+
+
+@dataclass
+class PartitionRestore:
+    tp: TopicPartition
+    offset: int
+    max_ts: int
+    heartbeat: int
+    ops: dict[str, list[list[Any]]]
+
+
+def encode_checkpoint(cp: Checkpoint) -> bytes:
+    doc = {
+        "v": VERSION,
+        "pipeline": cp.pipeline,
+        "created": cp.created,
+        "watermark": cp.watermark,
+        "parts": [[t, p, off, mts, hb] for (t, p), (off, mts, hb) in cp.parts.items()],
+        "ops": cp.ops,
+    }
+    try:
+        return msgpack.packb(doc, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise CheckpointError(f"pipeline {cp.pipeline!r}: state is not serializable: {exc}") from exc
+
+
+def decode_checkpoint(data: bytes) -> Checkpoint:
+    try:
+        doc = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        if doc.get("v") != VERSION:
+            raise CheckpointError(f"unknown checkpoint version {doc.get('v')!r}")
+        parts = {(t, int(p)): (int(off), int(mts), int(hb)) for t, p, off, mts, hb in doc["parts"]}
+        return Checkpoint(doc["pipeline"], doc["created"], doc["watermark"], parts, doc.get("ops", {}))
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(f"cannot decode checkpoint: {exc!r}") from exc
+
+
+def latest_per_partition(checkpoints: Iterable[Checkpoint]) -> dict[TopicPartition, PartitionRestore]:
+    """For each partition, its offset and keyed state from the newest checkpoint (in log order)
+    that lists it."""
+    latest: dict[TopicPartition, Checkpoint] = {}
+    for cp in checkpoints:
+        for tp in cp.parts:
+            latest[tp] = cp
+    out: dict[TopicPartition, PartitionRestore] = {}
+    for tp, cp in latest.items():
+        offset, max_ts, heartbeat = cp.parts[tp]
+        ops = {
+            op: [e for e in entries if e[1] is not None and (e[1][0], e[1][1]) == tp]
+            for op, entries in cp.ops.items()
+        }
+        out[tp] = PartitionRestore(tp, offset, max_ts, heartbeat, ops)
+    return out
+
+
+class CheckpointStore(Protocol):
+    async def load(self) -> list[Checkpoint]: ...
+    async def save(self, data: bytes) -> None: ...
+
+
+class LogCheckpointStore:
+    """Checkpoints in a topic of an in-process ``LogStore`` (the attached runner)."""
+
+    def __init__(self, store: LogStore, pipeline: str) -> None:
+        self.store = store
+        self.topic = checkpoint_topic(pipeline)
+
+    def _ensure(self) -> None:
+        if not self.store.has_topic(self.topic):
+            config = dataclasses.replace(self.store.default_config, max_message_bytes=MAX_CHECKPOINT_BYTES)
+            self.store.create_topic(self.topic, 1, config, internal=True)
+
+    async def load(self) -> list[Checkpoint]:
+        try:
+            self._ensure()
+            log = self.store.partition(self.topic, 0)
+            out: list[Checkpoint] = []
+            offset = log.log_start_offset
+            while offset < log.high_watermark:
+                chunk = log.read(offset, 4 * 1024 * 1024)
+                records = [r for r in decode_all(chunk) if r.offset >= offset]
+                if not records:
+                    break
+                out.extend(decode_checkpoint(r.value) for r in records if r.value)
+                offset = records[-1].offset + 1
+            return out
+        except BrokerError as exc:
+            raise CheckpointError(f"cannot read {self.topic}: {exc}") from exc
+
+    async def save(self, data: bytes) -> None:
+        try:
+            self._ensure()
+            await self.store.append_records(self.topic, [RecordSpec(data)], partition=0)
+        except BrokerError as exc:
+            raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc

@@ -1,0 +1,48 @@
+"""Errors raised by the processors package.
+
+One root, so a runner can catch everything a pipeline raises::
+
+    ProcessorError
+    ├── PipelineDefinitionError   the user built an invalid pipeline (our API was misused)
+    ├── RecordError               one input record cannot be handled (the data's fault; it goes to
+    │                             the dead-letter topic with the reason, the pipeline keeps going)
+    ├── StateError                keyed state used outside a key, or not serializable
+    ├── CheckpointError           a checkpoint cannot be written, read or decoded
+    └── SourceError               the log or Kafka cluster under a source or sink failed
+                                  (raised ``from`` the broker / aiokafka error)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointError",
+    "PipelineDefinitionError",
+    "ProcessorError",
+    "RecordError",
+    "SourceError",
+    "StateError",
+]
+
+
+class ProcessorError(Exception):
+    """Root of every error the processors package raises."""
+
+
+class PipelineDefinitionError(ProcessorError):
+    """The pipeline is wired wrongly (unknown operator order, bad window sizes, missing sink…)."""
+
+
+class RecordError(ProcessorError):
+    """One record cannot be decoded or processed; it is routed to the dead-letter topic."""
+
+
+class StateError(ProcessorError):
+    """Keyed state misuse: access outside a key, or a value that cannot be checkpointed."""
+
+
+class CheckpointError(ProcessorError):
+    """A checkpoint could not be written or restored."""
+
+
+class SourceError(ProcessorError):
+    """The storage or cluster under a source or sink failed."""

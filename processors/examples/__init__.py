@@ -1,0 +1,3 @@
+"""Example pipelines from the lectures."""
+
+__all__: list[str] = []

@@ -1,0 +1,197 @@
+"""Standalone mode over the Kafka protocol (aiokafka): a consumer-group member, a producer,
+and checkpoints in a Kafka topic. Works against Sluice's Kafka listener or any Kafka cluster.
+
+* ``KafkaSource``: ``AIOKafkaConsumer`` subscribed with ``group_id = pipeline name``, auto-commit
+  off. On assignment the runner restores the newest checkpoint of each partition and seeks there;
+  on revocation it writes a checkpoint of the revoked partitions first. Offsets are committed
+  right after each stored checkpoint, so group offsets and checkpoints agree.
+* ``KafkaSink``: ``AIOKafkaProducer`` (acks=all); ``flush`` waits for every pending send, which
+  the runner does before storing a checkpoint (at-least-once).
+* ``KafkaCheckpointStore``: checkpoint records in partition 0 of ``_checkpoints.<pipeline>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata
+
+from processors.checkpoint import Checkpoint, checkpoint_topic, decode_checkpoint
+from processors.errors import CheckpointError, SourceError
+from processors.executor import OutRecord, RecordLike
+from processors.executor import TopicPartition as TP
+from processors.fastdecode import SourceRecord
+from processors.sources import AssignmentListener
+
+__all__ = ["KafkaCheckpointStore", "KafkaSink", "KafkaSource"]
+
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
+        self.on_assigned = on_assigned
+        self.on_revoked = on_revoked
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.on_revoked(sorted((tp.topic, tp.partition) for tp in revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self.on_assigned(sorted((tp.topic, tp.partition) for tp in assigned))
+
+
+class KafkaSource:
+    def __init__(self, bootstrap: str, topics: tuple[str, ...], group: str, *, client_id: str | None = None,
+                 session_timeout_ms: int = 10_000) -> None:
+        self.bootstrap = bootstrap
+        self.session_timeout_ms = session_timeout_ms
+        self.topics = topics
+        self.group = group
+        self.client_id = client_id
+        self.consumer: Any = None
+        self._paused: set[TP] = set()
+
+    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group,
+            client_id=self.client_id or f"sluice-processor-{self.group}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=1024 * 1024,
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=max(self.session_timeout_ms // 6, 100),
+        )
+        self.consumer.subscribe(list(self.topics), listener=_Listener(on_assigned, on_revoked))
+        try:
+            await self.consumer.start()
+        except KafkaError as exc:
+            raise SourceError(f"cannot join group {self.group!r} at {self.bootstrap}: {exc}") from exc
+
+    async def stop(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.stop()
+
+    def seek(self, tp: TP, offset: int) -> None:
+        self.consumer.seek(TopicPartition(*tp), offset)
+
+    def end_offset(self, tp: TP) -> int | None:
+        if self.consumer is None:
+            return None
+        hw = self.consumer.highwater(TopicPartition(*tp))
+        return int(hw) if hw is not None else None
+
+    async def commit(self, offsets: dict[TP, int]) -> None:
+        assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        chosen = {TopicPartition(*tp): OffsetAndMetadata(off, "") for tp, off in offsets.items() if tp in assigned}
+        if not chosen:
+            return
+        try:
+            await self.consumer.commit(chosen)
+        except KafkaError as exc:
+            # A rebalance raced the commit: the checkpoint is stored, which is what restores use.
+            raise SourceError(f"commit failed for group {self.group!r}: {exc}") from exc
+
+    async def fetch(self, max_records: int, timeout: float, paused: set[TP]) -> list[tuple[TP, list[RecordLike]]]:
+        if paused != self._paused:
+            assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+            to_pause = [TopicPartition(*tp) for tp in paused - self._paused if tp in assigned]
+            to_resume = [TopicPartition(*tp) for tp in self._paused - paused if tp in assigned]
+            if to_pause:
+                self.consumer.pause(*to_pause)
+            if to_resume:
+                self.consumer.resume(*to_resume)
+            self._paused = set(paused)
+        try:
+            data = await self.consumer.getmany(timeout_ms=int(timeout * 1000), max_records=max_records)
+        except KafkaError as exc:
+            raise SourceError(f"fetch failed: {exc}") from exc
+        out: list[tuple[TP, list[RecordLike]]] = []
+        for tp, messages in data.items():
+            records: list[RecordLike] = [
+                SourceRecord(m.offset, m.timestamp, m.key, m.value, tuple(m.headers or ())) for m in messages
+            ]
+            if records:
+                out.append(((tp.topic, tp.partition), records))
+        return out
+
+
+class KafkaSink:
+    def __init__(self, bootstrap: str, *, client_id: str | None = None) -> None:
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            client_id=client_id or "sluice-processor",
+            acks="all",
+            linger_ms=5,
+            max_request_size=MAX_REQUEST_BYTES,
+        )
+        self._pending: list[asyncio.Future[Any]] = []
+
+    async def start(self) -> None:
+        try:
+            await self.producer.start()
+        except KafkaError as exc:
+            raise SourceError(f"cannot connect producer: {exc}") from exc
+
+    async def stop(self) -> None:
+        await self.producer.stop()
+
+    async def write(self, records: list[OutRecord]) -> None:
+        try:
+            for r in records:
+                self._pending.append(await self.producer.send(
+                    r.topic, r.value, key=r.key, headers=list(r.headers), timestamp_ms=r.timestamp))
+            if len(self._pending) > 10_000:
+                await self.flush()
+        except KafkaError as exc:
+            raise SourceError(f"cannot produce results: {exc}") from exc
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        try:
+            await asyncio.gather(*pending)
+        except KafkaError as exc:
+            raise SourceError(f"results were not acknowledged: {exc}") from exc
+
+    async def send_and_wait(self, topic: str, value: bytes) -> None:
+        await self.producer.send_and_wait(topic, value, partition=0)
+
+
+class KafkaCheckpointStore:
+    def __init__(self, bootstrap: str, pipeline: str, sink: KafkaSink) -> None:
+        self.bootstrap = bootstrap
+        self.topic = checkpoint_topic(pipeline)
+        self.sink = sink
+
+    async def save(self, data: bytes) -> None:
+        try:
+            await self.sink.send_and_wait(self.topic, data)
+        except KafkaError as exc:
+            raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc
+
+    async def load(self) -> list[Checkpoint]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                    fetch_max_bytes=MAX_REQUEST_BYTES, max_partition_fetch_bytes=MAX_REQUEST_BYTES)
+        try:
+            await consumer.start()
+            if self.topic not in await consumer.topics():
+                return []
+            tp = TopicPartition(self.topic, 0)
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            end = (await consumer.end_offsets([tp]))[tp]
+            out: list[Checkpoint] = []
+            while await consumer.position(tp) < end:
+                batch = await consumer.getmany(tp, timeout_ms=1000)
+                for message in batch.get(tp, []):
+                    if message.value:
+                        out.append(decode_checkpoint(message.value))
+            return out
+        except KafkaError as exc:
+            raise CheckpointError(f"cannot read {self.topic}: {exc}") from exc
+        finally:
+            await consumer.stop()

@@ -1,0 +1,188 @@
+"""The contract between a keyed operator and its per-key logic (bytewax ``windowing.py`` style).
+
+An operator *config* is frozen and knows nothing about keys; ``config.build(resume_state)`` makes
+the logic for one key (``resume_state`` is what that logic's ``snapshot()`` returned, or None).
+The keyed runtime owns the logics, routes items to them, fires their timers and checkpoints them.
+
+A logic gets an ``OpContext`` on every call: it emits downstream with ``ctx.emit``, routes late
+records with ``ctx.late``, and asks to be woken with ``ctx.schedule_event(t)`` (``on_watermark``
+once the watermark reaches ``t``) or ``ctx.schedule_proc(t)`` (``on_notify`` once processing time
+reaches ``t``). Spurious wake-ups are allowed; logics check their own deadlines.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
+
+from processors.time import NO_TIME
+
+__all__ = ["KeyedRuntime", "Logic", "LogicConfig", "OpContext"]
+
+
+class OpContext:
+    """What a logic may see and do while it handles one call for ``key``."""
+
+    __slots__ = ("_rt", "key", "now", "watermark")
+
+    def __init__(self, runtime: KeyedRuntime) -> None:
+        self._rt = runtime
+        self.key: Any = None
+        self.watermark = NO_TIME
+        self.now = 0
+
+    def emit(self, ts: int, value: Any) -> None:
+        self._rt.out.append((ts, value))
+
+    def late(self, ts: int, value: Any) -> None:
+        self._rt.late_out.append((ts, value))
+
+    def schedule_event(self, t: int) -> None:
+        heapq.heappush(self._rt.event_timers, (t, self._rt.seq(), self.key))
+
+    def schedule_proc(self, t: int) -> None:
+        heapq.heappush(self._rt.proc_timers, (t, self._rt.seq(), self.key))
+
+    def mark_dirty(self) -> None:
+        self._rt.dirty.add(self.key)
+
+
+class Logic(Protocol):
+    def on_item(self, ts: int, value: Any, ctx: OpContext) -> None: ...
+    def on_watermark(self, watermark: int, ctx: OpContext) -> None: ...
+    def on_notify(self, now: int, ctx: OpContext) -> None: ...
+    def on_eof(self, ctx: OpContext) -> None: ...
+    def notify_at(self) -> int | None: ...
+    def snapshot(self) -> Any: ...
+    def is_empty(self) -> bool: ...
+
+
+class LogicConfig(Protocol):
+    def build(self, resume_state: Any) -> Logic: ...
+
+
+class KeyedRuntime:
+    """Per-key logics of one keyed operator, their timers, and which source partition owns each key."""
+
+    def __init__(self, config: LogicConfig) -> None:
+        self.config = config
+        self.logics: dict[Hashable, Logic] = {}
+        self.owner: dict[Hashable, Hashable] = {}  # key -> source partition whose records created it
+        self.event_timers: list[tuple[int, int, Hashable]] = []
+        self.proc_timers: list[tuple[int, int, Hashable]] = []
+        self.dirty: set[Hashable] = set()
+        self.out: list[tuple[int, Any]] = []
+        self.late_out: list[tuple[int, Any]] = []
+        self.errors: list[tuple[int, Any, str]] = []
+        self.ctx = OpContext(self)
+        self._seq = 0
+
+    def seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def on_items(self, items: list[tuple[int, Hashable, Any]], watermark: int, now: int, owner: Hashable) -> None:
+        ctx = self.ctx
+        ctx.watermark = watermark
+        ctx.now = now
+        logics = self.logics
+        build = self.config.build
+        owners = self.owner
+        for ts, key, value in items:
+            logic = logics.get(key)
+            ctx.key = key
+            if logic is None:
+                logic = logics[key] = build(None)
+                owners[key] = owner
+            try:
+                logic.on_item(ts, value, ctx)
+            except Exception as exc:  # one bad item must not stop the rest: it is dead-lettered
+                self.errors.append((ts, value, repr(exc)))
+
+    def on_watermark(self, watermark: int, now: int) -> None:
+        timers = self.event_timers
+        if not timers or timers[0][0] > watermark:
+            return
+        ctx = self.ctx
+        ctx.watermark = watermark
+        ctx.now = now
+        due: list[Hashable] = []
+        seen: set[Hashable] = set()
+        while timers and timers[0][0] <= watermark:
+            _, _, key = heapq.heappop(timers)
+            if key not in seen:
+                seen.add(key)
+                due.append(key)
+        for key in due:
+            logic = self.logics.get(key)
+            if logic is None:
+                continue
+            ctx.key = key
+            logic.on_watermark(watermark, ctx)
+            if logic.is_empty():
+                del self.logics[key]
+                self.owner.pop(key, None)
+                self.dirty.discard(key)
+
+    def on_notify(self, now: int, watermark: int) -> None:
+        ctx = self.ctx
+        ctx.watermark = watermark
+        ctx.now = now
+        keys: list[Hashable] = list(self.dirty)
+        self.dirty.clear()
+        timers = self.proc_timers
+        while timers and timers[0][0] <= now:
+            keys.append(heapq.heappop(timers)[2])
+        for key in dict.fromkeys(keys):
+            logic = self.logics.get(key)
+            if logic is not None:
+                ctx.key = key
+                logic.on_notify(now, ctx)
+
+    def on_eof(self, watermark: int, now: int) -> None:
+        ctx = self.ctx
+        ctx.watermark = watermark
+        ctx.now = now
+        for key, logic in list(self.logics.items()):
+            ctx.key = key
+            logic.on_eof(ctx)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def snapshot(self, owners: Callable[[Hashable], bool] | None = None) -> list[list[Any]]:
+        """``[[key, owner, state], …]`` for keys owned by partitions ``owners`` accepts."""
+        return [
+            [key, self.owner.get(key), logic.snapshot()]
+            for key, logic in self.logics.items()
+            if owners is None or owners(self.owner.get(key))
+        ]
+
+    def restore(self, entries: list[list[Any]], watermark: int) -> None:
+        ctx = self.ctx
+        ctx.watermark = watermark
+        for key, owner, state in entries:
+            key = _hashable(key)
+            logic = self.config.build(state)
+            self.logics[key] = logic
+            self.owner[key] = _hashable(owner)
+            ctx.key = key
+            t = logic.notify_at()
+            if t is not None:
+                ctx.schedule_event(t)
+            for p in getattr(logic, "proc_timers", ()):
+                ctx.schedule_proc(p)
+
+    def drop(self, owners: Callable[[Hashable], bool]) -> None:
+        """Forget keys owned by partitions this instance no longer reads (after a rebalance)."""
+        for key in [k for k, o in self.owner.items() if owners(o)]:
+            self.logics.pop(key, None)
+            self.owner.pop(key, None)
+            self.dirty.discard(key)
+
+
+def _hashable(value: Any) -> Any:
+    """msgpack turns tuples into lists; keys must be hashable again after a restore."""
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value

@@ -1,0 +1,292 @@
+"""The async runner: source → operators → sink with bounded queues, checkpoints and status.
+
+Three tasks and two bounded queues::
+
+    fetch ──in_q (≤ queue_batches)──▶ process (Executor) ──out_q (≤ queue_batches)──▶ sink
+    tick (clock) ──────▲
+
+A slow sink fills ``out_q``, which blocks ``process``, which fills ``in_q``, which blocks
+``fetch``: nothing is read from the log faster than results can be written, so a burst waits in
+the log, not in memory (at most ``2·queue_batches·max_batch_records`` records are in flight).
+
+Checkpoints are taken in ``process`` between batches (state encoded at once, so it is consistent)
+and travel through ``out_q`` behind the outputs they cover; ``sink`` flushes those outputs first,
+then stores the checkpoint and commits the offsets. Rebalances (standalone mode) use the same path:
+a revoke waits until a checkpoint of the revoked partitions is stored, then drops their state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from processors.checkpoint import Checkpoint, CheckpointStore, PartitionRestore, encode_checkpoint, latest_per_partition
+from processors.errors import ProcessorError
+from processors.executor import Executor, RecordLike, TopicPartition
+from processors.pipeline import Pipeline
+from processors.sources import Sink, Source
+from processors.time import NO_TIME, Clock, SystemClock
+
+__all__ = ["Runner", "RunnerConfig"]
+
+log = logging.getLogger("processors.runner")
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    max_batch_records: int = 2_000
+    queue_batches: int = 4
+    tick_ms: int = 200
+    checkpoint_interval_ms: int = 10_000
+    fetch_timeout_s: float = 0.5
+
+
+class Runner:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        source: Source,
+        sink: Sink,
+        checkpoints: CheckpointStore,
+        *,
+        clock: Clock | None = None,
+        config: RunnerConfig | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.source = source
+        self.sink = sink
+        self.checkpoints = checkpoints
+        self.clock = clock or SystemClock()
+        self.config = config or RunnerConfig()
+        self.name = name or f"processor:{pipeline.name}"
+        self.executor = Executor(pipeline, self.clock.now_ms())
+        self.positions: dict[TopicPartition, int] = {}
+        self.in_q: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.config.queue_batches)
+        self.out_q: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.config.queue_batches)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_cp = self.clock.now_ms()
+        self._last_progress: tuple[Any, ...] = ()
+        self.checkpoints_written = 0
+        self.last_checkpoint_ms: int | None = None
+        self.records_out = 0
+        self.max_in_q = 0
+        self.max_out_q = 0
+        self.failed: BaseException | None = None
+        self.stopped = asyncio.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._guard(self._process_loop()), name=f"{self.name}:process"),
+            asyncio.create_task(self._guard(self._sink_loop()), name=f"{self.name}:sink"),
+        ]
+        await self.source.start(self._on_assigned, self._on_revoked)
+        self._tasks += [
+            asyncio.create_task(self._guard(self._fetch_loop()), name=f"{self.name}:fetch"),
+            asyncio.create_task(self._guard(self._tick_loop()), name=f"{self.name}:tick"),
+        ]
+        log.info("processor started", extra={"pipeline": self.pipeline.name, "partitions": len(self.positions)})
+
+    async def stop(self, *, checkpoint: bool = True) -> None:
+        """Stop reading; with ``checkpoint`` write a final checkpoint of everything processed."""
+        fetchers = self._tasks[2:]
+        for task in fetchers:
+            task.cancel()
+        for task in fetchers:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if checkpoint and self.failed is None and self._tasks and not self._tasks[0].done():
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.in_q.put(("checkpoint", None, done)), 30)
+                await asyncio.wait_for(done, 30)
+        for task in self._tasks[:2]:
+            task.cancel()
+        for task in self._tasks[:2]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.source.stop()
+        self.stopped.set()
+        log.info("processor stopped", extra={"pipeline": self.pipeline.name})
+
+    async def _guard(self, coro: Any) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.failed = exc
+            log.exception("processor failed", extra={"pipeline": self.pipeline.name})
+            self.stopped.set()
+
+    # -- assignment -----------------------------------------------------------------------------
+
+    async def _on_assigned(self, tps: list[TopicPartition]) -> None:
+        restores = latest_per_partition(await self.checkpoints.load())
+        for tp in tps:
+            r = restores.get(tp)
+            if r is not None:
+                self.source.seek(tp, r.offset)
+        await self.in_q.put(("assign", [(tp, restores.get(tp)) for tp in tps], None))
+
+    async def _on_revoked(self, tps: list[TopicPartition]) -> None:
+        if not tps or self._tasks[0].done():
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await self.in_q.put(("revoke", tps, done))
+        await done
+
+    # -- loops ------------------------------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        cfg = self.config
+        while True:
+            paused = {tp for tp in self.executor.tracker.paused(self.clock.now_ms()) if isinstance(tp, tuple)}
+            batches = await self.source.fetch(cfg.max_batch_records, cfg.fetch_timeout_s, paused)
+            for tp, records in batches:
+                await self.in_q.put(("data", tp, records))
+                self.max_in_q = max(self.max_in_q, self.in_q.qsize())
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.config.tick_ms / 1000)
+            await self.in_q.put(("tick", None, None))
+
+    async def _process_loop(self) -> None:
+        ex = self.executor
+        interval = self.config.checkpoint_interval_ms
+        while True:
+            kind, arg, done = await self.in_q.get()
+            now = self.clock.now_ms()
+            if kind == "data":
+                tp, records = arg, done
+                assert isinstance(records, list)
+                self._process(tp, records, now)
+            elif kind == "tick":
+                ex.tick(now)
+            elif kind == "assign":
+                self._assign(arg, now)
+            elif kind == "revoke":
+                await self._put_out(("checkpoint", self._checkpoint(now, set(arg)), done))
+                ex.drop_partitions(set(arg))
+                for tp in arg:
+                    self.positions.pop(tp, None)
+                continue
+            elif kind == "checkpoint":
+                await self._flush_outputs()
+                await self._put_out(("checkpoint", self._checkpoint(now, None), done))
+                continue
+            await self._flush_outputs()
+            if now - self._last_cp >= interval and self.positions:
+                progress = (ex.records_in, ex.watermark, tuple(self.positions.values()))
+                if progress != self._last_progress:  # nothing new since the last one: skip it
+                    self._last_progress = progress
+                    await self._put_out(("checkpoint", self._checkpoint(now, None), None))
+
+    def _process(self, tp: TopicPartition, records: list[RecordLike], now: int) -> None:
+        if tp not in self.positions or not records:
+            return  # revoked while the batch was queued
+        self.executor.process(tp, records, now)
+        self.positions[tp] = records[-1].offset + 1
+
+    def _assign(self, entries: list[tuple[TopicPartition, PartitionRestore | None]], now: int) -> None:
+        for tp, restore in entries:
+            ex = self.executor
+            if restore is None:
+                ex.add_partition(tp, now)
+                self.positions[tp] = -1  # unknown until the first record: nothing to checkpoint yet
+                continue
+            ex.add_partition(tp, now, restore.max_ts)
+            if restore.heartbeat != NO_TIME:
+                ex.tracker.heartbeat(tp, restore.heartbeat, now)
+            ex.restore(restore.ops)
+            self.positions[tp] = restore.offset
+        restored = {f"{tp[0]}/{tp[1]}": r.offset for tp, r in entries if r is not None}
+        log.info("partitions assigned",
+                 extra={"pipeline": self.pipeline.name, "partitions": [e[0] for e in entries], "restored": restored})
+
+    async def _flush_outputs(self) -> None:
+        outputs = self.executor.take_outputs()
+        if outputs:
+            await self._put_out(("out", outputs, None))
+
+    async def _put_out(self, item: tuple[Any, ...]) -> None:
+        await self.out_q.put(item)
+        self.max_out_q = max(self.max_out_q, self.out_q.qsize())
+
+    def _checkpoint(self, now: int, tps: set[TopicPartition] | None) -> tuple[bytes, dict[TopicPartition, int]]:
+        """Encode the state now (between batches, so it is consistent) for ``tps`` (None = all)."""
+        self._last_cp = now
+        chosen = {tp: off for tp, off in self.positions.items() if off >= 0 and (tps is None or tp in tps)}
+        parts = {}
+        for tp, off in chosen.items():
+            pw = self.executor.tracker.partitions.get(tp)
+            parts[tp] = (off, pw.max_ts, pw.explicit) if pw is not None else (off, NO_TIME, NO_TIME)
+        cp = Checkpoint(self.pipeline.name, now, self.executor.watermark, parts, self.executor.snapshot(set(chosen)))
+        return encode_checkpoint(cp), chosen
+
+    async def _sink_loop(self) -> None:
+        while True:
+            kind, arg, done = await self.out_q.get()
+            try:
+                if kind == "out":
+                    await self.sink.write(arg)
+                    self.records_out += len(arg)
+                else:
+                    data, offsets = arg
+                    await self.sink.flush()
+                    if offsets:
+                        await self.checkpoints.save(data)
+                        await self.source.commit(offsets)
+                        self.checkpoints_written += 1
+                        self.last_checkpoint_ms = self.clock.now_ms()
+                    if done is not None and not done.done():
+                        done.set_result(None)
+            except ProcessorError as exc:
+                if done is not None and not done.done():
+                    done.set_exception(exc)
+                raise
+
+    # -- status -------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """JSON-ready: per-partition offset lag and event-time lag, queue sizes, counters."""
+        now = self.clock.now_ms()
+        ex = self.executor
+        parts = []
+        for tp, pos in sorted(self.positions.items()):
+            pw = ex.tracker.partitions.get(tp)
+            end = self.source.end_offset(tp)
+            wm = pw.watermark if pw is not None else NO_TIME
+            parts.append({
+                "topic": tp[0],
+                "partition": tp[1],
+                "position": pos if pos >= 0 else None,
+                "end_offset": end,
+                "offset_lag": None if end is None else max(end - max(pos, 0), 0),
+                "watermark": None if wm == NO_TIME else wm,
+                "event_time_lag_ms": None if wm == NO_TIME else now - wm,
+                "idle": bool(pw is not None and pw.idle(now)),
+            })
+        wm = ex.watermark
+        return {
+            "pipeline": self.pipeline.name,
+            "running": bool(self._tasks) and not self.stopped.is_set(),
+            "failed": repr(self.failed) if self.failed else None,
+            "watermark": None if wm == NO_TIME else wm,
+            "event_time_lag_ms": None if wm == NO_TIME else now - wm,
+            "partitions": parts,
+            "records_in": ex.records_in,
+            "records_out": self.records_out,
+            "late_records": ex.late_count,
+            "dead_letters": ex.dead_letters,
+            "queues": {"in": self.in_q.qsize(), "out": self.out_q.qsize(), "max": self.config.queue_batches,
+                       "max_in_seen": self.max_in_q, "max_out_seen": self.max_out_q},
+            "checkpoints": {"written": self.checkpoints_written, "last_ms": self.last_checkpoint_ms,
+                            "interval_ms": self.config.checkpoint_interval_ms},
+        }

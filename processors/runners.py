@@ -1,0 +1,135 @@
+"""Running pipelines: attached inside ``sluice serve``, or standalone in a consumer group.
+
+* ``AttachedRunner`` reads every partition of the source topics straight from the in-process
+  ``LogStore``, appends results through it, and checkpoints to ``_checkpoints.<pipeline>`` in the
+  same store. ``AttachedProcessors`` is the ``sluice serve`` component holding all of them; its
+  ``status()`` is what the HTTP API reads from ``runtime.registries["processors"]``.
+* ``run_standalone`` (``sluice process module:pipeline --bootstrap host:port``) runs the same
+  pipeline as a member of the consumer group ``pipeline.name`` over the Kafka protocol
+  (``processors.kafka``); start more instances to split the partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from broker.log.api import LogStore
+from processors.checkpoint import LogCheckpointStore
+from processors.errors import PipelineDefinitionError
+from processors.pipeline import Pipeline, Stream
+from processors.runner import Runner, RunnerConfig
+from processors.sources import LogSink, LogSource
+from processors.time import Clock
+
+__all__ = ["AttachedProcessors", "AttachedRunner", "load_pipeline", "run_standalone"]
+
+log = logging.getLogger("processors.runners")
+
+
+def load_pipeline(ref: str | Pipeline | Stream) -> Pipeline:
+    """``"module:attr"`` → the Pipeline (``attr`` may be a Pipeline, a Stream of one, or a
+    function returning either)."""
+    if isinstance(ref, Pipeline):
+        return ref
+    if isinstance(ref, Stream):
+        return ref.pipeline
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise PipelineDefinitionError(f"processor reference {ref!r} must look like 'module:attribute'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PipelineDefinitionError(f"cannot import {module_name!r} for processor {ref!r}: {exc}") from exc
+    obj: Any = getattr(module, attr, None)
+    if obj is None:
+        raise PipelineDefinitionError(f"module {module_name!r} has no attribute {attr!r}")
+    if callable(obj) and not isinstance(obj, Pipeline | Stream):
+        obj = obj()
+    if isinstance(obj, Stream):
+        obj = obj.pipeline
+    if not isinstance(obj, Pipeline):
+        raise PipelineDefinitionError(f"{ref!r} is a {type(obj).__name__}, not a Pipeline")
+    obj.validate()
+    return obj
+
+
+class AttachedRunner(Runner):
+    """A pipeline reading partitions of an in-process store."""
+
+    def __init__(self, pipeline: Pipeline, store: LogStore, *, clock: Clock | None = None,
+                 config: RunnerConfig | None = None) -> None:
+        source = LogSource(store, pipeline.source_config.topics)
+        super().__init__(pipeline, source, LogSink(store), LogCheckpointStore(store, pipeline.name),
+                         clock=clock, config=config)
+
+
+class AttachedProcessors:
+    """The ``sluice serve`` component: every ``--processor module:pipeline``, attached."""
+
+    name = "processors"
+
+    def __init__(self, store: LogStore, refs: list[str], *, clock: Clock | None = None,
+                 config: RunnerConfig | None = None) -> None:
+        self.store = store
+        self.refs = refs
+        self.clock = clock
+        self.config = config
+        self.runners: list[AttachedRunner] = []
+
+    async def start(self) -> None:
+        for ref in self.refs:
+            runner = AttachedRunner(load_pipeline(ref), self.store, clock=self.clock, config=self.config)
+            await runner.start()
+            self.runners.append(runner)
+
+    async def stop(self) -> None:
+        for runner in reversed(self.runners):
+            await runner.stop()
+
+    def status(self) -> dict[str, Any]:
+        return {"pipelines": [r.status() for r in self.runners]}
+
+
+async def run_standalone(
+    pipeline: Pipeline,
+    bootstrap: str,
+    *,
+    config: RunnerConfig | None = None,
+    stop: asyncio.Event | None = None,
+    client_id: str | None = None,
+    session_timeout_ms: int = 10_000,
+    on_started: Callable[[Runner], None] | None = None,
+) -> Runner:
+    """Run ``pipeline`` as a consumer-group member until ``stop`` is set or SIGINT/SIGTERM."""
+    from processors.kafka import KafkaCheckpointStore, KafkaSink, KafkaSource
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    sink = KafkaSink(bootstrap, client_id=client_id)
+    await sink.start()
+    source = KafkaSource(bootstrap, pipeline.source_config.topics, pipeline.name, client_id=client_id,
+                         session_timeout_ms=session_timeout_ms)
+    checkpoints = KafkaCheckpointStore(bootstrap, pipeline.name, sink)
+    runner = Runner(pipeline, source, sink, checkpoints, config=config)
+    try:
+        await runner.start()
+        if on_started is not None:
+            on_started(runner)
+        stopped = asyncio.ensure_future(runner.stopped.wait())
+        asked = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([stopped, asked], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        asked.cancel()
+    finally:
+        await runner.stop()
+        await sink.stop()
+    return runner

@@ -1,0 +1,149 @@
+"""Where a runner reads from and writes to.
+
+``Source``: an assignment of topic-partitions, ``seek``, and ``fetch`` of decoded records with the
+offsets after them. ``Sink``: ``write`` output records, ``flush`` until they are durable.
+``LogSource``/``LogSink`` are the attached versions: they read partitions of a ``LogStore`` in the
+same process (``PartitionLog.read`` / ``wait_for_data``) and append through the store. The Kafka
+versions (a consumer-group member and a producer) live in ``processors.kafka``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from broker.errors import BrokerError, OffsetOutOfRangeError
+from broker.log.api import LogStore
+from broker.protocol.records import RecordSpec
+from processors.errors import SourceError
+from processors.executor import OutRecord, RecordLike, TopicPartition
+from processors.fastdecode import decode_from
+
+__all__ = ["AssignmentListener", "LogSink", "LogSource", "Sink", "Source"]
+
+AssignmentListener = Callable[[list[TopicPartition]], Awaitable[None]]
+
+
+class Source(Protocol):
+    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None: ...
+    async def stop(self) -> None: ...
+    def seek(self, tp: TopicPartition, offset: int) -> None: ...
+    async def fetch(self, max_records: int, timeout: float, paused: set[TopicPartition]
+                    ) -> list[tuple[TopicPartition, list[RecordLike]]]: ...
+    def end_offset(self, tp: TopicPartition) -> int | None: ...
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None: ...
+
+
+class Sink(Protocol):
+    async def write(self, records: list[OutRecord]) -> None: ...
+    async def flush(self) -> None: ...
+
+
+class LogSource:
+    """Every partition of the source topics of an in-process store (created if missing)."""
+
+    def __init__(self, store: LogStore, topics: tuple[str, ...], *, max_bytes: int = 1024 * 1024) -> None:
+        self.store = store
+        self.topics = topics
+        self.max_bytes = max_bytes
+        self.positions: dict[TopicPartition, int] = {}
+        self._rr = 0
+
+    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
+        tps: list[TopicPartition] = []
+        try:
+            for topic in self.topics:
+                self.store.ensure_topic(topic)
+                tps += [(topic, log.partition) for log in self.store.partitions(topic)]
+        except BrokerError as exc:
+            raise SourceError(f"cannot open source topics {self.topics}: {exc}") from exc
+        for tp in tps:
+            self.positions[tp] = self.store.partition(*tp).log_start_offset
+        await on_assigned(tps)
+
+    async def stop(self) -> None:
+        return None
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.positions[tp] = offset
+
+    def end_offset(self, tp: TopicPartition) -> int | None:
+        return self.store.partition(*tp).high_watermark
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        return None  # attached: the checkpoint itself is the commit
+
+    def _read(self, tp: TopicPartition, max_records: int) -> list[RecordLike]:
+        log = self.store.partition(*tp)
+        offset = self.positions[tp]
+        if offset < log.log_start_offset:  # retention removed what we had not read: resume at the start
+            offset = log.log_start_offset
+        try:
+            data = log.read(offset, self.max_bytes)
+        except OffsetOutOfRangeError:
+            data = log.read(log.log_start_offset, self.max_bytes)
+        out = decode_from(data, offset, max_records)
+        if out:
+            self.positions[tp] = out[-1].offset + 1
+        return out
+
+    async def fetch(self, max_records: int, timeout: float, paused: set[TopicPartition]
+                    ) -> list[tuple[TopicPartition, list[RecordLike]]]:
+        tps = [tp for tp in self.positions if tp not in paused]
+        if not tps:
+            await asyncio.sleep(min(timeout, 0.05))
+            return []
+        self._rr = (self._rr + 1) % len(tps)
+        order = tps[self._rr :] + tps[: self._rr]
+        out: list[tuple[TopicPartition, list[RecordLike]]] = []
+        budget = max_records
+        for tp in order:
+            records = self._read(tp, budget)
+            if records:
+                out.append((tp, records))
+                budget -= len(records)
+                if budget <= 0:
+                    break
+        if not out:
+            await self._wait_any(tps, timeout)
+        return out
+
+    async def _wait_any(self, tps: list[TopicPartition], timeout: float) -> None:
+        waits = [
+            asyncio.ensure_future(self.store.partition(*tp).wait_for_data(self.positions[tp], timeout)) for tp in tps
+        ]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            for w in waits:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await w
+
+
+class LogSink:
+    """Appends output records to topics of the in-process store (key-partitioned, one batch per
+    partition per write)."""
+
+    def __init__(self, store: LogStore) -> None:
+        self.store = store
+
+    async def write(self, records: list[OutRecord]) -> None:
+        groups: dict[TopicPartition, list[RecordSpec]] = defaultdict(list)
+        try:
+            for r in records:
+                self.store.ensure_topic(r.topic)
+                p = self.store.partition_for(r.topic, r.key)
+                groups[(r.topic, p)].append(RecordSpec(r.value, r.key, r.headers, r.timestamp))
+            for (topic, p), specs in groups.items():
+                for i in range(0, len(specs), 5_000):
+                    await self.store.append_records(topic, specs[i : i + 5_000], partition=p)
+        except BrokerError as exc:
+            raise SourceError(f"cannot append results: {exc}") from exc
+
+    async def flush(self) -> None:
+        return None  # appends return once durable under the topic's flush policy

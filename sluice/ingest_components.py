@@ -1,0 +1,106 @@
+"""``sluice serve`` components for the TCP line listeners and the file sources.
+
+Both take the shared ingest core from ``sluice.ingest_wiring.ingest_core`` (the MQTT listener and
+bridge use the same one), so every front door shares one router, one backpressure budget and one
+health registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ingest.file.source import FileSource, FileSourceConfig, PositionStore
+from ingest.routing import KeySpec, RouteRule, TimeSpec
+from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
+from sluice.ingest_wiring import ingest_core
+from sluice.runtime import Runtime
+
+__all__ = ["FileIngestComponent", "TcpIngestComponent", "file_component", "tcp_component"]
+
+
+class TcpIngestComponent:
+    """The ``tcp`` listener (settings.tcp) plus any ``[[tcp.listeners]]``."""
+
+    name = "tcp"
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        settings = runtime.settings
+        tcp = settings.tcp
+        core = ingest_core(runtime)
+        base = TcpListenerConfig(
+            name="default",
+            host=settings.host,
+            port=tcp.port,
+            format=tcp.format,
+            ack=tcp.ack,
+            max_line_bytes=tcp.max_line_bytes,
+            idle_timeout_s=tcp.idle_timeout_s,
+            read_bytes=tcp.read_bytes,
+            backlog=tcp.backlog,
+        )
+        configs = [base]
+        for extra in tcp.listeners:
+            configs.append(replace(base, name=extra.name, port=extra.port, format=extra.format, ack=extra.ack))
+        self.listeners = [TcpLineListener(c, core.sink, core.health) for c in configs]
+
+    async def start(self) -> None:
+        for listener in self.listeners:
+            await listener.start()
+            endpoint = "tcp" if listener.config.name == "default" else f"tcp:{listener.config.name}"
+            self.runtime.announce(endpoint, listener.host, listener.port)
+
+    async def stop(self) -> None:
+        for listener in self.listeners:
+            await listener.stop()
+
+
+class FileIngestComponent:
+    """Every ``[[ingest.files]]`` source; positions live under ``<data_dir>/ingest/files``."""
+
+    name = "files"
+
+    def __init__(self, runtime: Runtime) -> None:
+        core = ingest_core(runtime)
+        positions = PositionStore(runtime.settings.data_dir / "ingest" / "files")
+        self.sources: list[FileSource] = []
+        for fs in runtime.settings.ingest.files:
+            config = FileSourceConfig(
+                name=fs.name,
+                path=fs.path,
+                format=fs.format,
+                mode=fs.mode,
+                start=fs.start,
+                poll_interval_s=fs.poll_interval_s,
+                max_line_bytes=fs.max_line_bytes,
+                read_bytes=fs.read_bytes,
+            )
+            if fs.topic is not None:
+                core.router.add_rule(
+                    RouteRule(
+                        name=f"file:{fs.name}",
+                        topic=fs.topic,
+                        source_kind="file",
+                        source_name=fs.name,
+                        key=KeySpec.parse(fs.key),
+                        time=TimeSpec(fs.time_field, fs.time_format),
+                    ),
+                    replace=True,
+                )
+            self.sources.append(FileSource(config, core.sink, core.health, positions))
+
+    async def start(self) -> None:
+        for source in self.sources:
+            await source.start()
+
+    async def stop(self) -> None:
+        for source in self.sources:
+            await source.stop()
+
+
+def tcp_component(runtime: Runtime) -> TcpIngestComponent | None:
+    return TcpIngestComponent(runtime) if runtime.settings.tcp.enabled else None
+
+
+def file_component(runtime: Runtime) -> FileIngestComponent | None:
+    return FileIngestComponent(runtime) if runtime.settings.ingest.files else None

@@ -1,0 +1,246 @@
+"""Standalone processors (`sluice process`) against a real Sluice Kafka listener: scale-out in one
+consumer group, and kill -9 at random points with restarts from checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from tests.broker.server.conftest import SluiceProcess
+from tests.processors.workloads import batch_window_means, sensor_readings
+
+pytestmark = pytest.mark.slow
+PARTITIONS = 4
+
+
+def topics(prefix: str) -> dict[str, str]:
+    return {"SENSORS_INPUT": f"{prefix}-in", "SENSORS_OUTPUT": f"{prefix}-avg", "SENSORS_LATE": f"{prefix}-late",
+            "SENSORS_ALERTS": f"{prefix}-alerts", "SENSORS_GROUP": f"{prefix}-group"}
+
+
+async def produce(bootstrap: str, topic: str, rows: list[dict[str, Any]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, json.dumps(r).encode(), key=r["sensor"].encode(), timestamp_ms=r["ts"])
+                   for r in rows]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def heartbeat_all(bootstrap: str, topic: str, watermark: int) -> None:
+    """A punctuation on every partition: nothing at or before ``watermark`` follows."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for p in range(PARTITIONS):
+            headers = [("sluice-watermark", str(watermark).encode())]
+            await producer.send_and_wait(topic, b"", partition=p, headers=headers)
+    finally:
+        await producer.stop()
+
+
+async def read_all(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        if topic not in await consumer.topics():
+            return []
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]  # the broker's default partition count
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        out = []
+        async def behind() -> bool:
+            return any([await consumer.position(tp) < ends[tp] for tp in tps])
+
+        while await behind():
+            batch = await consumer.getmany(timeout_ms=500)
+            for messages in batch.values():
+                for m in messages:
+                    value = json.loads(m.value)
+                    value["_key"] = json.loads(m.key)
+                    value["_emit_header"] = dict(m.headers)["sluice-emit"].decode()
+                    out.append(value)
+        return out
+    finally:
+        await consumer.stop()
+
+
+class Processor:
+    def __init__(self, bootstrap: str, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sluice.cli", "process", "processors.examples.sensors:pipeline",
+             "--bootstrap", bootstrap, "--checkpoint-interval", "0.3", "--session-timeout-ms", "2000"],
+            env={**os.environ, **env}, stderr=log.open("a"), stdout=subprocess.DEVNULL,
+        )
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+    def assigned(self) -> list[list[Any]]:
+        return [json.loads(line.split("partitions=", 1)[1].split(" restored=")[0]
+                           .replace("(", "[").replace(")", "]").replace("'", '"'))
+                for line in self.log.read_text().splitlines() if "partitions assigned" in line]
+
+    def restored(self) -> list[str]:
+        return [line.split("restored=", 1)[1] for line in self.log.read_text().splitlines()
+                if "partitions assigned" in line]
+
+
+def finals(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], float]:
+    return {tuple(r["_key"]): r["value"] for r in rows}
+
+
+async def wait_for_windows(bootstrap: str, topic: str, expected: int, timeout: float = 90) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = await read_all(bootstrap, topic)
+        if len(finals(rows)) >= expected:
+            return rows
+        assert time.monotonic() < deadline, f"only {len(finals(rows))} of {expected} windows"
+        await asyncio.sleep(0.3)
+
+
+@pytest.fixture
+def sluice(tmp_path: Path):
+    server = SluiceProcess(tmp_path / "data", partitions=PARTITIONS)
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_two_instances_split_the_partitions_and_produce_the_same_results_as_one(
+        sluice: SluiceProcess, tmp_path: Path) -> None:
+    readings = sensor_readings(60)
+    expected = batch_window_means(readings, 10_000)
+    env_two, env_one = topics("two"), topics("one")
+    all_two = [(env_two["SENSORS_INPUT"], p) for p in range(PARTITIONS)]
+    # create the input topics, then let both instances join and split them before data flows
+    await heartbeat_all(sluice.bootstrap, env_two["SENSORS_INPUT"], readings[0]["ts"] - 10_000)
+    a = Processor(sluice.bootstrap, env_two, tmp_path / "a.log")
+    b = Processor(sluice.bootstrap, env_two, tmp_path / "b.log")
+    single = Processor(sluice.bootstrap, env_one, tmp_path / "one.log")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            last_a, last_b = (a.assigned() or [[]])[-1], (b.assigned() or [[]])[-1]
+            if last_a and last_b and sorted(map(tuple, last_a + last_b)) == all_two:
+                break
+            assert time.monotonic() < deadline, (a.log.read_text()[-2000:], b.log.read_text()[-2000:])
+            await asyncio.sleep(0.1)
+        end = readings[-1]["ts"] + 60_000
+        for env in (env_two, env_one):
+            await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings)
+            await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], end)
+        two_rows = await wait_for_windows(sluice.bootstrap, env_two["SENSORS_OUTPUT"], len(expected))
+        one_rows = await wait_for_windows(sluice.bootstrap, env_one["SENSORS_OUTPUT"], len(expected))
+        assert finals(two_rows) == finals(one_rows) == {k: pytest.approx(v) for k, v in expected.items()}
+        # each window came out exactly once, from whichever instance owns its sensor's partition
+        assert sorted(tuple(r["_key"]) for r in two_rows) == sorted(finals(two_rows))
+        assert (a.assigned()[-1], b.assigned()[-1]) == (last_a, last_b)  # the split held throughout
+    finally:
+        for p in (a, b, single):
+            assert p.stop() == 0, p.log.read_text()[-3000:]
+
+
+async def test_kill_9_at_random_points_then_restart_loses_no_window(sluice: SluiceProcess, tmp_path: Path) -> None:
+    rng = random.Random(int(os.environ.get("SLUICE_TEST_SEED", "7")))
+    readings = sensor_readings(120)
+    expected = batch_window_means(readings, 10_000)
+    env = topics("crash")
+    log = tmp_path / "crash.log"
+    proc = Processor(sluice.bootstrap, env, log)
+    chunks = [readings[i : i + 1_000] for i in range(0, len(readings), 1_000)]
+    kills = 0
+    try:
+        for i, chunk in enumerate(chunks):
+            await produce(sluice.bootstrap, env["SENSORS_INPUT"], chunk)
+            if i % 3 == 1:
+                # wait until this instance owns the partitions, then kill at a random point of its work
+                deadline = time.monotonic() + 60
+                while len(proc.restored()) < kills + 1:
+                    assert time.monotonic() < deadline and proc.proc.poll() is None, log.read_text()[-3000:]
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(rng.uniform(0.1, 1.5))
+                proc.kill9()
+                kills += 1
+                proc = Processor(sluice.bootstrap, env, log)
+        await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
+        rows = await wait_for_windows(sluice.bootstrap, env["SENSORS_OUTPUT"], len(expected), timeout=120)
+    finally:
+        assert proc.stop() == 0, log.read_text()[-3000:]
+    assert kills == 4
+    restores = proc.restored()
+    assert len(restores) == 5 and restores[0] == "{}"
+    # restarts resume from the newest checkpoint (or from the start if the killed one never wrote one)
+    assert any(r != "{}" for r in restores[1:]), restores
+    print("restored offsets per start:", restores, "emissions:", len(rows), "windows:", len(expected))
+    assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
+    # duplicates only as re-emissions of the same deterministic key, with the same result
+    for r in rows:
+        assert tuple(r["_key"]) == (r["window_start"], r["window_end"], r["key"])
+        assert r["value"] == pytest.approx(expected[tuple(r["_key"])])
+        assert r["_emit_header"] == r["emit"] == "first"
+
+
+async def test_an_instance_joining_mid_stream_takes_over_partitions_with_their_state(
+        sluice: SluiceProcess, tmp_path: Path) -> None:
+    """A runs alone over half the data (windows half full); B joins: A checkpoints and hands the
+    revoked partitions over, B restores their keyed state and finishes the windows."""
+    readings = sensor_readings(60)
+    expected = batch_window_means(readings, 10_000)
+    env = topics("join")
+    half = len(readings) // 2 + 55  # mid-window for every sensor
+    await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings[:half])
+    # the partitions no sensor hashes to would hold time back until their idle timeout: punctuate them
+    await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], readings[half - 1]["ts"] - 6_000)
+    a = Processor(sluice.bootstrap, env, tmp_path / "a.log")
+    b = None
+    try:
+        deadline = time.monotonic() + 60
+        while len(finals(await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"]))) < 20:
+            assert time.monotonic() < deadline, a.log.read_text()[-3000:]
+            await asyncio.sleep(0.2)
+        b = Processor(sluice.bootstrap, env, tmp_path / "b.log")
+        while not (b.assigned() and b.assigned()[-1] and len(a.assigned()) >= 2):
+            assert time.monotonic() < deadline, (a.log.read_text()[-2000:], b.log.read_text()[-2000:])
+            await asyncio.sleep(0.1)
+        await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings[half:])
+        await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
+        rows = await wait_for_windows(sluice.bootstrap, env["SENSORS_OUTPUT"], len(expected))
+        assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
+        for r in rows:  # every emission (re-emissions included) is the complete window
+            assert r["value"] == pytest.approx(expected[tuple(r["_key"])])
+        taken = [tp for tp in b.assigned()[-1]]
+        assert any(r != "{}" for r in b.restored()), ("B should restore the state A checkpointed on revoke",
+                                                      b.log.read_text()[-3000:])
+        assert taken and sorted(map(tuple, a.assigned()[-1] + taken)) == [
+            (env["SENSORS_INPUT"], p) for p in range(PARTITIONS)]
+    finally:
+        for p in (a, b):
+            if p is not None:
+                assert p.stop() == 0, p.log.read_text()[-3000:]
