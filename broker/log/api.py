@@ -6,7 +6,8 @@ all of the logic here and one test suite (``tests/broker/log/test_store_contract
 
 A ``PartitionLog`` stores Kafka RecordBatch v2 bytes as they came, after checking header and CRC
 and rewriting the base offset. ``append`` returns once the batch is as durable as the topic's flush
-policy promises; ``read`` hands back whole stored batches for Fetch to send untouched.
+policy promises (``append_nowait`` + ``wait_durable`` split the same work in two, for callers that
+must assign offsets in order but wait together); ``read`` hands back whole stored batches for Fetch to send untouched.
 """
 
 from __future__ import annotations
@@ -125,6 +126,12 @@ class PartitionLog(ABC):
         result = self.append_nowait(data)
         await self._make_durable()
         return result
+
+    async def wait_durable(self) -> None:
+        """Return once everything written so far (by ``append_nowait`` or ``append``) is as durable
+        as the topic's flush policy promises: on disk for ``always``; for ``interval`` and ``os``, which
+        promise nothing per write, at once. Concurrent waiters share one fsync (group commit)."""
+        await self._make_durable()
 
     def append_nowait(self, data: bytes | bytearray | memoryview) -> AppendResult:
         """Validate, assign offsets and write, without waiting for durability."""

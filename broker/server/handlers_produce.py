@@ -27,7 +27,7 @@ log = logging.getLogger("broker.server.kafka")
 async def _durable(logs: list[PartitionLog]) -> None:
     for plog in logs:
         # The flush policy's wait, without appending again (the append happened synchronously).
-        await plog._make_durable()
+        await plog.wait_durable()
 
 
 def _append_one(

@@ -169,3 +169,24 @@ async def test_alter_topic_config_applies_to_partitions(store: LogStore) -> None
     assert [r.value for r in decode_all(store.partition("cfg", 0).read(0, 1 << 20))] == [b"before", b"after"]
     with pytest.raises(UnknownTopicError):
         await store.alter_topic_config("missing", changed)
+
+
+async def test_wait_durable_after_append_nowait(store: LogStore) -> None:
+    """append_nowait + wait_durable = append: offsets in call order, nothing appended twice, and with
+    flush=always nothing is left unsynced once wait_durable returns (concurrent waiters share fsyncs)."""
+    store.create_topic("d", 1, TopicConfig(flush=FlushPolicy.ALWAYS))
+    log = store.partition("d", 0)
+    results = [log.append_nowait(batch(str(i).encode())) for i in range(5)]
+    assert [r.base_offset for r in results] == list(range(5))
+    flusher = getattr(log, "flusher", None)  # the segment store's group-commit state; memory has none
+    if flusher is not None:
+        assert flusher.pending  # written, not yet synced: there is something to wait for
+        syncs_before = flusher.syncs
+    await asyncio.gather(*(log.wait_durable() for _ in range(5)))
+    assert log.high_watermark == 5
+    assert [r.value for r in decode_all(log.read(0, 1 << 20))] == [str(i).encode() for i in range(5)]
+    if flusher is not None:
+        assert not flusher.pending
+        assert 1 <= flusher.syncs - syncs_before <= 2  # five waiters, one (at most two) fsync rounds
+    await log.wait_durable()  # nothing new written: returns at once, appends nothing
+    assert log.high_watermark == 5
