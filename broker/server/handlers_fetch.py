@@ -5,6 +5,10 @@ any partition has an error, or ``max_wait_ms`` is 0; otherwise it waits for an a
 requested partition (``PartitionLog.wait_for_data``) until ``max_wait_ms`` has passed. The first
 partition with data always gets at least one whole batch, even if larger than ``max_bytes``.
 Last stable offset = high watermark (no transactions); preferred read replica = -1.
+
+ListOffsets by timestamp answers, as Kafka does, the offset and timestamp of the first record (by
+offset) whose timestamp is ≥ the one asked for: the store finds the first batch whose max timestamp
+qualifies, and that batch is decoded to pick the record.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from broker.errors import BrokerError
 from broker.log.api import PartitionLog
 from broker.protocol.kafka.fetch import FetchPartitionResponse, FetchResponse, FetchTopicResponse
 from broker.protocol.kafka_codes import ErrorCode
+from broker.protocol.records import decode_records, split_complete_batches
 from broker.server.handlers_common import BrokerContext, ConnectionInfo, error_code_for, millis
 
 __all__ = ["handle_fetch", "handle_list_offsets"]
@@ -88,6 +93,25 @@ async def handle_fetch(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> F
         await _wait_any(waitable, left)
 
 
+def _first_record_at_or_after(plog: PartitionLog, start: int, when: int) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record at or after offset ``start`` with timestamp ≥ ``when``."""
+    offset = start
+    while offset < plog.high_watermark:
+        data = plog.read(offset, 1)  # at least one whole batch
+        headers, _ = split_complete_batches(data)
+        if not headers:
+            return None
+        pos = 0
+        view = memoryview(data)
+        for header in headers:
+            for record in decode_records(view[pos : pos + header.size], header):
+                if record.offset >= start and record.timestamp >= when:
+                    return record.offset, record.timestamp
+            pos += header.size
+            offset = header.last_offset + 1
+    return None
+
+
 async def handle_list_offsets(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
     topics: list[dict[str, Any]] = []
     for topic in body.topics:
@@ -106,9 +130,9 @@ async def handle_list_offsets(ctx: BrokerContext, body: Any, conn: ConnectionInf
                     entry["offset"] = plog.log_start_offset
                 else:
                     found = plog.offset_for_timestamp(when)
-                    if found is not None:
-                        entry["offset"] = found
-                        entry["timestamp"] = when
+                    record = None if found is None else _first_record_at_or_after(plog, found, when)
+                    if record is not None:
+                        entry["offset"], entry["timestamp"] = record
             except BrokerError as exc:
                 entry["error_code"] = error_code_for(exc)
             parts.append(entry)
