@@ -81,6 +81,8 @@ class KafkaSettings(BaseModel):
     advertised_port: int | None = None  # defaults to the bound port
     max_request_bytes: int = 100 * 1024 * 1024
     extra_listeners: list[KafkaListenerSettings] = Field(default_factory=list)
+    # Bytes at the end of each partition read on start to rebuild idempotent-producer sequence state.
+    producer_state_scan_bytes: int = 8 * 1024 * 1024
 
     @field_validator("extra_listeners")
     @classmethod

@@ -1,7 +1,9 @@
 """The Kafka front door as a ``sluice serve`` component: listener + group coordinator.
 
 The coordinator is published as ``runtime.registries["groups"]`` so the HTTP API and CLI can read
-groups, committed offsets and lag.
+groups, committed offsets and lag. Before the listener opens, idempotent-producer state is rebuilt
+from the log tails and producer ids continue after every id used before (``producer_state.rebuild``;
+with the segment store the id high-water mark is kept in ``<data_dir>/producer-ids.json``).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import DurableOffsetStore, MemoryOffsetStore, OffsetStore
 from broker.server.kafka import KafkaListenerConfig, KafkaServer, KafkaServerConfig
+from broker.server.producer_state import ProducerIdAllocator, rebuild
 from sluice.runtime import Runtime
 
 __all__ = ["KafkaComponent", "kafka_component"]
@@ -23,8 +26,10 @@ class KafkaComponent:
         offsets: OffsetStore
         if settings.storage.backend == "memory":
             offsets = MemoryOffsetStore()
+            self.producer_ids = ProducerIdAllocator()
         else:
             offsets = DurableOffsetStore(settings.data_dir / "groups")
+            self.producer_ids = ProducerIdAllocator(path=settings.data_dir / "producer-ids.json")
         self.coordinator = GroupCoordinator(offsets)
         kafka = settings.kafka
         self.server = KafkaServer(
@@ -41,8 +46,12 @@ class KafkaComponent:
                 ),
             ),
         )
+        self.server.ctx.producer_ids = self.producer_ids
 
     async def start(self) -> None:
+        ctx = self.server.ctx
+        rebuild(self.runtime.store, ctx.producer_state, ctx.producer_ids,
+                self.runtime.settings.kafka.producer_state_scan_bytes)
         await self.coordinator.start()
         self.runtime.registries["groups"] = self.coordinator
         await self.server.start()

@@ -109,6 +109,28 @@ class PartitionLog(ABC):
     @abstractmethod
     async def close(self) -> None: ...
 
+    def tail_headers(self, max_bytes: int) -> list[BatchHeader]:
+        """Headers of the last stored batches, oldest first, covering at least the last ``max_bytes``
+        of the partition (or all of it): what a restart scans to rebuild idempotent-producer state.
+
+        This default reads the whole partition through ``read``; file-backed stores override it to
+        read only the tail (headers, no CRC check: stored batches were checked on the way in).
+        """
+        headers: list[BatchHeader] = []
+        offset = self.log_start_offset
+        while offset < self.high_watermark:
+            data = self.read(offset, 1 << 20)
+            for _, header in iter_batches(data, verify=False):
+                headers.append(header)
+                offset = header.last_offset + 1
+            if not data:
+                break
+        total, keep = 0, len(headers)
+        while keep > 0 and total < max_bytes:
+            keep -= 1
+            total += headers[keep].size
+        return headers[keep:]
+
     async def reconfigure(self, config: TopicConfig) -> None:
         """Apply a changed topic config; everything written so far is flushed first, so a switch
         away from ``always`` never weakens what was already acknowledged."""

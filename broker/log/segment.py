@@ -310,6 +310,16 @@ class SegmentPartitionLog(PartitionLog):
                     return max(header.base_offset, self.log_start_offset)
         return None
 
+    def tail_headers(self, max_bytes: int) -> list[BatchHeader]:
+        parts: list[list[BatchHeader]] = []
+        need = max_bytes
+        for seg in reversed(self._segments):  # newest first, only as far back as needed
+            parts.append(self._use(seg).tail_headers(need, self.config.index_interval_bytes))
+            need -= seg.size
+            if need <= 0:
+                break
+        return [header for part in reversed(parts) for header in part]
+
     def _use(self, seg: Segment) -> Segment:
         """Note a read of a closed segment, keeping at most a few of their descriptors open."""
         if seg is not self._active:

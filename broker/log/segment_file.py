@@ -8,6 +8,7 @@ the event loop: page-cache reads are microseconds, a thread hop would cost more.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 from collections.abc import Iterator
@@ -165,6 +166,16 @@ class Segment:
             if pos == 0:  # fewer than a header's bytes left: a tail that is not a batch
                 raise InvalidRecordError(f"{self.log_path}: partial batch header at position {position}")
             position += pos
+
+    def tail_headers(self, max_bytes: int, interval: int) -> list[BatchHeader]:
+        """Headers of this segment's batches from (at or before) ``max_bytes`` before its end: the scan
+        starts at the last index entry at or before that point, so it covers at least ``max_bytes``."""
+        start = 0
+        if self.size > max_bytes:
+            index = self.load_index(interval)
+            i = bisect.bisect_right(index.positions, self.size - max_bytes) - 1
+            start = index.positions[i] if i >= 0 else 0
+        return [header for _, header in self.iter_headers(start)]
 
     def read_batches(self, position: int, max_bytes: int, *, at_least_one: bool) -> bytes:
         """Whole batches from ``position`` up to ``max_bytes`` (or one whole batch if ``at_least_one``)."""

@@ -4,7 +4,7 @@ Rules (Kafka's, for non-transactional idempotent producers; one state per (topic
 
 1. A batch with ``producer_id < 0`` or ``base_sequence < 0`` is not idempotent: always appended.
 2. First batch of a producer id on a partition: any sequence is accepted (the producer may have
-   written elsewhere first, or the broker restarted and lost its in-memory state).
+   written elsewhere first, or its last batches there are older than the restart scan, rule 8).
 3. ``epoch < current epoch``: the producer was fenced → INVALID_PRODUCER_EPOCH.
 4. ``epoch > current epoch``: a bumped producer; its sequence must restart at 0
    (else OUT_OF_ORDER_SEQUENCE_NUMBER); the old epoch's state is dropped.
@@ -14,21 +14,39 @@ Rules (Kafka's, for non-transactional idempotent producers; one state per (topic
    2**31 - 1 → 0), else OUT_OF_ORDER_SEQUENCE_NUMBER.
 7. State is recorded in the same event-loop step as the append that assigns offsets, so two
    requests cannot interleave between check and append.
+8. On start the state is rebuilt as Kafka does, from the stored batches (they carry producer id,
+   epoch, base sequence and their offsets): ``rebuild`` replays the headers of the tail of every
+   partition (``PartitionLog.tail_headers``, bounded: the last ``scan_bytes`` per partition) through
+   ``record``, so a producer retrying right after a restart gets its original offset back instead of
+   a duplicate append. A producer whose last batch on a partition lies before the scanned tail is
+   treated as new there (rule 2).
 
-Producer ids come from ``ProducerIdAllocator``: a counter seeded with the start time in ms, so ids do
-not repeat across restarts even though sequence state is kept in memory only.
+Producer ids come from ``ProducerIdAllocator``: never handed out twice, across restarts too. The
+counter starts after the largest of: the start time in ms, every producer id the restart scan saw,
+and (with a file under the data dir) the end of the last reserved block — ids are reserved in blocks,
+the block's end written durably before any id of it is handed out.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from broker.errors import StorageError
+from broker.log.api import LogStore
+from broker.log.files import atomic_write, read_json
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import BatchHeader
 
-__all__ = ["APPEND", "Decision", "ProducerIdAllocator", "ProducerStateTable"]
+__all__ = ["APPEND", "DEFAULT_SCAN_BYTES", "Decision", "ProducerIdAllocator", "ProducerStateTable", "rebuild"]
+
+log = logging.getLogger("broker.server.producer_state")
+
+DEFAULT_SCAN_BYTES = 8 * 1024 * 1024  # per partition, read on start to rebuild sequence state
 
 _CACHED_BATCHES = 5
 _MAX_SEQ = 2**31 - 1
@@ -96,12 +114,63 @@ class ProducerStateTable:
         for key in [k for k in self._state if k[0] == topic]:
             del self._state[key]
 
+    def producers(self, topic: str, partition: int) -> dict[int, tuple[int, list[tuple[int, int, int]]]]:
+        """Producer id -> (epoch, cached (first seq, last seq, base offset) batches), for tests and tools."""
+        return {pid: (entry.epoch, list(entry.batches))
+                for pid, entry in self._state.get((topic, partition), {}).items()}
+
 
 class ProducerIdAllocator:
-    def __init__(self, start: int | None = None) -> None:
+    """Hands out producer ids; see the module docstring for why they never repeat."""
+
+    def __init__(self, start: int | None = None, *, path: Path | None = None, block: int = 1000) -> None:
         self._next = int(time.time() * 1000) if start is None else start
+        self._path = path
+        self._block = block
+        self._reserved = self._next  # ids below this were durably reserved (with a path)
+        if path is not None:
+            doc = read_json(path)
+            if doc is not None:
+                try:
+                    assert isinstance(doc, dict)
+                    self._next = max(self._next, int(doc["next_producer_id"]))
+                except (AssertionError, KeyError, TypeError, ValueError) as exc:
+                    raise StorageError(f"{path} does not hold a next_producer_id ({exc!r}); fix or remove it") from exc
+
+    @property
+    def next_id(self) -> int:
+        return self._next
+
+    def observe(self, producer_id: int) -> None:
+        """A producer id seen in stored data: never hand it out again."""
+        if producer_id >= self._next:
+            self._next = producer_id + 1
 
     def allocate(self) -> int:
         pid = self._next
+        if self._path is not None and pid >= self._reserved:
+            self._reserved = pid + self._block
+            atomic_write(self._path, json.dumps({"next_producer_id": self._reserved}).encode())
         self._next += 1
         return pid
+
+
+def rebuild(store: LogStore, table: ProducerStateTable, ids: ProducerIdAllocator,
+            scan_bytes: int = DEFAULT_SCAN_BYTES) -> dict[str, float]:
+    """Rule 8: replay the tail of every partition into ``table`` and ``ids``; returns counts for the log."""
+    batches = producers = 0
+    started = time.monotonic()
+    for info in store.list_topics(include_internal=True):
+        for plog in store.partitions(info.name):
+            for header in plog.tail_headers(scan_bytes):
+                if header.producer_id < 0:
+                    continue
+                ids.observe(header.producer_id)
+                if header.base_sequence >= 0 and not header.is_transactional and not header.is_control:
+                    table.record(info.name, plog.partition, header, header.base_offset)
+                    batches += 1
+            producers += len(table.producers(info.name, plog.partition))
+    stats = {"batches": batches, "producers": producers, "next_producer_id": ids.next_id,
+             "ms": round((time.monotonic() - started) * 1000, 1)}
+    log.info("idempotent-producer state rebuilt from the log tails", extra=stats)
+    return stats

@@ -190,3 +190,20 @@ async def test_wait_durable_after_append_nowait(store: LogStore) -> None:
         assert 1 <= flusher.syncs - syncs_before <= 2  # five waiters, one (at most two) fsync rounds
     await log.wait_durable()  # nothing new written: returns at once, appends nothing
     assert log.high_watermark == 5
+
+
+async def test_tail_headers_cover_the_last_bytes_oldest_first(store: LogStore) -> None:
+    store.create_topic("tail", 1, TopicConfig(segment_bytes=1024, index_interval_bytes=128))
+    for i in range(40):
+        await store.append("tail", 0, batch(bytes([65 + i % 26]) * 100, ts=1_000 + i))
+    log = store.partition("tail", 0)
+    everything = log.tail_headers(1 << 30)
+    assert [h.base_offset for h in everything] == list(range(40))
+    size = everything[0].size
+    tail = log.tail_headers(5 * size)
+    assert 5 <= len(tail) <= 40
+    assert [h.base_offset for h in tail] == list(range(40 - len(tail), 40))  # a suffix, oldest first
+    assert [h.max_timestamp for h in tail] == [1_000 + h.base_offset for h in tail]
+    assert log.tail_headers(1)[-1].base_offset == 39
+    store.create_topic("empty", 1)
+    assert store.partition("empty", 0).tail_headers(1 << 20) == []
