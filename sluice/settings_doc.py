@@ -56,7 +56,7 @@ _NOTES = {
     "kafka.enabled": "Kafka wire protocol listener",
     "kafka.port": "Kafka protocol port (0 = a free port)",
     "kafka.max_request_bytes": "larger requests close the connection",
-    "kafka.producer_state_scan_bytes": "bytes at the end of each partition read on start to rebuild idempotent-producer state",
+    "kafka.producer_state_scan_bytes": "tail of each partition scanned on start to rebuild idempotent-producer state",
     "kafka.extra_listeners": "more Kafka ports, each advertising its own address (compose: internal 29092)",
     "kafka.extra_listeners[].name": "unique, not `default`; announced as `kafka:<name>` in endpoints.json",
     "kafka.extra_listeners[].port": "port to bind (0 = a free port)",
