@@ -3,9 +3,14 @@
 Run: ``python -m bench.bench_kafka`` (add ``--quick`` for a smoke run). Every server is started by
 the benchmark on a free loopback port with a fresh temporary data directory:
 
-- Sluice (``sluice serve``, segment store, flush=always) driven by librdkafka (confluent-kafka):
-  produce (100 B and 1 KiB records, acks=1 and acks=all), consume (assigned partition, from the
-  start), and end-to-end latency at a fixed 10k records/s.
+- Sluice (``sluice serve``, segment store; acks=1 against flush=os, acks=all + idempotence against
+  flush=always) driven by librdkafka two ways: **kcat** (C, like redis-benchmark): ``KCAT_PROCS``
+  concurrent ``kcat -P -l FILE`` processes, each producing its own pre-generated file of 100 B or
+  1 KiB lines, timed from start until every process has exited (kcat exits once every message is
+  delivered), the count checked against the partition's high watermark afterwards; and one Python
+  thread calling confluent-kafka ``produce()`` per record (the earlier figure, limited by that loop).
+  Consume (assigned partition, from the start) and end-to-end latency at a fixed 10k records/s
+  use confluent-kafka.
 - Redis Streams (``redis-server``, appendonly off): ``redis-benchmark`` XADD pipelined (-P 100);
   XREADGROUP COUNT 1000 via redis-py (NOACK, and with XACK per batch); latency XADD→XREADGROUP BLOCK.
 - NATS JetStream (``nats-server -js``, file storage): nats-py publish with 100 acks in flight,
@@ -36,6 +41,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 RATE = 10_000  # records/s for the latency runs
+# Concurrent kcat producers (``--kcat-procs N``). redis-benchmark is one C process with 50 connections;
+# on the 2-core box a sweep of 1/2/4/8 kcat processes gave the most records/s with 1-2 (see RESULTS.md).
+KCAT_PROCS = 2
 
 
 def free_port() -> int:
@@ -113,6 +121,45 @@ def kafka_produce(bootstrap: str, topic: str, n: int, size: int, acks: str) -> f
     elapsed = time.perf_counter() - started
     assert remaining == 0
     return n / elapsed
+
+
+def write_lines(path: Path, n: int, size: int) -> Path:
+    """``n`` lines of ``size`` bytes (plus the newline kcat splits on)."""
+    line = (b"x" * size) + b"\n"
+    with path.open("wb") as f:
+        for i in range(0, n, 10_000):
+            f.write(line * min(10_000, n - i))
+    return path
+
+
+def high_watermark(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "hw"})
+    try:
+        return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1])
+    finally:
+        consumer.close()
+
+
+def kcat_produce(bootstrap: str, topic: str, files: list[Path], per_file: int, acks: str) -> float:
+    """One ``kcat -P`` per file, all at once; records/s from start until the last one exits, the
+    record count verified from the broker's high watermark."""
+    args = ["kcat", "-P", "-b", bootstrap, "-t", topic, "-p", "0", "-X", "linger.ms=5",
+            "-X", "batch.num.messages=10000", "-X", "queue.buffering.max.messages=1000000",
+            "-X", "queue.buffering.max.kbytes=1048576", "-X", f"acks={acks}"]
+    if acks == "all":
+        args += ["-X", "enable.idempotence=true"]
+    subprocess.run(args, input=b"warm-up\n", check=True, timeout=60)  # creates the topic, untimed
+    before = high_watermark(bootstrap, topic)
+    started = time.perf_counter()
+    procs = [subprocess.Popen([*args, "-l", str(f)], stderr=subprocess.PIPE) for f in files]
+    errors = [p.communicate(timeout=600)[1].decode(errors="replace").strip() for p in procs]
+    elapsed = time.perf_counter() - started
+    if any(p.returncode for p in procs) or any(errors):
+        raise RuntimeError(f"kcat failed: {[p.returncode for p in procs]} {errors}")
+    stored = high_watermark(bootstrap, topic) - before
+    if stored != per_file * len(files):
+        raise RuntimeError(f"kcat produced {per_file * len(files)} records but the broker stored {stored}")
+    return stored / elapsed
 
 
 def kafka_consume(bootstrap: str, topic: str, n: int) -> float:
@@ -299,9 +346,14 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main() -> None:
+    global KCAT_PROCS
     quick = "--quick" in sys.argv
+    if "--kcat-procs" in sys.argv:
+        KCAT_PROCS = int(sys.argv[sys.argv.index("--kcat-procs") + 1])
     n_small, n_large, seconds = (50_000, 20_000, 2.0) if quick else (300_000, 100_000, 5.0)
-    for tool in ("redis-server", "redis-benchmark", "nats-server"):
+    # kcat: records per process; Redis XADD gets the same total for 100 B.
+    kcat_n = {100: 100_000, 1024: 20_000} if quick else {100: 1_000_000, 1024: 200_000}
+    for tool in ("redis-server", "redis-benchmark", "nats-server", "kcat"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is missing: run scripts/install-system-deps.sh")
     results: dict[str, float] = {}
@@ -309,13 +361,21 @@ def main() -> None:
     lat: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        kcat_files = {size: [write_lines(root / f"lines-{size}-{i}", n, size) for i in range(KCAT_PROCS)]
+                      for size, n in kcat_n.items()}
         # acks=1 against a broker that does not fsync per batch (flush=os, Kafka's own default);
         # acks=all against flush=always (fsync before the answer, one fsync shared per group commit).
         for flush, acks in (("os", "1"), ("always", "all")):
             with sluice(root / f"sluice-{flush}", flush) as (bootstrap, pid):
+                for size, per_file in kcat_n.items():
+                    name = f"sluice produce {size}B acks={acks} flush={flush} (kcat x{KCAT_PROCS})"
+                    cpu = cpu_seconds(pid)
+                    results[name] = kcat_produce(bootstrap, f"kcat{size}", kcat_files[size], per_file, acks)
+                    broker_cpu[name] = (cpu_seconds(pid) - cpu) / (per_file * KCAT_PROCS) * 1e6
+                    print(f"{name}: {results[name]:,.0f}/s, broker CPU {broker_cpu[name]:.2f} µs/record", flush=True)
                 for size, n in ((100, n_small), (1024, n_large)):
                     topic = f"p{size}"
-                    name = f"sluice produce {size}B acks={acks} flush={flush}"
+                    name = f"sluice produce {size}B acks={acks} flush={flush} (Python produce() loop)"
                     cpu = cpu_seconds(pid)
                     results[name] = kafka_produce(bootstrap, topic, n, size, acks)
                     broker_cpu[name] = (cpu_seconds(pid) - cpu) / n * 1e6
@@ -332,7 +392,7 @@ def main() -> None:
         with process(["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no",
                       "--dir", str(root)], redis_port):
             for size, n in ((100, n_small), (1024, n_large)):
-                results[f"redis XADD {size}B"] = redis_xadd_pipelined(redis_port, n, size)
+                results[f"redis XADD {size}B"] = redis_xadd_pipelined(redis_port, KCAT_PROCS * kcat_n[size], size)
                 results[f"redis XREADGROUP {size}B noack"] = redis_xreadgroup(redis_port, f"bench-{size}", n, False)
                 results[f"redis XREADGROUP {size}B xack"] = redis_xreadgroup(redis_port, f"bench-{size}", n, True)
                 print({k: f"{v:,.0f}" for k, v in results.items() if k.startswith("redis")}, flush=True)
@@ -357,7 +417,10 @@ def main() -> None:
     redis_xadd = results["redis XADD 100B"]
     redis_read = max(results["redis XREADGROUP 100B noack"], results["redis XREADGROUP 100B xack"])
     print("\nTargets:")
-    for key in ("sluice produce 100B acks=1 flush=os", "sluice produce 100B acks=all flush=always"):
+    for key in (f"sluice produce 100B acks=1 flush=os (kcat x{KCAT_PROCS})",
+                f"sluice produce 100B acks=all flush=always (kcat x{KCAT_PROCS})",
+                "sluice produce 100B acks=1 flush=os (Python produce() loop)",
+                "sluice produce 100B acks=all flush=always (Python produce() loop)"):
         ratio = results[key] / redis_xadd
         print(f"- {key} vs Redis XADD pipelined: {ratio:.2f}x (target >= 2x: {'met' if ratio >= 2 else 'NOT met'})")
     ratio = results["sluice consume 100B"] / redis_read
