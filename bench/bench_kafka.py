@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -140,9 +141,10 @@ def high_watermark(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def kcat_produce(bootstrap: str, topic: str, files: list[Path], per_file: int, acks: str) -> float:
+def kcat_produce(bootstrap: str, topic: str, files: list[Path], per_file: int, acks: str) -> tuple[float, float]:
     """One ``kcat -P`` per file, all at once; records/s from start until the last one exits, the
-    record count verified from the broker's high watermark."""
+    record count verified from the broker's high watermark. Also returns the kcat processes' CPU
+    µs per record (from the children's rusage)."""
     args = ["kcat", "-P", "-b", bootstrap, "-t", topic, "-p", "0", "-X", "linger.ms=5",
             "-X", "batch.num.messages=10000", "-X", "queue.buffering.max.messages=1000000",
             "-X", "queue.buffering.max.kbytes=1048576", "-X", f"acks={acks}"]
@@ -150,16 +152,19 @@ def kcat_produce(bootstrap: str, topic: str, files: list[Path], per_file: int, a
         args += ["-X", "enable.idempotence=true"]
     subprocess.run(args, input=b"warm-up\n", check=True, timeout=60)  # creates the topic, untimed
     before = high_watermark(bootstrap, topic)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     procs = [subprocess.Popen([*args, "-l", str(f)], stderr=subprocess.PIPE) for f in files]
     errors = [p.communicate(timeout=600)[1].decode(errors="replace").strip() for p in procs]
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    kcat_cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
     if any(p.returncode for p in procs) or any(errors):
         raise RuntimeError(f"kcat failed: {[p.returncode for p in procs]} {errors}")
     stored = high_watermark(bootstrap, topic) - before
     if stored != per_file * len(files):
         raise RuntimeError(f"kcat produced {per_file * len(files)} records but the broker stored {stored}")
-    return stored / elapsed
+    return stored / elapsed, kcat_cpu / stored * 1e6
 
 
 def kafka_consume(bootstrap: str, topic: str, n: int) -> float:
@@ -370,9 +375,10 @@ def main() -> None:
                 for size, per_file in kcat_n.items():
                     name = f"sluice produce {size}B acks={acks} flush={flush} (kcat x{KCAT_PROCS})"
                     cpu = cpu_seconds(pid)
-                    results[name] = kcat_produce(bootstrap, f"kcat{size}", kcat_files[size], per_file, acks)
+                    results[name], kcat_cpu = kcat_produce(bootstrap, f"kcat{size}", kcat_files[size], per_file, acks)
                     broker_cpu[name] = (cpu_seconds(pid) - cpu) / (per_file * KCAT_PROCS) * 1e6
-                    print(f"{name}: {results[name]:,.0f}/s, broker CPU {broker_cpu[name]:.2f} µs/record", flush=True)
+                    print(f"{name}: {results[name]:,.0f}/s, broker CPU {broker_cpu[name]:.2f} µs/record, "
+                          f"kcat CPU {kcat_cpu:.2f} µs/record", flush=True)
                 for size, n in ((100, n_small), (1024, n_large)):
                     topic = f"p{size}"
                     name = f"sluice produce {size}B acks={acks} flush={flush} (Python produce() loop)"
