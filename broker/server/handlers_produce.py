@@ -113,5 +113,9 @@ async def handle_init_producer_id(ctx: BrokerContext, body: Any, conn: Connectio
                                                               "peer": conn.peer_host})
         return {"throttle_time": 0, "error_code": ErrorCode.INVALID_REQUEST, "producer_id": -1,
                 "producer_epoch": -1}
-    return {"throttle_time": 0, "error_code": ErrorCode.NONE, "producer_id": ctx.producer_ids.allocate(),
-            "producer_epoch": 0}
+    try:
+        producer_id = ctx.producer_ids.allocate()  # may write the next reserved block under the data dir
+    except BrokerError as exc:
+        log.error("cannot allocate a producer id", extra={"error": str(exc), "peer": conn.peer_host})
+        return {"throttle_time": 0, "error_code": error_code_for(exc), "producer_id": -1, "producer_epoch": -1}
+    return {"throttle_time": 0, "error_code": ErrorCode.NONE, "producer_id": producer_id, "producer_epoch": 0}

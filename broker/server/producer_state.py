@@ -149,8 +149,9 @@ class ProducerIdAllocator:
     def allocate(self) -> int:
         pid = self._next
         if self._path is not None and pid >= self._reserved:
-            self._reserved = pid + self._block
-            atomic_write(self._path, json.dumps({"next_producer_id": self._reserved}).encode())
+            reserved = pid + self._block
+            atomic_write(self._path, json.dumps({"next_producer_id": reserved}).encode())  # raises: no id given
+            self._reserved = reserved
         self._next += 1
         return pid
 

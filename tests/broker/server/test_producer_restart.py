@@ -90,3 +90,25 @@ def test_allocator_continues_after_reserved_block_and_seen_ids(tmp_path: Path) -
     seen = ProducerIdAllocator(start=100)
     seen.observe(5_000)
     assert seen.allocate() == 5_001
+
+
+async def test_init_producer_id_answers_storage_error_when_the_id_file_cannot_be_written(tmp_path: Path) -> None:
+    from broker.log.memory import MemoryLogStore
+    from broker.server.kafka import KafkaServer, KafkaServerConfig
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    srv = KafkaServer(MemoryLogStore(), None, KafkaServerConfig(port=0))
+    srv.ctx.producer_ids = ProducerIdAllocator(path=data_dir / "producer-ids.json")
+    data_dir.rmdir()
+    data_dir.write_text("")  # the data dir is gone (a file stands in its place): the id file cannot be written
+    await srv.start()
+    try:
+        client = await RawClient.connect(srv.port)
+        init = await client.request(ApiKey.INIT_PRODUCER_ID, 1, INIT)
+        assert (init.error_code, init.producer_id) == (ErrorCode.KAFKA_STORAGE_ERROR, -1)
+        # The connection keeps serving.
+        assert (await client.request(ApiKey.INIT_PRODUCER_ID, 1, INIT)).error_code == ErrorCode.KAFKA_STORAGE_ERROR
+        await client.close()
+    finally:
+        await srv.stop()
