@@ -1,7 +1,7 @@
 """The Kafka front door as a ``sluice serve`` component: listener + group coordinator.
 
 The coordinator is published as ``runtime.registries["groups"]`` so the HTTP API and CLI can read
-groups, committed offsets and lag.
+groups, committed offsets and lag; the listener's counters go to ``/metrics`` through a KafkaCollector.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import DurableOffsetStore, MemoryOffsetStore, OffsetStore
 from broker.server.kafka import KafkaListenerConfig, KafkaServer, KafkaServerConfig
+from sluice.front_metrics import KafkaCollector, publish_collector
 from sluice.runtime import Runtime
 
 __all__ = ["KafkaComponent", "kafka_component"]
@@ -41,6 +42,7 @@ class KafkaComponent:
                 ),
             ),
         )
+        publish_collector(runtime, KafkaCollector(self.server.stats))
 
     async def start(self) -> None:
         await self.coordinator.start()
