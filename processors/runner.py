@@ -70,6 +70,9 @@ class Runner:
         self._tasks: list[asyncio.Task[None]] = []
         self._last_cp = self.clock.now_ms()
         self._last_progress: tuple[Any, ...] = ()
+        self._known: set[TopicPartition] = set()  # assigned, and the processor has been told so
+        self._pending: set[TopicPartition] = set()  # being assigned (checkpoint loading)
+        self._assigned = asyncio.Event()
         self.checkpoints_written = 0
         self.last_checkpoint_ms: int | None = None
         self.records_out = 0
@@ -127,14 +130,20 @@ class Runner:
     # -- assignment -----------------------------------------------------------------------------
 
     async def _on_assigned(self, tps: list[TopicPartition]) -> None:
+        self._pending.update(tps)  # before any await: the fetcher must not pass their data on yet
+        self._assigned.clear()
         restores = latest_per_partition(await self.checkpoints.load())
         for tp in tps:
             r = restores.get(tp)
             if r is not None:
                 self.source.seek(tp, r.offset)
         await self.in_q.put(("assign", [(tp, restores.get(tp)) for tp in tps], None))
+        self._pending.difference_update(tps)
+        self._known.update(tps)
+        self._assigned.set()
 
     async def _on_revoked(self, tps: list[TopicPartition]) -> None:
+        self._known.difference_update(tps)
         if not tps or self._tasks[0].done():
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -148,9 +157,18 @@ class Runner:
         while True:
             paused = {tp for tp in self.executor.tracker.paused(self.clock.now_ms()) if isinstance(tp, tuple)}
             batches = await self.source.fetch(cfg.max_batch_records, cfg.fetch_timeout_s, paused)
+            held_back = False
             for tp, records in batches:
-                await self.in_q.put(("data", tp, records))
-                self.max_in_q = max(self.max_in_q, self.in_q.qsize())
+                if tp in self._known:
+                    await self.in_q.put(("data", tp, records))
+                    self.max_in_q = max(self.max_in_q, self.in_q.qsize())
+                elif tp in self._pending and records:
+                    # fetched before its assignment (and restore) reached the processor: read it again later
+                    self.source.seek(tp, records[0].offset)
+                    held_back = True
+            if held_back:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._assigned.wait(), cfg.fetch_timeout_s)
 
     async def _tick_loop(self) -> None:
         while True:

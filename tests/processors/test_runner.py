@@ -201,3 +201,44 @@ async def test_a_slow_sink_pauses_fetching_and_a_burst_stays_in_the_log(store: M
     finally:
         tracemalloc.stop()
         await runner.stop()
+
+
+async def test_records_fetched_before_the_assignment_is_restored_are_not_lost() -> None:
+    """Like aiokafka: the fetcher can return records of a newly assigned partition while the
+    assignment listener is still loading checkpoints. They must be read again, not dropped."""
+    from processors.testing import MemoryCheckpointStore, MemorySource
+
+    class SlowCheckpoints(MemoryCheckpointStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = asyncio.Event()
+
+        async def load(self):  # type: ignore[no-untyped-def]
+            await self.gate.wait()
+            return await super().load()
+
+    class BackgroundAssign(MemorySource):
+        async def start(self, on_assigned, on_revoked) -> None:  # type: ignore[no-untyped-def]
+            tps = [(self.topic, p) for p in self.data]
+            self.positions = dict.fromkeys(tps, 0)
+            self.assigning = asyncio.create_task(on_assigned(tps))
+            self.delivered = 0
+
+        async def fetch(self, max_records, timeout, paused):  # type: ignore[no-untyped-def]
+            out = await super().fetch(max_records, timeout, paused)
+            self.delivered += sum(len(rows) for _, rows in out)
+            return out
+
+    source = BackgroundAssign("in", 2)
+    for i in range(500):
+        source.append(i % 2, {"sensor": f"s{i % 4}", "temp": 1.0, "ts": T0 + i}, T0 + i)
+    checkpoints = SlowCheckpoints()
+    runner = Runner(sensor_pipeline(), source, MemorySink(), checkpoints, clock=FakeClock())
+    await runner.start()
+    try:
+        await wait_until(lambda: source.delivered >= 1_000)  # the fetcher saw the data while the load is pending
+        checkpoints.gate.set()
+        await wait_until(lambda: runner.executor.records_in == 500)
+        assert sorted(p["position"] for p in runner.status()["partitions"]) == [250, 250]
+    finally:
+        await runner.stop()
