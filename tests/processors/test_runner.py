@@ -242,3 +242,35 @@ async def test_records_fetched_before_the_assignment_is_restored_are_not_lost() 
         assert sorted(p["position"] for p in runner.status()["partitions"]) == [250, 250]
     finally:
         await runner.stop()
+
+
+async def test_watermark_alignment_pauses_the_partition_running_ahead() -> None:
+    from processors.testing import MemoryCheckpointStore, MemorySource
+    from processors.watermarks import WatermarkAlignment
+
+    stream = Pipeline.source("in", group="aligned", event_time=lambda v: v["ts"],
+                             watermarks=BoundedOutOfOrderness(0, idle_timeout=None),
+                             alignment=WatermarkAlignment(2_000))
+    stream.key_by(lambda v: v["sensor"]).window(Tumbling(10_000)).aggregate(Mean("temp")).sink("out")
+    source = MemorySource("in", 2)
+    for i in range(1_000):  # partition 0: 100 s of event time, all available at once
+        source.append(0, {"sensor": "fast", "temp": 1.0, "ts": T0 + i * 100}, T0 + i * 100)
+    for i in range(10):  # partition 1: only its first second so far
+        source.append(1, {"sensor": "slow", "temp": 1.0, "ts": T0 + i * 100}, T0 + i * 100)
+    runner = Runner(stream.pipeline, source, MemorySink(), MemoryCheckpointStore(), clock=FakeClock(),
+                    config=RunnerConfig(max_batch_records=50, queue_batches=2))
+    await runner.start()
+    try:
+        def position(p: int) -> int:
+            parts = runner.status()["partitions"]
+            return parts[p]["position"] or 0 if len(parts) == 2 else 0
+
+        await wait_until(lambda: position(1) == 10)
+        await asyncio.sleep(0.2)  # the fast partition would be far ahead by now without alignment
+        fast = position(0)
+        assert fast <= 2_000 // 100 + 50 * (2 * 2 + 3), f"fast partition read to {fast} while paused"
+        for i in range(10, 1_000):
+            source.append(1, {"sensor": "slow", "temp": 1.0, "ts": T0 + i * 100}, T0 + i * 100)
+        await wait_until(lambda: runner.executor.records_in == 2_000)
+    finally:
+        await runner.stop()
