@@ -42,6 +42,7 @@ class RunnerConfig:
     tick_ms: int = 200
     checkpoint_interval_ms: int = 10_000
     fetch_timeout_s: float = 0.5
+    stop_timeout_s: float = 30.0  # how long stop() waits for the final checkpoint
 
 
 class Runner:
@@ -73,6 +74,8 @@ class Runner:
         self._known: set[TopicPartition] = set()  # assigned, and the processor has been told so
         self._pending: set[TopicPartition] = set()  # being assigned (checkpoint loading)
         self._assigned = asyncio.Event()
+        self._revokes: set[asyncio.Future[None]] = set()
+        self._stopping = False
         self.checkpoints_written = 0
         self.last_checkpoint_ms: int | None = None
         self.records_out = 0
@@ -97,6 +100,7 @@ class Runner:
 
     async def stop(self, *, checkpoint: bool = True) -> None:
         """Stop reading; with ``checkpoint`` write a final checkpoint of everything processed."""
+        self._stopping = True
         fetchers = self._tasks[2:]
         for task in fetchers:
             task.cancel()
@@ -106,13 +110,16 @@ class Runner:
         if checkpoint and self.failed is None and self._tasks and not self._tasks[0].done():
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.in_q.put(("checkpoint", None, done)), 30)
-                await asyncio.wait_for(done, 30)
+                await asyncio.wait_for(self.in_q.put(("checkpoint", None, done)), self.config.stop_timeout_s)
+                await asyncio.wait_for(done, self.config.stop_timeout_s)
         for task in self._tasks[:2]:
             task.cancel()
         for task in self._tasks[:2]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for waiting in self._revokes:  # a rebalance listener must not wait for loops that are gone
+            if not waiting.done():
+                waiting.set_result(None)
         await self.source.stop()
         self.stopped.set()
         log.info("processor stopped", extra={"pipeline": self.pipeline.name})
@@ -144,11 +151,17 @@ class Runner:
 
     async def _on_revoked(self, tps: list[TopicPartition]) -> None:
         self._known.difference_update(tps)
-        if not tps or self._tasks[0].done():
+        if not tps or self._stopping or self._tasks[0].done():
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self.in_q.put(("revoke", tps, done))
-        await done
+        self._revokes.add(done)
+        put = asyncio.ensure_future(self.in_q.put(("revoke", tps, done)))
+        try:
+            await done  # resolved once the revoked partitions' checkpoint is stored (or by stop())
+        finally:
+            if not put.done():
+                put.cancel()
+            self._revokes.discard(done)
 
     # -- loops ------------------------------------------------------------------------------------
 

@@ -274,3 +274,24 @@ async def test_watermark_alignment_pauses_the_partition_running_ahead() -> None:
         await wait_until(lambda: runner.executor.records_in == 2_000)
     finally:
         await runner.stop()
+
+
+async def test_stop_while_a_rebalance_waits_for_its_checkpoint_does_not_hang() -> None:
+    """A revoke arriving while the sink is stuck (queues full), then SIGTERM: stop() returns and the
+    rebalance listener is released instead of waiting forever for loops that were stopped."""
+    from processors.testing import MemoryCheckpointStore, MemorySource
+
+    source = MemorySource("in", 1)
+    for i in range(5_000):
+        source.append(0, {"sensor": f"s{i % 50}", "temp": 1.0, "ts": T0 + i * 1_000}, T0 + i * 1_000)
+    sink = MemorySink()
+    sink.gate = asyncio.Event()
+    runner = Runner(sensor_pipeline(), source, sink, MemoryCheckpointStore(), clock=FakeClock(),
+                    config=RunnerConfig(max_batch_records=100, queue_batches=2, stop_timeout_s=0.5))
+    await runner.start()
+    await wait_until(lambda: runner.in_q.full() and runner.out_q.full())
+    revoke = asyncio.create_task(runner._on_revoked([("in", 0)]))
+    await asyncio.sleep(0.05)
+    assert not revoke.done()  # waiting: its checkpoint is stuck behind the blocked sink
+    await asyncio.wait_for(runner.stop(), 10)
+    await asyncio.wait_for(revoke, 5)

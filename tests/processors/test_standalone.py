@@ -232,14 +232,15 @@ async def test_an_instance_joining_mid_stream_takes_over_partitions_with_their_s
         await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings[half:])
         await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
         rows = await wait_for_windows(sluice.bootstrap, env["SENSORS_OUTPUT"], len(expected))
-        assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
+        logs = (a.log.read_text()[-4000:], b.log.read_text()[-4000:])
+        assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}, logs
         for r in rows:  # every emission (re-emissions included) is the complete window
-            assert r["value"] == pytest.approx(expected[tuple(r["_key"])])
+            assert r["value"] == pytest.approx(expected[tuple(r["_key"])]), (r, logs)
         taken = [tp for tp in b.assigned()[-1]]
         assert any(r != "{}" for r in b.restored()), ("B should restore the state A checkpointed on revoke",
                                                       b.log.read_text()[-3000:])
         assert taken and sorted(map(tuple, a.assigned()[-1] + taken)) == [
-            (env["SENSORS_INPUT"], p) for p in range(PARTITIONS)]
+            (env["SENSORS_INPUT"], p) for p in range(PARTITIONS)], logs
     finally:
         for p in (a, b):
             if p is not None:
