@@ -24,7 +24,6 @@ from processors.checkpoint import Checkpoint, checkpoint_topic, decode_checkpoin
 from processors.errors import CheckpointError, SourceError
 from processors.executor import OutRecord, RecordLike
 from processors.executor import TopicPartition as TP
-from processors.fastdecode import SourceRecord
 from processors.sources import AssignmentListener
 
 __all__ = ["KafkaCheckpointStore", "KafkaSink", "KafkaSource"]
@@ -112,9 +111,7 @@ class KafkaSource:
             raise SourceError(f"fetch failed: {exc}") from exc
         out: list[tuple[TP, list[RecordLike]]] = []
         for tp, messages in data.items():
-            records: list[RecordLike] = [
-                SourceRecord(m.offset, m.timestamp, m.key, m.value, tuple(m.headers or ())) for m in messages
-            ]
+            records: list[RecordLike] = list(messages)  # ConsumerRecord has every attribute a processor reads
             if records:
                 out.append(((tp.topic, tp.partition), records))
         return out
