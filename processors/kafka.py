@@ -69,6 +69,7 @@ class KafkaSource:
         try:
             await self.consumer.start()
         except KafkaError as exc:
+            await self.consumer.stop()
             raise SourceError(f"cannot join group {self.group!r} at {self.bootstrap}: {exc}") from exc
 
     async def stop(self) -> None:
@@ -119,6 +120,7 @@ class KafkaSource:
 
 class KafkaSink:
     def __init__(self, bootstrap: str, *, client_id: str | None = None) -> None:
+        self.bootstrap = bootstrap
         self.producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             client_id=client_id or "sluice-processor",
@@ -132,7 +134,8 @@ class KafkaSink:
         try:
             await self.producer.start()
         except KafkaError as exc:
-            raise SourceError(f"cannot connect producer: {exc}") from exc
+            await self.producer.stop()
+            raise SourceError(f"cannot connect producer to {self.bootstrap}: {exc}") from exc
 
     async def stop(self) -> None:
         await self.producer.stop()
