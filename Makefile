@@ -35,6 +35,10 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/bin/python
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(VENV)/.installed $@
 
+# The docker-compose stack as local processes (no Docker engine needed); Ctrl-C stops it.
+demo: $(VENV)/.installed
+	$(BIN)/sluice demo $(DEMO_ARGS)
+
 bench: system-deps $(VENV)/.installed-dev
 	$(BIN)/python -m bench.run_all
 

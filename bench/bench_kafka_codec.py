@@ -111,6 +111,7 @@ def main() -> None:
 
     # Sanity: all three produce the same bytes / the same values.
     assert kio_encode_fetch() == fetch.encode_fetch_response(fresp, 11) == kp_encode_fetch()
+    assert b"".join(fetch.encode_fetch_response_parts(fresp, 11)) == kio_encode_fetch()
     assert kio_encode_produce_resp() == produce.encode_produce_response(presp, 8) == kp_encode_produce_resp()
     assert kio_preq(preq_bytes, 0)[0].topic_data[0].partition_data[5].records == batch16k
     assert KpProduceRequest.decode(preq_bytes, version=8).topic_data[0].partition_data[5].records == batch16k
@@ -122,7 +123,7 @@ def main() -> None:
             "kafka-python": lambda: KpProduceRequest.decode(preq_bytes, version=8),
         }),
         ("encode FetchResponse v11 (6 × 64 KiB)", {
-            "struct": lambda: fetch.encode_fetch_response(fresp, 11),
+            "struct": lambda: fetch.encode_fetch_response_parts(fresp, 11),  # buffers for writelines
             "kio": kio_encode_fetch,
             "kafka-python": kp_encode_fetch,
         }),

@@ -305,13 +305,16 @@ class Runner:
                 "idle": bool(pw is not None and pw.idle(now)),
             })
         wm = ex.watermark
+        lags = [p["offset_lag"] for p in parts if p["offset_lag"] is not None]
         return {
+            "name": self.pipeline.name,
             "pipeline": self.pipeline.name,
             "running": bool(self._tasks) and not self.stopped.is_set(),
             "failed": repr(self.failed) if self.failed else None,
             "watermark": None if wm == NO_TIME else wm,
             "event_time_lag_ms": None if wm == NO_TIME else now - wm,
             "partitions": parts,
+            "offset_lag": sum(lags),
             "records_in": ex.records_in,
             "records_out": self.records_out,
             "late_records": ex.late_count,

@@ -98,6 +98,16 @@ def process(
     raise typer.Exit(run_process(pipeline, bootstrap, checkpoint_interval, session_timeout_ms))
 
 
+def _register_client_commands() -> None:
+    from sluice import cli_data, cli_demo, cli_ops, cli_simulate, cli_topics
+
+    for module in (cli_topics, cli_data, cli_ops, cli_simulate, cli_demo):
+        module.register(app)
+
+
+_register_client_commands()
+
+
 def main() -> None:
     app(prog_name="sluice")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -24,7 +24,9 @@ __all__ = [
     "FileSourceSettings",
     "HttpSettings",
     "IngestSettings",
+    "KafkaListenerSettings",
     "KafkaSettings",
+    "MqttBridgeSettings",
     "MqttSettings",
     "Settings",
     "StorageSettings",
@@ -59,18 +61,66 @@ class StorageSettings(BaseModel):
         )
 
 
+class KafkaListenerSettings(BaseModel):
+    """A second Kafka port (``[[kafka.extra_listeners]]``) whose clients are told its own advertised address.
+
+    Environment form: ``SLUICE_KAFKA__EXTRA_LISTENERS='[{"name":"internal","port":29092,"advertised_host":"sluice"}]'``.
+    """
+
+    name: str
+    port: int
+    host: str | None = None  # bind address; defaults to the top-level host
+    advertised_host: str | None = None  # defaults to the bind host
+    advertised_port: int | None = None  # defaults to the bound port
+
+
 class KafkaSettings(BaseModel):
     enabled: bool = True
     port: int = 9092
     advertised_host: str | None = None  # defaults to the bind host
     advertised_port: int | None = None  # defaults to the bound port
     max_request_bytes: int = 100 * 1024 * 1024
+    extra_listeners: list[KafkaListenerSettings] = Field(default_factory=list)
+
+    @field_validator("extra_listeners")
+    @classmethod
+    def _unique_listener_names(cls, value: list[KafkaListenerSettings]) -> list[KafkaListenerSettings]:
+        names = [listener.name for listener in value]
+        if len(set(names)) != len(names) or "default" in names:
+            raise ValueError(f"extra listener names must be unique and not 'default': {names}")
+        return value
+
+
+class MqttBridgeSettings(BaseModel):
+    """An external MQTT broker to subscribe to (``[[mqtt.bridges]]``); acks it only after the durable append."""
+
+    name: str = "default"  # routing source name: SourceRef("bridge", name)
+    host: str = "127.0.0.1"
+    port: int = 1883
+    topics: list[str] = Field(default_factory=lambda: ["#"])
+    client_id: str = "sluice-bridge"  # fixed: the broker keeps our persistent session under it
+    username: str | None = None
+    password: str | None = None
+    protocol: Literal[4, 5] = 4  # 4 = MQTT 3.1.1, 5 = MQTT 5.0
+    keepalive_s: int = 30
+    max_inflight: int = 100  # QoS 1 messages the broker may send before our acks
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
 
 
 class MqttSettings(BaseModel):
     enabled: bool = True
     port: int = 1883
     allow_anonymous: bool = True
+    users: dict[str, str] = Field(default_factory=dict)  # username -> password for the built-in auth hook
+    max_packet_bytes: int = 1024 * 1024 + 1024
+    receive_maximum: int = 1024  # inbound QoS 1/2 in flight per connection; reads pause at this many
+    topic_alias_maximum: int = 32
+    max_queued_messages: int = 10_000  # per persistent session
+    connect_timeout_s: float = 10.0
+    protocol_versions: list[int] = Field(default_factory=lambda: [4, 5])  # 4 = MQTT 3.1.1, 5 = MQTT 5.0
+    backlog: int = 4096
+    bridges: list[MqttBridgeSettings] = Field(default_factory=list)
 
 
 class TcpListenerSettings(BaseModel):

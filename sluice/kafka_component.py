@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import DurableOffsetStore, MemoryOffsetStore, OffsetStore
-from broker.server.kafka import KafkaServer, KafkaServerConfig
+from broker.server.kafka import KafkaListenerConfig, KafkaServer, KafkaServerConfig
 from sluice.runtime import Runtime
 
 __all__ = ["KafkaComponent", "kafka_component"]
@@ -36,6 +36,9 @@ class KafkaComponent:
                 advertised_host=kafka.advertised_host,
                 advertised_port=kafka.advertised_port,
                 max_request_bytes=kafka.max_request_bytes,
+                extra_listeners=tuple(
+                    KafkaListenerConfig(**extra.model_dump()) for extra in kafka.extra_listeners
+                ),
             ),
         )
 
@@ -43,7 +46,11 @@ class KafkaComponent:
         await self.coordinator.start()
         self.runtime.registries["groups"] = self.coordinator
         await self.server.start()
-        self.runtime.announce("kafka", self.runtime.settings.host, self.server.port)
+        settings = self.runtime.settings
+        self.runtime.announce("kafka", settings.host, self.server.port)
+        for extra in settings.kafka.extra_listeners:
+            port = self.server.listener_ports[extra.name]
+            self.runtime.announce(f"kafka:{extra.name}", extra.host or settings.host, port)
 
     async def stop(self) -> None:
         await self.server.stop()

@@ -267,6 +267,31 @@ class GroupCoordinator:
             lags[tp] = max(0, hw - committed.offset)
         return lags
 
+    async def delete_groups(self, group_ids: list[str]) -> dict[str, ErrorCode]:
+        """DeleteGroups: forget groups without members and their committed offsets."""
+        result: dict[str, ErrorCode] = {}
+        for group_id in group_ids:
+            group = self._groups.get(group_id)
+            if group is not None and group.members:
+                result[group_id] = ErrorCode.NON_EMPTY_GROUP
+                continue
+            if group is None and not self.offsets.fetch(group_id):
+                result[group_id] = ErrorCode.GROUP_ID_NOT_FOUND
+                continue
+            if group is not None:
+                # Dead before the first await: a JoinGroup arriving meanwhile starts a fresh group.
+                group.mark_dead()
+                del self._groups[group_id]
+            try:
+                await self.offsets.delete_group(group_id)
+            except OffsetStoreError as exc:
+                log.error("group delete failed", extra={"group": group_id, "error": str(exc)})
+                result[group_id] = ErrorCode.COORDINATOR_NOT_AVAILABLE
+                continue
+            result[group_id] = ErrorCode.NONE
+            log.info("group deleted", extra={"group": group_id})
+        return result
+
     # ------------------------------------------------------------------ description
 
     def describe(self, group_id: str) -> GroupDescription:
@@ -296,6 +321,18 @@ class GroupCoordinator:
         return group
 
     def _deliver(self, group_id: str, effects: Effects) -> None:
+        done = [r for _, r in effects.joins if r.error_code == ErrorCode.NONE]
+        if done:
+            log.info(
+                "group rebalanced",
+                extra={
+                    "group": group_id,
+                    "generation": done[0].generation_id,
+                    "members": len(done),
+                    "protocol": done[0].protocol_name,
+                    "leader": done[0].leader_id,
+                },
+            )
         for mid, join_result in effects.joins:
             self._resolve(self._join_waiters, (group_id, mid), join_result)
         for mid, sync_result in effects.syncs:

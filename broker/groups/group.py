@@ -11,7 +11,7 @@ States and transitions::
       │                 │        └──(no members left)──▶ Empty                 │ leader's SyncGroup
       │                 │                                                      ▼
       └──(no members)───┴──── member joins/leaves/expires, leader rejoins ── Stable
-    Dead: terminal; only reached through ``delete`` (no members and no future use).
+    Dead: terminal; only DeleteGroups on a group without members gets there (``mark_dead``).
 
 Rules:
 1. Member ids are ``<client_id>-<uuid>``, made by the coordinator. A JoinGroup with an empty member
@@ -27,7 +27,8 @@ Rules:
    parked SyncGroup with REBALANCE_IN_PROGRESS and clears the assignments. The rebalance deadline is
    now + the largest rebalance timeout of the members.
 5. The rebalance completes when every member has a parked JoinGroup and no pending member id is
-   outstanding, or when the deadline passes; members without a parked JoinGroup are then removed.
+   outstanding, or when the deadline passes, or at once when no member is left; members without a
+   parked JoinGroup are then removed.
    Completion bumps the generation, picks the protocol (each member votes for its most preferred one
    among those all support; most votes wins, ties to the leader's preference), and answers every
    parked JoinGroup; only the leader's answer lists the members with their metadata. With members the
@@ -43,13 +44,18 @@ Rules:
    PreparingRebalance → REBALANCE_IN_PROGRESS; otherwise NONE. Heartbeats, JoinGroup, SyncGroup and
    accepted commits push the member's session deadline to now + session timeout.
 8. A member whose session deadline passes is removed as if it had left, unless it has a parked
-   JoinGroup or SyncGroup (the rebalance deadline or the leader's sync governs those). Removing a
-   member with a parked request answers it with UNKNOWN_MEMBER_ID.
+   JoinGroup or SyncGroup (the rebalance deadline or the leader's sync governs those); answering a
+   parked request restarts the member's session clock. Removing a member with a parked request
+   answers it with UNKNOWN_MEMBER_ID.
 9. Offset commits: generation < 0 on an Empty group is a standalone commit (no membership);
    otherwise CompletingRebalance → REBALANCE_IN_PROGRESS, unknown member → UNKNOWN_MEMBER_ID, wrong
    generation → ILLEGAL_GENERATION. Commits are allowed in PreparingRebalance (consumers commit
    while revoking partitions).
 10. The generation never decreases; a member is in at most one of: pending, parked join, parked sync.
+11. Static membership (``group_instance_id``): such a member never gets MEMBER_ID_REQUIRED; joining
+    with an empty member id while another member holds the instance id removes that member (its
+    parked requests get FENCED_INSTANCE_ID) and adds the new one, which rebalances the group; a
+    member id that does not hold the instance id it names gets FENCED_INSTANCE_ID.
 """
 
 from __future__ import annotations
@@ -221,6 +227,21 @@ class Group:
         if not self._supports(member_id, protocol_type, protocols):
             return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=member_id), member_id, effects
 
+        if group_instance_id:
+            holder = next(
+                (m.member_id for m in self.members.values() if m.group_instance_id == group_instance_id), None
+            )
+            if member_id == "" and holder is not None:
+                # A static member restarted: the new incarnation replaces (fences) the old one. The old
+                # one is dropped without a transition of its own; adding the new one rebalances once.
+                old = self._drop(holder)
+                if old.awaiting_join:
+                    effects.joins.append((holder, JoinResult(ErrorCode.FENCED_INSTANCE_ID, member_id=holder)))
+                if old.awaiting_sync:
+                    effects.syncs.append((holder, SyncResult(ErrorCode.FENCED_INSTANCE_ID)))
+            elif member_id and holder is not None and holder != member_id:
+                return JoinResult(ErrorCode.FENCED_INSTANCE_ID, member_id=member_id), member_id, effects
+            require_known_member_id = False  # the instance id identifies a static member
         if member_id == "" and require_known_member_id:
             self.pending[new_member_id] = now + session_timeout_ms / 1000.0
             return JoinResult(ErrorCode.MEMBER_ID_REQUIRED, member_id=new_member_id), new_member_id, effects
@@ -399,6 +420,12 @@ class Group:
             members=members,
         )
 
+    def mark_dead(self) -> None:
+        """DeleteGroups on a group without members: nothing may use this object any more."""
+        assert not self.members, "only a group without members can be deleted"
+        self.pending.clear()
+        self.state = GroupState.DEAD
+
     def fail_all(self, error: ErrorCode) -> Effects:
         """Answer every parked request with ``error`` (coordinator shutting down)."""
         effects = Effects()
@@ -454,6 +481,7 @@ class Group:
                 m.assignment = b""
                 if m.awaiting_sync:
                     m.awaiting_sync = False
+                    m.touch(now)  # its session clock restarts when its parked request is answered
                     effects.syncs.append((mid, SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)))
         was_empty = self.state is GroupState.EMPTY
         self.state = GroupState.PREPARING_REBALANCE
@@ -469,9 +497,11 @@ class Group:
         if self.state is not GroupState.PREPARING_REBALANCE:
             return
         all_joined = not self.pending and all(m.awaiting_join for m in self.members.values())
-        delay_over = self.join_not_before is None or now >= self.join_not_before
+        if self.join_not_before is not None and now >= self.join_not_before:
+            self.join_not_before = None
+        delay_over = self.join_not_before is None
         timed_out = self.rebalance_deadline is not None and now >= self.rebalance_deadline
-        if (all_joined and delay_over) or timed_out:
+        if (all_joined and delay_over) or timed_out or not self.members:
             self._complete_join(now, effects)
 
     def _complete_join(self, now: float, effects: Effects) -> None:

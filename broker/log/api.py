@@ -15,7 +15,7 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from broker.errors import (
     InvalidPartitionsError,
@@ -108,6 +108,12 @@ class PartitionLog(ABC):
     @abstractmethod
     async def close(self) -> None: ...
 
+    async def reconfigure(self, config: TopicConfig) -> None:
+        """Apply a changed topic config; everything written so far is flushed first, so a switch
+        away from ``always`` never weakens what was already acknowledged."""
+        await self.flush()
+        self.config = config
+
     # -- shared logic -------------------------------------------------------------------
 
     async def append(self, data: bytes | bytearray | memoryview) -> AppendResult:
@@ -173,8 +179,6 @@ class PartitionLog(ABC):
 
 
 def _rebased(header: BatchHeader, base_offset: int) -> BatchHeader:
-    from dataclasses import replace
-
     return replace(header, base_offset=base_offset)
 
 
@@ -228,6 +232,15 @@ class LogStore(ABC):
             raise InvalidPartitionsError(f"partition count must be between 1 and {MAX_PARTITIONS}, got {count}")
         info = TopicInfo(name, count, config or self.default_config, int(time.time() * 1000), internal)
         self._partitions[name] = [self._open_partition(info, p) for p in range(count)]
+        self._topics[name] = info
+        self._persist_topics()
+        return info
+
+    async def alter_topic_config(self, name: str, config: TopicConfig) -> TopicInfo:
+        """Change a topic's config in place (retention, segment size, flush policy, ...)."""
+        info = replace(self.topic(name), config=config)
+        for log in self._partitions[name]:
+            await log.reconfigure(config)
         self._topics[name] = info
         self._persist_topics()
         return info

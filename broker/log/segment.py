@@ -197,7 +197,17 @@ class SegmentPartitionLog(PartitionLog):
 
     async def _sync(self) -> None:
         """One fsync round: every descriptor with unsynced changes, in a worker thread."""
+        if self._failed is not None:
+            raise self._failed  # a retried fsync may "succeed" after the kernel dropped the pages
         targets: list[tuple[int, bool]] = []
+        if self._dir_dirty:
+            if self._dir_fd is None:
+                try:
+                    self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+                except OSError as exc:
+                    raise StorageError(f"cannot open {self.directory} to fsync it: {exc.strerror}") from exc
+            targets.append((self._dir_fd, True))
+            self._dir_dirty = False
         held: list[Segment] = []
         for seg in self._segments:
             if not (seg.dirty_log or seg.dirty_index):
@@ -209,17 +219,16 @@ class SegmentPartitionLog(PartitionLog):
             seg.dirty_log = seg.dirty_index = False
             seg.syncing += 1
             held.append(seg)
-        if self._dir_dirty:
-            if self._dir_fd is None:
-                self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-            targets.append((self._dir_fd, True))
-            self._dir_dirty = False
         active = self._active
         assert active.index is not None
         point = RecoveryPoint(active.base_offset, active.size, active.end_offset,
                               active.index.max_timestamp, active.created_ms)
         try:
             await asyncio.get_running_loop().run_in_executor(self._executor, _fsync_all, targets)
+        except OSError as exc:
+            raise StorageError(
+                f"fsync failed in {self.directory} ({exc.strerror or exc}); the data may not be on disk"
+            ) from exc
         finally:
             for seg in held:
                 seg.syncing -= 1
@@ -235,16 +244,24 @@ class SegmentPartitionLog(PartitionLog):
             log.error(message)
             self._failed = StorageError(message)
 
+    async def reconfigure(self, config: TopicConfig) -> None:
+        await super().reconfigure(config)
+        self.flusher.policy = config.flush
+        self.flusher.interval_s = max(config.flush_interval_ms, 0) / 1000
+
     async def flush(self) -> None:
         await self.flusher.wait_durable()
         if self._failed is not None:
             raise self._failed
 
     async def close(self) -> None:
+        """Sync and close; raises if the partition failed (the caller must not mark a clean shutdown)."""
         if self._closed:
             return
         try:
             await self.flusher.close()
+            if self._failed is not None:
+                raise self._failed
         finally:
             self._closed = True
             for seg in self._segments:
@@ -420,9 +437,14 @@ class SegmentLogStore(LogStore):
             logs: list[PartitionLog] = []
             for p in range(info.partitions):
                 directory = self._dir(info.name, p)
-                directory.mkdir(exist_ok=True)
-                rec = recover_partition(directory, interval=info.config.index_interval_bytes,
-                                        point=points.get(directory.name), now_ms=int(self._clock() * 1000))
+                try:
+                    directory.mkdir(exist_ok=True)
+                    rec = recover_partition(directory, interval=info.config.index_interval_bytes,
+                                            point=points.get(directory.name), now_ms=int(self._clock() * 1000))
+                except OSError as exc:
+                    raise StorageError(
+                        f"cannot recover partition directory {directory}: {exc.strerror or exc}"
+                    ) from exc
                 scanned += rec.scanned_bytes
                 truncated += rec.truncated_bytes
                 logs.append(self._make_log(info, p, rec.segments, rec.point))
@@ -452,9 +474,17 @@ class SegmentLogStore(LogStore):
         if self._checkpoint_task is not None:
             self._checkpoint_task.cancel()
             self._checkpoint_task = None
+        errors: list[BaseException] = []
         try:
-            await super().close()
+            for logs in self._partitions.values():
+                for log_ in logs:
+                    try:
+                        await log_.close()
+                    except StorageError as exc:
+                        errors.append(exc)
             self._write_checkpoint(force=True)
+            if errors:  # no clean-shutdown marker: the next start scans from the last good checkpoint
+                raise errors[0]
             atomic_write(self.root / CLEAN_MARKER, b"")
         finally:
             self._started = False

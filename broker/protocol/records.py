@@ -145,15 +145,34 @@ def _zigzag(n: int) -> int:
     return (n << 1) ^ (n >> 63)
 
 
-def _write_varint(out: bytearray, n: int) -> None:
+def _encode_varint_slow(n: int) -> bytes:
     v = _zigzag(n) & 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
     while v >= 0x80:
         out.append((v & 0x7F) | 0x80)
         v >>= 7
     out.append(v)
+    return bytes(out)
+
+
+# Pre-encoded varints for -8192..8191: covers record lengths, deltas and field sizes of typical
+# device records, so the hot path is one table lookup instead of a Python loop.
+_SMALL_VARINT_LIMIT = 8192
+_SMALL_VARINTS = [_encode_varint_slow(n) for n in range(-_SMALL_VARINT_LIMIT, _SMALL_VARINT_LIMIT)]
+
+
+def _varint(n: int) -> bytes:
+    if -_SMALL_VARINT_LIMIT <= n < _SMALL_VARINT_LIMIT:
+        return _SMALL_VARINTS[n + _SMALL_VARINT_LIMIT]
+    return _encode_varint_slow(n)
+
+
+_ONE_BYTE_VARINTS = [(b >> 1) ^ -(b & 1) for b in range(0x80)]
 
 
 def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    if pos < len(buf) and buf[pos] < 0x80:  # the common case: one byte
+        return _ONE_BYTE_VARINTS[buf[pos]], pos + 1
     shift = 0
     result = 0
     while True:
@@ -170,22 +189,19 @@ def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     return (result >> 1) ^ -(result & 1), pos
 
 
-def _write_bytes(out: bytearray, data: bytes | None) -> None:
-    if data is None:
-        _write_varint(out, -1)
+def _read_bytes(buf: bytes, pos: int) -> tuple[bytes | None, int]:
+    first = buf[pos] if pos < len(buf) else 0x80
+    if first < 0x80:
+        length = _ONE_BYTE_VARINTS[first]
+        pos += 1
     else:
-        _write_varint(out, len(data))
-        out += data
-
-
-def _read_bytes(buf: bytes | memoryview, pos: int) -> tuple[bytes | None, int]:
-    length, pos = _read_varint(buf, pos)
+        length, pos = _read_varint(buf, pos)
     if length < 0:
         return None, pos
     end = pos + length
     if end > len(buf):
         raise CorruptRecordError("record field runs past the end of the batch")
-    return bytes(buf[pos:end]), end
+    return buf[pos:end], end
 
 
 # ---------------------------------------------------------------- compression
@@ -267,17 +283,22 @@ def encode_batch(
     stamps = [r.timestamp if r.timestamp is not None else timestamp for r in records]
     base_ts = min(stamps)
     body = bytearray()
+    varint = _varint
+    null = _varint(-1)
     for delta, (rec, ts) in enumerate(zip(records, stamps, strict=True)):
-        inner = bytearray(b"\x00")  # attributes
-        _write_varint(inner, ts - base_ts)
-        _write_varint(inner, delta)
-        _write_bytes(inner, rec.key)
-        _write_bytes(inner, rec.value)
-        _write_varint(inner, len(rec.headers))
-        for hkey, hvalue in rec.headers:
-            _write_bytes(inner, hkey.encode())
-            _write_bytes(inner, hvalue)
-        _write_varint(body, len(inner))
+        key, value = rec.key, rec.value
+        inner = b"".join(
+            (
+                b"\x00",  # attributes
+                varint(ts - base_ts),
+                varint(delta),
+                null if key is None else varint(len(key)) + key,
+                null if value is None else varint(len(value)) + value,
+                varint(len(rec.headers)),
+                *(_encode_header(hkey, hvalue) for hkey, hvalue in rec.headers),
+            )
+        )
+        body += varint(len(inner))
         body += inner
     payload = _compress(compression, bytes(body))
     attributes = int(compression)
@@ -299,6 +320,12 @@ def encode_batch(
     batch_length = BATCH_HEADER_SIZE - LOG_OVERHEAD + len(payload)
     head = struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, MAGIC_V2, crc)
     return head + after_crc
+
+
+def _encode_header(key: str, value: bytes | None) -> bytes:
+    raw_key = key.encode()
+    encoded_value = _varint(-1) if value is None else _varint(len(value)) + value
+    return _varint(len(raw_key)) + raw_key + encoded_value
 
 
 # ---------------------------------------------------------------- decode
@@ -380,26 +407,27 @@ def decode_records(batch: bytes | memoryview, header: BatchHeader | None = None)
         header = verify_batch(batch)
     if header.is_control:
         return []
-    payload: bytes | memoryview = memoryview(batch)[BATCH_HEADER_SIZE : header.size]
+    payload = bytes(memoryview(batch)[BATCH_HEADER_SIZE : header.size])  # indexing bytes is fastest
     if header.compression is not Compression.NONE:
-        payload = _decompress(header.compression, bytes(payload))
+        payload = _decompress(header.compression, payload)
     records: list[Record] = []
     pos = 0
+    read_varint, read_bytes = _read_varint, _read_bytes
     for _ in range(header.record_count):
-        length, pos = _read_varint(payload, pos)
+        length, pos = read_varint(payload, pos)
         end = pos + length
         if length < 0 or end > len(payload):
             raise CorruptRecordError("record length runs past the end of the batch")
         pos += 1  # attributes, unused in v2
-        ts_delta, pos = _read_varint(payload, pos)
-        offset_delta, pos = _read_varint(payload, pos)
-        key, pos = _read_bytes(payload, pos)
-        value, pos = _read_bytes(payload, pos)
-        count, pos = _read_varint(payload, pos)
+        ts_delta, pos = read_varint(payload, pos)
+        offset_delta, pos = read_varint(payload, pos)
+        key, pos = read_bytes(payload, pos)
+        value, pos = read_bytes(payload, pos)
+        count, pos = read_varint(payload, pos)
         headers: list[tuple[str, bytes | None]] = []
         for _h in range(count):
-            hkey, pos = _read_bytes(payload, pos)
-            hvalue, pos = _read_bytes(payload, pos)
+            hkey, pos = read_bytes(payload, pos)
+            hvalue, pos = read_bytes(payload, pos)
             headers.append(((hkey or b"").decode("utf-8", "replace"), hvalue))
         if pos != end:
             raise CorruptRecordError("record length does not match its fields")

@@ -63,9 +63,10 @@ async def handle_metadata(ctx: BrokerContext, body: Any, conn: ConnectionInfo, v
     else:
         names = [str(t.name) for t in requested]
         create = bool(getattr(body, "allow_auto_topic_creation", True)) and ctx.store.auto_create_topics
+    host, port = ctx.advertised_for(conn)
     return {
         "throttle_time": 0,
-        "brokers": [{"node_id": NODE_ID, "host": ctx.advertised_host, "port": ctx.advertised_port, "rack": None}],
+        "brokers": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
         "cluster_id": ctx.cluster_id,
         "controller_id": NODE_ID,
         "topics": [_topic_metadata(ctx, name, create) for name in names],

@@ -22,9 +22,10 @@ from broker.log.api import LogStore
 from broker.protocol.kafka_codes import ErrorCode
 from broker.server.producer_state import ProducerIdAllocator, ProducerStateTable
 
-__all__ = ["NODE_ID", "BrokerContext", "ConnectionInfo", "error_code_for", "millis"]
+__all__ = ["DEFAULT_LISTENER", "NODE_ID", "BrokerContext", "ConnectionInfo", "error_code_for", "millis"]
 
 NODE_ID = 0
+DEFAULT_LISTENER = "default"
 
 
 @dataclass
@@ -38,12 +39,20 @@ class BrokerContext:
     cluster_id: str = "sluice"
     producer_state: ProducerStateTable = field(default_factory=ProducerStateTable)
     producer_ids: ProducerIdAllocator = field(default_factory=ProducerIdAllocator)
+    # Extra listeners' advertised (host, port) by listener name; a connection is told the address of
+    # the listener it arrived on (Metadata, FindCoordinator), the default one otherwise.
+    listener_addresses: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def advertised_for(self, conn: ConnectionInfo) -> tuple[str, int]:
+        """The (host, port) a client connected through ``conn.listener`` should use to reach us."""
+        return self.listener_addresses.get(conn.listener, (self.advertised_host, self.advertised_port))
 
 
 @dataclass(frozen=True, slots=True)
 class ConnectionInfo:
     peer_host: str
     peer_port: int
+    listener: str = DEFAULT_LISTENER  # the name of the listener the connection arrived on
 
 
 _ERRORS: tuple[tuple[type[BrokerError], ErrorCode], ...] = (

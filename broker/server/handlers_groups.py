@@ -27,8 +27,9 @@ __all__ = [
 
 
 async def handle_find_coordinator(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    host, port = ctx.advertised_for(conn)
     return {"throttle_time": 0, "error_code": ErrorCode.NONE, "error_message": None, "node_id": NODE_ID,
-            "host": ctx.advertised_host, "port": ctx.advertised_port}
+            "host": host, "port": port}
 
 
 async def handle_join_group(

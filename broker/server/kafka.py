@@ -5,6 +5,10 @@ ordering: a request is handled only after the previous one was dispatched), and 
 sends the responses in request order. Produce appends synchronously at dispatch and waits for
 durability in the writer, so pipelined produces keep their order and share fsyncs.
 
+Extra listeners (``KafkaServerConfig.extra_listeners``) bind more ports serving the same broker; a
+connection is told (in Metadata and FindCoordinator) the advertised address of the listener it came in
+on — e.g. ``localhost:9092`` for clients on the host and ``sluice:29092`` inside a compose network.
+
 Bad input never takes the broker down: a negative or oversized length, a truncated frame at EOF or
 an undecodable request closes that connection with a WARNING; an unknown API key or version is
 answered UNSUPPORTED_VERSION and the connection stays open.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -30,16 +35,16 @@ from broker.protocol.kafka import (
     RequestHeader,
     UnsupportedRequestError,
     decode_request,
-    encode_response,
+    encode_response_parts,
     encode_unsupported_version,
 )
 from broker.server import handlers_admin as admin
 from broker.server import handlers_fetch as fetching
 from broker.server import handlers_groups as groups
 from broker.server import handlers_produce as producing
-from broker.server.handlers_common import BrokerContext, ConnectionInfo
+from broker.server.handlers_common import DEFAULT_LISTENER, BrokerContext, ConnectionInfo
 
-__all__ = ["KafkaServer", "KafkaServerConfig", "handle_request"]
+__all__ = ["KafkaListenerConfig", "KafkaServer", "KafkaServerConfig", "handle_request"]
 
 log = logging.getLogger("broker.server.kafka")
 
@@ -78,12 +83,29 @@ async def handle_request(ctx: BrokerContext, request: Request, conn: ConnectionI
 
 
 @dataclass(frozen=True, slots=True)
+class KafkaListenerConfig:
+    """One more port serving the same broker, with the address clients arriving on it are told."""
+
+    name: str
+    port: int
+    host: str | None = None  # default: the main listener's bind host
+    advertised_host: str | None = None  # default: the bind host
+    advertised_port: int | None = None  # default: the bound port
+
+
+@dataclass(frozen=True, slots=True)
 class KafkaServerConfig:
     host: str = "127.0.0.1"
     port: int = 9092
     advertised_host: str | None = None  # default: the bind host
     advertised_port: int | None = None  # default: the bound port
     max_request_bytes: int = 100 * 1024 * 1024
+    extra_listeners: tuple[KafkaListenerConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [DEFAULT_LISTENER, *(extra.name for extra in self.extra_listeners)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Kafka listener names must be unique and not {DEFAULT_LISTENER!r}: {names[1:]}")
 
 
 class _CloseConnection(Exception):
@@ -97,36 +119,52 @@ class KafkaServer:
         self.config = config
         self.ctx = BrokerContext(store, coordinator, config.advertised_host or config.host,
                                  config.advertised_port or config.port)
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[None]] = set()
         self.port = config.port
+        self.listener_ports: dict[str, int] = {}  # extra listener name -> bound port
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._on_connect, self.config.host, self.config.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        if self.config.advertised_port is None:
-            self.ctx.advertised_port = self.port
+        try:
+            main = await asyncio.start_server(self._on_connect, self.config.host, self.config.port)
+            self._servers.append(main)
+            self.port = main.sockets[0].getsockname()[1]
+            if self.config.advertised_port is None:
+                self.ctx.advertised_port = self.port
+            for extra in self.config.extra_listeners:
+                host = extra.host or self.config.host
+                server = await asyncio.start_server(
+                    functools.partial(self._on_connect, listener=extra.name), host, extra.port)
+                self._servers.append(server)
+                port = server.sockets[0].getsockname()[1]
+                self.listener_ports[extra.name] = port
+                self.ctx.listener_addresses[extra.name] = (extra.advertised_host or host, extra.advertised_port or port)
+        except BaseException:
+            await self.stop()
+            raise
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for task in list(self._connections):
             task.cancel()
         if self._connections:
             await asyncio.gather(*self._connections, return_exceptions=True)
-        if self._server is not None:
+        for server in self._servers:
             with contextlib.suppress(Exception):
-                await self._server.wait_closed()
-            self._server = None
+                await server.wait_closed()
+        self._servers = []
 
     # -- connections ------------------------------------------------------------------------
 
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_connect(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener: str = DEFAULT_LISTENER
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
         peer = writer.get_extra_info("peername") or ("?", 0)
-        conn = ConnectionInfo(str(peer[0]), int(peer[1]))
+        conn = ConnectionInfo(str(peer[0]), int(peer[1]), listener)
         queue: asyncio.Queue[tuple[RequestHeader | None, Any]] = asyncio.Queue(_PIPELINE_DEPTH)
         sender = asyncio.create_task(self._send_loop(queue, writer, conn))
         cancelled = False
@@ -199,7 +237,9 @@ class KafkaServer:
                 item = await item
             if item is None:
                 continue  # acks=0
-            frame = item if header is None else encode_response(header, item)
-            writer.write(frame)
+            if header is None:
+                writer.write(item)
+            else:
+                writer.writelines(encode_response_parts(header, item))
             if writer.transport.get_write_buffer_size() > 4 * 1024 * 1024 or queue.empty():
                 await writer.drain()

@@ -13,11 +13,18 @@ from pathlib import Path
 
 def test_serve_starts_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    env = {**os.environ, "SLUICE_KAFKA__PORT": "0", "SLUICE_MQTT__PORT": "0", "SLUICE_TCP__PORT": "0",
-           "SLUICE_HTTP__PORT": "0"}
+    env = {
+        **os.environ,
+        "SLUICE_KAFKA__PORT": "0",
+        "SLUICE_MQTT__PORT": "0",
+        "SLUICE_TCP__PORT": "0",
+        "SLUICE_HTTP__PORT": "0",
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "sluice.cli", "serve", "--data-dir", str(data)],
-        env=env, stderr=subprocess.PIPE, text=True,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 30
@@ -40,7 +47,9 @@ def test_unwritable_data_dir_is_a_one_sentence_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     proc = subprocess.run(
         [sys.executable, "-m", "sluice.cli", "serve", "--data-dir", str(blocker / "sub")],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert proc.returncode == 1
     assert "error: cannot create data directory" in proc.stderr
@@ -49,7 +58,9 @@ def test_unwritable_data_dir_is_a_one_sentence_error(tmp_path: Path) -> None:
 def test_bad_config_exits_2(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "sluice.cli", "serve", "--flush", "sometimes", "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert proc.returncode == 2
     assert "invalid configuration" in proc.stderr

@@ -27,9 +27,21 @@ async def test_tcp_listeners_and_file_source_from_settings(tmp_path: Path) -> No
         None,
         data_dir=tmp_path,
         tcp={"port": 0, "ack": True, "listeners": [{"name": "influx", "port": 0, "format": "influx"}]},
-        ingest={"files": [{"name": "old", "path": str(replay), "format": "influx", "mode": "replay",
-                           "topic": "history", "key": "tag:dev"}]},
-        kafka={"enabled": False}, mqtt={"enabled": False}, http={"enabled": False},
+        ingest={
+            "files": [
+                {
+                    "name": "old",
+                    "path": str(replay),
+                    "format": "influx",
+                    "mode": "replay",
+                    "topic": "history",
+                    "key": "tag:dev",
+                }
+            ]
+        },
+        kafka={"enabled": False},
+        mqtt={"enabled": False},
+        http={"enabled": False},
     )
     store = MemoryLogStore()
     runtime = Runtime(settings, store)
@@ -41,8 +53,12 @@ async def test_tcp_listeners_and_file_source_from_settings(tmp_path: Path) -> No
         endpoints = json.loads((tmp_path / "endpoints.json").read_text())
         assert set(endpoints) == {"tcp", "tcp:influx"}
         proc = await asyncio.create_subprocess_exec(
-            "nc", "-N", "127.0.0.1", str(endpoints["tcp"]["port"]),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            "nc",
+            "-N",
+            "127.0.0.1",
+            str(endpoints["tcp"]["port"]),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
         )
         out, _ = await proc.communicate(b'{"device_id": "x1"}\n{"device_id": "x2"}\n')
         assert out.decode().splitlines()[-1] == "ACK 2"  # ack mode, answered to nc's stdout

@@ -15,6 +15,7 @@ from broker.protocol.kafka.codec import (
     decode_response_body,
     encode_request,
     encode_response,
+    encode_response_parts,
     encode_unsupported_version,
     is_flexible,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "encode_frame",
     "encode_request",
     "encode_response",
+    "encode_response_parts",
     "encode_unsupported_version",
     "is_flexible",
 ]

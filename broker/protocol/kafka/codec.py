@@ -50,6 +50,7 @@ __all__ = [
     "decode_response_body",
     "encode_request",
     "encode_response",
+    "encode_response_parts",
     "encode_unsupported_version",
     "is_flexible",
 ]
@@ -233,6 +234,16 @@ def _encode_body(api_key: int, version: int, body: Any) -> bytes:
     buf = io.BytesIO()
     _writer(cls)(buf, entity)
     return buf.getvalue()
+
+
+def encode_response_parts(header: RequestHeader, body: Any) -> list[bytes]:
+    """The response frame as buffers for a vectored write; Fetch record bytes are not copied."""
+    if header.api_key != ApiKey.FETCH:
+        return [encode_response(header, body)]
+    parts = fetch.encode_fetch_response_parts(body, header.api_version)
+    head = encode_response_header(header.correlation_id, False)
+    size = len(head) + sum(len(p) for p in parts)
+    return [size.to_bytes(4, "big", signed=True) + head, *parts]
 
 
 def encode_response(header: RequestHeader, body: Any) -> bytes:

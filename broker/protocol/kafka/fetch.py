@@ -42,6 +42,7 @@ __all__ = [
     "decode_fetch_response",
     "encode_fetch_request",
     "encode_fetch_response",
+    "encode_fetch_response_parts",
 ]
 
 API_KEY = 1
@@ -183,7 +184,10 @@ def encode_fetch_request(req: FetchRequest, version: int) -> bytes:
     return bytes(out)
 
 
-def encode_fetch_response(resp: FetchResponse, version: int) -> bytes:
+def encode_fetch_response_parts(resp: FetchResponse, version: int) -> list[bytes]:
+    """The response body as a list of buffers: small encoded pieces and the stored record bytes
+    as they are (no copy), for a vectored socket write."""
+    parts: list[bytes] = []
     out = bytearray(I32.pack(resp.throttle_time_ms))
     if version >= 7:
         out += I16.pack(resp.error_code) + I32.pack(resp.session_id)
@@ -209,8 +213,19 @@ def encode_fetch_response(resp: FetchResponse, version: int) -> bytes:
                 out += I32.pack(-1)
             else:
                 out += I32.pack(len(p.records))
-                out += p.records
-    return bytes(out)
+                if len(p.records) > 4096:
+                    parts.append(bytes(out))
+                    parts.append(p.records)
+                    out = bytearray()
+                else:
+                    out += p.records
+    if out:
+        parts.append(bytes(out))
+    return parts
+
+
+def encode_fetch_response(resp: FetchResponse, version: int) -> bytes:
+    return b"".join(encode_fetch_response_parts(resp, version))
 
 
 def decode_fetch_response(buf: bytes | memoryview, pos: int, version: int) -> FetchResponse:

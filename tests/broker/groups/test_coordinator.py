@@ -375,3 +375,39 @@ async def test_background_task_expires_members_with_real_clock() -> None:
         assert c.heartbeat(GROUP, r.generation_id, r.member_id) == ErrorCode.UNKNOWN_MEMBER_ID
     finally:
         await c.stop()
+
+
+async def static_join(coord: GroupCoordinator, member_id: str, instance: str) -> JoinResult:
+    return await coord.join(
+        GROUP, member_id, instance, "consumer", [("range", SUB)], SESSION_MS, REBALANCE_MS, "s", "h", True
+    )
+
+
+async def test_static_member_restart_replaces_the_old_incarnation(coord: GroupCoordinator) -> None:
+    a = await static_join(coord, "", "instance-a")
+    assert a.error_code == ErrorCode.NONE, "a static member never gets MEMBER_ID_REQUIRED"
+    await coord.sync(GROUP, a.generation_id, a.member_id, {a.member_id: assignment_for(0)})
+    # The process restarts and joins again with the same instance id and no member id.
+    a2 = await static_join(coord, "", "instance-a")
+    assert a2.error_code == ErrorCode.NONE and a2.member_id != a.member_id
+    assert [(m.member_id, m.group_instance_id) for m in a2.members] == [(a2.member_id, "instance-a")]
+    # The old incarnation is fenced.
+    assert coord.heartbeat(GROUP, a2.generation_id, a.member_id) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert (await static_join(coord, a.member_id, "instance-a")).error_code == ErrorCode.FENCED_INSTANCE_ID
+
+
+async def test_delete_groups(coord: GroupCoordinator) -> None:
+    r = await join(coord)
+    await coord.commit_offsets("solo", -1, "", {("t", 0): (3, None)})
+    assert await coord.delete_groups([GROUP, "solo", "nope"]) == {
+        GROUP: ErrorCode.NON_EMPTY_GROUP,
+        "solo": ErrorCode.NONE,
+        "nope": ErrorCode.GROUP_ID_NOT_FOUND,
+    }
+    assert coord.fetch_offsets("solo", None) == {}
+    assert "solo" not in {g for g, _, _ in coord.list_groups()}
+    await coord.leave(GROUP, [r.member_id])
+    assert await coord.delete_groups([GROUP]) == {GROUP: ErrorCode.NONE}
+    assert coord.describe(GROUP).state == "Dead"
+    # The id can be used again: a fresh group starts.
+    assert (await join(coord)).generation_id == 1

@@ -123,3 +123,30 @@ async def test_store_must_be_started(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="not started"):
         store.create_topic("t", 1)
     await store.close()
+
+
+async def test_failed_fsync_is_reported_and_the_partition_refuses_more_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import broker.log.segment as segment_module
+
+    store = await stored_store(tmp_path)
+
+    def failing(targets: list[tuple[int, bool]]) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(segment_module, "_fsync_all", failing)  # the disk reports EIO on fsync
+    with pytest.raises(StorageError, match="fsync failed .*Input/output error"):
+        await store.append_records("keep", [RecordSpec(b"unsure")], partition=0)
+    with pytest.raises(StorageError, match="refuses writes until restart"):
+        await store.append_records("keep", [RecordSpec(b"refused")], partition=0)
+    monkeypatch.undo()
+    with pytest.raises(StorageError):
+        await store.close()
+    store = await open_store(tmp_path)  # a restart recovers; the 5 synced records are there
+    assert store.recovery_stats["clean"] == 0  # a failed partition never leaves a clean-shutdown marker
+    values = [r.value for r in all_records(store.partition("keep", 0))]
+    assert values[:5] == [b"value-%d" % i for i in range(5)] and b"refused" not in values
+    await store.close()

@@ -14,7 +14,7 @@ import pytest
 import broker.log.segment as segment_module
 from broker.log.config import FlushPolicy, TopicConfig
 from broker.log.segment import SegmentLogStore, SegmentPartitionLog
-from broker.protocol.records import RecordSpec, decode_all
+from broker.protocol.records import RecordSpec, decode_all, encode_batch
 from tests.broker.log.helpers import FakeClock, Model, all_records, index_files, open_store, random_batch
 
 SMALL = TopicConfig(segment_bytes=2048, index_interval_bytes=256)
@@ -267,3 +267,16 @@ async def test_flush_os_syncs_only_on_roll_and_on_request(tmp_path: Path) -> Non
     assert (log.recovery_point.segment, log.recovery_point.offset) == (3, 5)
     assert log.recovery_point.position == active.stat().st_size
     await store.close()
+
+
+async def test_altered_config_survives_restart_and_switches_the_flush_policy(tmp_path: Path) -> None:
+    store = await open_store(tmp_path)
+    store.create_topic("t", 1, TopicConfig(flush=FlushPolicy.ALWAYS))
+    await store.append("t", 0, encode_batch([RecordSpec(b"x")]))
+    await store.alter_topic_config("t", TopicConfig(flush=FlushPolicy.OS, retention_ms=1234))
+    assert seg_log(store).flusher.policy is FlushPolicy.OS
+    await store.close()
+    reopened = await open_store(tmp_path)
+    assert reopened.topic("t").config.retention_ms == 1234
+    assert seg_log(reopened).flusher.policy is FlushPolicy.OS
+    await reopened.close()

@@ -16,7 +16,7 @@ from broker.errors import (
     UnsupportedMagicError,
 )
 from broker.log.api import LogStore
-from broker.log.config import TopicConfig
+from broker.log.config import FlushPolicy, TopicConfig
 from broker.protocol.records import RecordSpec, decode_all, encode_batch
 
 
@@ -156,3 +156,16 @@ async def test_retention_by_bytes_drops_oldest_and_moves_log_start(store: LogSto
     assert first.offset <= log.log_start_offset
     with pytest.raises(OffsetOutOfRangeError):
         log.read(0, 100)
+
+
+async def test_alter_topic_config_applies_to_partitions(store: LogStore) -> None:
+    store.create_topic("cfg", 2, TopicConfig(retention_bytes=-1))
+    await store.append("cfg", 0, batch(b"before"))
+    changed = TopicConfig(retention_bytes=10, flush=FlushPolicy.OS)
+    await store.alter_topic_config("cfg", changed)
+    assert store.topic("cfg").config == changed
+    assert all(log.config == changed for log in store.partitions("cfg"))
+    await store.append("cfg", 0, batch(b"after"))
+    assert [r.value for r in decode_all(store.partition("cfg", 0).read(0, 1 << 20))] == [b"before", b"after"]
+    with pytest.raises(UnknownTopicError):
+        await store.alter_topic_config("missing", changed)

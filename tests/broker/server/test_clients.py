@@ -27,6 +27,24 @@ def _expected() -> set[bytes]:
     return {_value(i) for i in range(N)}
 
 
+def _producer_ids(port: int, topic: str) -> set[int]:
+    """Producer ids in the stored batches of partition 0 (>= 0 means the producer was idempotent)."""
+    from broker.protocol.kafka import ApiKey
+    from broker.protocol.records import split_complete_batches
+    from tests.broker.server.raw_client import RawClient
+    from tests.broker.server.test_kafka_server import fetch_body
+
+    async def fetch() -> bytes:
+        client = await RawClient.connect(port)
+        resp = await client.request(ApiKey.FETCH, 11, fetch_body(0, topic=topic))
+        await client.close()
+        return bytes(resp.topics[0].partitions[0].records)
+
+    headers, _ = split_complete_batches(asyncio.run(fetch()))
+    assert headers
+    return {h.producer_id for h in headers}
+
+
 def test_confluent_kafka_idempotent_producer_and_group_consumer(
     tmp_path: Path, sluice_factory: type[SluiceProcess]
 ) -> None:
@@ -53,6 +71,7 @@ def test_confluent_kafka_idempotent_producer_and_group_consumer(
                 producer.poll(0.05)
     assert producer.flush(60) == 0
     assert errors == []
+    assert min(_producer_ids(server.port, "confluent-test")) >= 0
 
     consumer = Consumer({
         "bootstrap.servers": server.bootstrap, "group.id": "confluent-group", "auto.offset.reset": "earliest",
@@ -109,6 +128,7 @@ def test_aiokafka_producer_and_group_consumer(tmp_path: Path, sluice_factory: ty
     server = sluice_factory(tmp_path / "data", partitions=PARTITIONS)
     server.start()
     received = asyncio.run(_aiokafka_round_trip(server.bootstrap))
+    assert min(_producer_ids(server.port, "aiokafka-test")) >= 0
     assert len(received) == N
     check_records(received, _expected(), PARTITIONS)
     values_in_key_order(received)
@@ -126,6 +146,7 @@ def test_kafka_python_producer_and_group_consumer(tmp_path: Path, sluice_factory
         future.get(timeout=10)
     assert all(f.succeeded() for f in futures)
     producer.close()
+    assert min(_producer_ids(server.port, "kafka-python-test")) >= 0  # idempotence is kafka-python's default
 
     consumer = KafkaConsumer(
         "kafka-python-test", bootstrap_servers=server.bootstrap, group_id="kafka-python-group",
@@ -143,3 +164,27 @@ def test_kafka_python_producer_and_group_consumer(tmp_path: Path, sluice_factory
     assert len(received) == N
     check_records(received, _expected(), PARTITIONS)
     values_in_key_order(received)
+
+
+def test_confluent_admin_client_creates_describes_and_deletes_topics(
+    tmp_path: Path, sluice_factory: type[SluiceProcess]
+) -> None:
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+    server = sluice_factory(tmp_path / "data")
+    server.start()
+    admin = AdminClient({"bootstrap.servers": server.bootstrap})
+    futures = admin.create_topics([NewTopic("admin-made", 5, 1, config={"retention.ms": "60000"})])
+    futures["admin-made"].result(10)
+    assert len(admin.list_topics(timeout=10).topics["admin-made"].partitions) == 5
+    duplicate = admin.create_topics([NewTopic("admin-made", 1, 1)])["admin-made"]
+    try:
+        duplicate.result(10)
+        raise AssertionError("creating an existing topic must fail")
+    except Exception as exc:  # KafkaException(TOPIC_ALREADY_EXISTS)
+        assert "TOPIC_ALREADY_EXISTS" in str(exc)
+    configs = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "admin-made")])
+    described = next(iter(configs.values())).result(10)
+    assert described["retention.ms"].value == "60000"
+    admin.delete_topics(["admin-made"])["admin-made"].result(10)
+    assert "admin-made" not in admin.list_topics(timeout=10).topics

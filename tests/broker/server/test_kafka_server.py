@@ -230,3 +230,20 @@ async def test_list_offsets_and_advertised_metadata(server: KafkaServer) -> None
     assert meta.controller_id == 0
     assert [(p.partition_index, p.leader_id) for p in meta.topics[0].partitions] == [(0, 0)]
     await client.close()
+
+
+async def test_auto_creation_off_answers_unknown_topic() -> None:
+    store = MemoryLogStore(auto_create_topics=False)
+    srv = KafkaServer(store, None, KafkaServerConfig(port=0))
+    await srv.start()
+    try:
+        client = await RawClient.connect(srv.port)
+        resp = await produce(client, records(b"nowhere"), topic="missing")
+        assert resp.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        meta = await client.request(ApiKey.METADATA, 8, {**METADATA_ALL, "topics": [{"name": "missing"}],
+                                                         "allow_auto_topic_creation": True})
+        assert int(meta.topics[0].error_code) == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        assert not store.has_topic("missing")
+        await client.close()
+    finally:
+        await srv.stop()

@@ -1,0 +1,121 @@
+"""``TcpDevice``: a sensor that writes newline-delimited readings to Sluice's TCP listener.
+
+Dependency-free (asyncio streams only). Readings are JSON objects (NDJSON), or lines of another
+format (InfluxDB line protocol, CSV) passed as ``str``/``bytes`` with no newline.
+
+Ack mode (``ack=True``, listener started with ``tcp.ack = true``): after each batch of lines is durable
+the listener answers (``ingest/tcp/listener.py``)::
+
+    ERR <line> <reason>                 a line that went to the dead-letter topic (counted in stats.rejected)
+    OK <topic> <partition> <offset>     the last offset written to a partition
+    ACK <line>                          every line up to <line> (counted from 1 per connection) is durable
+    FATAL <reason>                      the log could not take the batch; the connection closes
+
+The device keeps lines in its buffer until an ``ACK`` covers them and sends them again after a
+reconnect (at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from typing import Any
+
+from clients.devices.base import BufferedDevice, Overflow
+from clients.errors import DeviceError
+
+__all__ = ["AckProtocolError", "TcpDevice", "parse_answer"]
+
+_ANSWER = re.compile(rb"^(ACK|OK|ERR|FATAL)(?: (.*))?$")
+
+
+class AckProtocolError(DeviceError, ConnectionError):
+    """The listener's answer was not understood, or was FATAL; the link is dropped and the lines resent."""
+
+
+def parse_answer(line: bytes) -> tuple[str, str]:
+    """One answer line as (kind, rest): kind is ACK, OK, ERR or FATAL."""
+    match = _ANSWER.match(line.rstrip(b"\r\n"))
+    if match is None:
+        raise AckProtocolError(f"unexpected answer from the TCP listener: {line[:80]!r}")
+    return match.group(1).decode(), (match.group(2) or b"").decode("utf-8", "replace")
+
+
+class TcpDevice(BufferedDevice):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8094,
+        *,
+        ack: bool = False,
+        ack_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+        buffer_size: int = 10_000,
+        overflow: Overflow = "block",
+        max_batch: int = 500,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(
+            buffer_size=buffer_size,
+            overflow=overflow,
+            max_batch=max_batch,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+            name=name or f"tcp:{host}:{port}",
+        )
+        self.host = host
+        self.port = port
+        self.ack = ack
+        self.ack_timeout = ack_timeout
+        self.connect_timeout = connect_timeout
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._line_no = 0  # lines written on the current connection
+        self.rejected = 0  # lines the listener sent to the dead-letter topic (ERR answers)
+        self.last_error_line: str | None = None
+        self._link_errors = (*BufferedDevice._link_errors, TimeoutError, AckProtocolError)
+
+    async def _open(self) -> None:
+        self._reader, self._writer = await asyncio.wait_for(
+            asyncio.open_connection(self.host, self.port), self.connect_timeout
+        )
+        self._line_no = 0
+
+    async def _deliver(self, items: list[bytes]) -> None:
+        writer, reader = self._writer, self._reader
+        if writer is None or reader is None:
+            raise ConnectionError("not connected")
+        for item in items:
+            if b"\n" in item:
+                raise DeviceError(f"a reading for {self.name} contains a newline; the line protocol cannot carry it")
+        writer.write(b"\n".join(items) + b"\n")
+        await writer.drain()
+        self._line_no += len(items)
+        if not self.ack:
+            return
+        while True:
+            line = await asyncio.wait_for(reader.readline(), self.ack_timeout)
+            if not line:
+                raise ConnectionError("the TCP listener closed the connection before acknowledging")
+            kind, rest = parse_answer(line)
+            if kind == "ACK" and int(rest.split()[0]) >= self._line_no:
+                return
+            if kind == "ERR":
+                self.rejected += 1
+                self.last_error_line = rest
+            elif kind == "FATAL":
+                raise AckProtocolError(f"the TCP listener could not store the batch: {rest}")
+
+    async def _drop_connection(self) -> None:
+        writer, self._writer, self._reader = self._writer, None, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def send_reading(self, device_id: str, **fields: Any) -> None:
+        """Convenience: ``{"device": device_id, **fields}`` as one NDJSON line."""
+        await self.send({"device": device_id, **fields})

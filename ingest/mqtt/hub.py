@@ -1,0 +1,206 @@
+"""What all MQTT connections of one listener share: sessions by client id, subscriptions, retained messages.
+
+The hub never touches sockets. It owns the ``IngestPort`` (the durable append, passed in by the assembly),
+the subscription trie and retained store, and routes each durably appended message to matching sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from ingest.mqtt.packets import MQTT_5, MQTT_311, Publish, Subscription, Will
+from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
+
+if TYPE_CHECKING:
+    from ingest.mqtt.session import MqttConnection, SessionState
+
+__all__ = ["Accepted", "Authenticator", "Hub", "HubConfig", "HubStats", "IngestPort"]
+
+log = logging.getLogger("ingest.mqtt")
+
+# (client_id, username, password) -> accepted?
+Authenticator = Callable[[str, str | None, bytes | None], bool]
+
+
+# A PUBLISH accepted from a device: (the packet with its topic resolved, its packet id or 0, arrival ms).
+Accepted = tuple[Publish, int, int]
+
+
+class IngestPort(Protocol):
+    """The durable append, implemented by the assembly on top of the ingest sink."""
+
+    def ingest(self, client_id: str, messages: Sequence[Accepted]) -> Awaitable[None]:
+        """Append ``messages`` of ``client_id`` in order; complete only once durable (per the flush policy)."""
+        ...
+
+    def backlog_bytes(self) -> int:
+        """Bytes accepted but not yet durable across all sources (reads pause above a high-water mark)."""
+        ...
+
+    def connections_changed(self, delta: int) -> None:
+        """A client connected (+1) or went away (-1); for source health."""
+        ...
+
+    def reads_paused(self, paused: bool) -> None:
+        """A connection's socket reads were paused (True) or resumed (False) by backpressure."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class HubConfig:
+    allow_anonymous: bool = True
+    max_packet_size: int = 1024 * 1024 + 1024
+    receive_maximum: int = 1024  # inbound QoS 1/2 in flight per connection (advertised in MQTT 5)
+    topic_alias_maximum: int = 32
+    max_queued_messages: int = 10_000  # per session, QoS 1/2 waiting for an offline or busy client
+    connect_timeout_s: float = 10.0
+    backlog_high_bytes: int = 64 * 1024 * 1024
+    max_write_buffer: int = 4 * 1024 * 1024  # QoS 0 deliveries beyond this to a slow client are dropped
+    protocol_versions: tuple[int, ...] = (MQTT_311, MQTT_5)
+
+
+@dataclass(slots=True)
+class HubStats:
+    connections_total: int = 0
+    messages_in: int = 0
+    bytes_in: int = 0
+    duplicates: int = 0
+    delivered: int = 0
+    dropped_deliveries: int = 0  # counted and logged, never silent
+    protocol_errors: int = 0
+    append_errors: int = 0
+    wills_published: int = 0
+    read_pauses: int = 0  # times a connection's socket reads were paused for backpressure
+    max_queued: int = 0  # most messages one connection ever had waiting for the append
+
+
+@dataclass(eq=False)
+class Hub:
+    port: IngestPort
+    config: HubConfig = field(default_factory=HubConfig)
+    authenticator: Authenticator | None = None
+    sessions: dict[str, SessionState] = field(default_factory=dict)
+    connections: set[MqttConnection] = field(default_factory=set)
+    tree: SubscriptionTree[SessionState, Subscription] = field(default_factory=SubscriptionTree)
+    retained: RetainedStore = field(default_factory=RetainedStore)
+    stats: HubStats = field(default_factory=HubStats)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    # ------------------------------------------------------------------ connect / sessions
+    def authenticate(self, client_id: str, username: str | None, password: bytes | None) -> bool:
+        if username is None and password is None:
+            return self.config.allow_anonymous
+        if self.authenticator is None:
+            return True
+        return bool(self.authenticator(client_id, username, password))
+
+    def attach(self, connection: MqttConnection, client_id: str, clean: bool, expiry_s: float) -> tuple[
+        SessionState, bool
+    ]:
+        """Bind ``connection`` to the session of ``client_id``; returns (session, session_present)."""
+        from ingest.mqtt.session import SessionState
+
+        existing = self.sessions.get(client_id)
+        if existing is not None and existing.connection is not None and existing.connection is not connection:
+            existing.connection.take_over()
+        if existing is not None and (clean or existing.expired(time.monotonic())):
+            self.drop_session(existing)
+            existing = None
+        present = existing is not None
+        session = existing or SessionState(client_id)
+        session.expiry_s = expiry_s
+        session.connection = connection
+        session.ended_at = None
+        self.sessions[client_id] = session
+        return session, present
+
+    def detach(self, connection: MqttConnection, session: SessionState) -> None:
+        if session.connection is not connection:
+            return
+        session.connection = None
+        if session.expiry_s <= 0:
+            self.drop_session(session)
+        else:
+            session.ended_at = time.monotonic()
+
+    def drop_session(self, session: SessionState) -> None:
+        for topic_filter in session.subscriptions:
+            self.tree.remove(topic_filter, session)
+        session.subscriptions.clear()
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+
+    # ------------------------------------------------------------------ subscriptions
+    def subscribe(self, session: SessionState, sub: Subscription) -> bool:
+        session.subscriptions[sub.topic_filter] = sub
+        return self.tree.add(sub.topic_filter, session, sub)
+
+    def unsubscribe(self, session: SessionState, topic_filter: str) -> bool:
+        session.subscriptions.pop(topic_filter, None)
+        return self.tree.remove(topic_filter, session)
+
+    # ------------------------------------------------------------------ routing
+    def deliver(self, client_id: str, messages: Sequence[Accepted]) -> None:
+        """Route durably appended messages: retained store, then every matching subscriber."""
+        tree = self.tree
+        for msg, _, _ in messages:
+            if msg.retain:
+                self.retained.store(msg)
+            if not len(tree):
+                continue
+            matches = tree.match(msg.topic)
+            if not matches:
+                continue
+            best: dict[SessionState, Subscription] = {}
+            for session, sub in matches:
+                if sub.no_local and session.client_id == client_id:
+                    continue
+                prev = best.get(session)
+                if prev is None or sub.qos > prev.qos:
+                    best[session] = sub
+            for session, sub in best.items():
+                session.offer(
+                    msg.topic, msg.payload, min(msg.qos, sub.qos), msg.retain and sub.retain_as_published, self
+                )
+
+    def publish_will(self, client_id: str, will: Will) -> None:
+        """Publish a will after an abnormal disconnect: appended like any message, then delivered."""
+        msg = Publish(will.topic, will.payload, will.qos, will.retain)
+        self.stats.wills_published += 1
+        log.info("publishing will", extra={"client_id": client_id, "topic": will.topic})
+        self.spawn(self._append_and_deliver(client_id, [(msg, 0, int(time.time() * 1000))]))
+
+    async def _append_and_deliver(self, client_id: str, messages: list[Accepted]) -> None:
+        try:
+            await self.port.ingest(client_id, messages)
+        except Exception:
+            self.stats.append_errors += 1
+            log.exception("append of will message failed", extra={"topic": messages[0][0].topic})
+            return
+        self.deliver(client_id, messages)
+
+    def spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------------ housekeeping
+    def sweep(self, now: float) -> None:
+        """Keepalive (1.5 × the client's value), connect timeouts and expired offline sessions."""
+        for connection in list(self.connections):
+            connection.check_timeout(now)
+        for session in list(self.sessions.values()):
+            if session.connection is None and session.expired(now):
+                self.drop_session(session)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait for in-flight appends (connection workers, wills) to finish, up to ``timeout``."""
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)

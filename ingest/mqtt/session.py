@@ -1,0 +1,616 @@
+"""The MQTT connection state machine (one per socket) and the session state that outlives it.
+
+Rules
+-----
+States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost socket all lead to CLOSED).
+
+* NEW accepts only CONNECT (the codec refuses any other first byte: the socket is closed without an answer).
+  A protocol level we do not accept gets CONNACK 0x01 in 3.1.1 format (levels < 5) or 0x84 in 5.0 format,
+  then close. An empty client id is refused (3.1.1, 0x02) unless the session is clean; under 5.0 one is
+  assigned. Credentials go through the hub's authentication hook (anonymous only when allowed):
+  3.1.1 refusals are 0x04 (bad credentials) / 0x05 (not authorised), 5.0 are 0x86 / 0x87. No CONNECT
+  within the connect timeout closes the socket.
+* Session: clean start drops any stored session. A persistent session (3.1.1 clean session = 0, or 5.0
+  Session Expiry Interval > 0) keeps, by client id, its subscriptions, the QoS 1/2 messages queued for the
+  client, outbound messages in flight, and inbound QoS 2 packet ids awaiting PUBREL. On reconnect
+  in-flight messages are re-sent (DUP=1, or PUBREL after PUBREC) before queued ones. A second connection
+  with the same client id takes the session over (the old one gets DISCONNECT 0x8E).
+* PUBLISH in: QoS 0/1/2 messages of one connection are appended in arrival order, in batches (one batch
+  per socket read). PUBACK (QoS 1) / PUBREC (QoS 2) are sent ONLY after the batch's durable append.
+  A QoS 1/2 PUBLISH whose packet id is still being appended is a retry and is dropped; a QoS 2 PUBLISH
+  whose id awaits PUBREL gets its PUBREC again, and is not appended twice. PUBREL → PUBCOMP (5.0: 0x92
+  if unknown). Messages are routed to subscribers (and the retained store) after the durable append.
+* Flow control: socket reads pause while this connection has ``receive_maximum`` messages waiting for
+  the append, or while the ingest backlog is above its high-water mark, and resume when the queue has
+  drained to half. A 5.0 client that exceeds the advertised Receive Maximum gets DISCONNECT 0x93.
+* Topic aliases (5.0): alias 0 or above Topic Alias Maximum → DISCONNECT 0x94; an unknown alias → 0x82.
+* Keepalive: no packet for 1.5 × keepalive → close (5.0: DISCONNECT 0x8D). Time spent with reads paused
+  by backpressure does not count against the client.
+* Will: published (appended, then delivered) when the connection ends without a normal DISCONNECT
+  (5.0: reason 0x04 also publishes it).
+* Errors after CONNECT: a 5.0 client gets DISCONNECT with the reason (0x81 malformed, 0x82 protocol
+  error, 0x95 packet too large, 0x90 bad topic …) before the close; a 3.1.1 client's socket is closed.
+  One bad connection never affects the others.
+* PUBLISH out: QoS = min(published, granted); at most the client's Receive Maximum QoS 1/2 in flight,
+  the rest queued in the session (bounded; overflow is counted and logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+import uuid
+from collections import deque
+from typing import TYPE_CHECKING, Any, cast
+
+from ingest.mqtt.codec import Decoder, encode, encode_publish
+from ingest.mqtt.errors import ProtocolError, UnsupportedProtocol
+from ingest.mqtt.packets import (
+    MQTT_5,
+    NO_PROPERTIES,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    Pingreq,
+    Properties,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Reason,
+    Suback,
+    Subscribe,
+    Subscription,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+from ingest.mqtt.subscriptions import valid_filter
+
+if TYPE_CHECKING:
+    from ingest.mqtt.hub import Accepted, Hub
+
+__all__ = ["READ_SIZE", "MqttConnection", "SessionState"]
+
+log = logging.getLogger("ingest.mqtt")
+
+_NEW, _CONNECTED, _CLOSED = 0, 1, 2
+_PINGRESP = b"\xd0\x00"
+_FOREVER = float("inf")
+_MAX_BATCH = 4096  # messages per append call
+_PUBACK = 0x40020000  # fixed header + remaining length 2; the packet id goes in the low 16 bits
+_PUBREC = 0x50020000
+
+
+class SessionState:
+    """What a client id keeps across connections (for persistent sessions)."""
+
+    __slots__ = (
+        "awaiting_rel",
+        "client_id",
+        "connection",
+        "ended_at",
+        "expiry_s",
+        "inflight_out",
+        "next_pid",
+        "pending_in",
+        "queue",
+        "subscriptions",
+    )
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+        self.subscriptions: dict[str, Subscription] = {}
+        self.inflight_out: dict[int, Publish | None] = {}  # None: PUBREC received, PUBREL sent
+        self.queue: deque[tuple[str, bytes, int, bool]] | None = None
+        self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids answered with PUBREC
+        self.pending_in: set[int] = set()  # inbound QoS 1/2 ids being appended
+        self.next_pid = 1
+        self.expiry_s = 0.0
+        self.ended_at: float | None = None
+        self.connection: MqttConnection | None = None
+
+    def expired(self, now: float) -> bool:
+        return self.ended_at is not None and now - self.ended_at >= self.expiry_s
+
+    def _alloc_pid(self) -> int:
+        pid = self.next_pid
+        while pid in self.inflight_out:
+            pid = pid % 65535 + 1
+        self.next_pid = pid % 65535 + 1
+        return pid
+
+    def offer(self, topic: str, payload: bytes, qos: int, retain: bool, hub: Hub) -> None:
+        """Deliver one message to this session's client, now or (QoS 1/2) when it can take it."""
+        conn = self.connection
+        if qos == 0:
+            if conn is not None and conn.can_take_qos0():
+                conn.send_publish(Publish(topic, payload, 0, retain))
+                hub.stats.delivered += 1
+            else:
+                hub.stats.dropped_deliveries += 1
+            return
+        if conn is not None and not self.queue and len(self.inflight_out) < conn.client_receive_max:
+            self._send_new(conn, topic, payload, qos, retain)
+            hub.stats.delivered += 1
+            return
+        if self.queue is None:
+            self.queue = deque()
+        self.queue.append((topic, payload, qos, retain))
+        if len(self.queue) > hub.config.max_queued_messages:
+            self.queue.popleft()
+            hub.stats.dropped_deliveries += 1
+            log.warning("session queue full, oldest message dropped", extra={"client_id": self.client_id})
+
+    def _send_new(self, conn: MqttConnection, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+        pid = self._alloc_pid()
+        packet = Publish(topic, payload, qos, retain, False, pid)
+        self.inflight_out[pid] = packet
+        conn.send_publish(packet)
+
+    def pump(self) -> None:
+        conn = self.connection
+        queue = self.queue
+        if conn is None or not queue:
+            return
+        while queue and len(self.inflight_out) < conn.client_receive_max:
+            self._send_new(conn, *queue.popleft())
+
+    def resend(self) -> None:
+        conn = self.connection
+        if conn is None:
+            return
+        for pid, packet in self.inflight_out.items():
+            if packet is None:
+                conn.send(Pubrel(pid))
+            else:
+                conn.send_publish(Publish(packet.topic, packet.payload, packet.qos, packet.retain, True, pid))
+        self.pump()
+
+
+# One read buffer shared by every connection: a read is handled synchronously (decoded, and any partial
+# packet copied into that connection's decoder) before the next read, so idle connections hold no buffer,
+# and one read never brings in more than this many bytes.
+READ_SIZE = 64 * 1024
+_READ_VIEW = memoryview(bytearray(READ_SIZE))
+
+
+class MqttConnection(asyncio.BufferedProtocol):
+    """One client socket: decodes packets, drives the rules above, writes answers."""
+
+    __slots__ = (
+        "_aliases",
+        "_arrival_ms",
+        "_batch",
+        "_queue",
+        "_queued",
+        "_will",
+        "client_id",
+        "client_max_packet",
+        "client_receive_max",
+        "hub",
+        "keepalive",
+        "last_rx",
+        "paused",
+        "decoder",
+        "session",
+        "state",
+        "transport",
+        "version",
+        "worker",
+    )
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.transport: asyncio.Transport | None = None
+        self.decoder = Decoder(max_packet_size=hub.config.max_packet_size)
+        self.state = _NEW
+        self.version = 4
+        self.client_id = ""
+        self.session: SessionState | None = None
+        self.keepalive = 0
+        self.last_rx = 0.0
+        self.client_receive_max = 65535
+        self.client_max_packet = 0
+        self.paused = False
+        self.worker: asyncio.Task[None] | None = None
+        self._aliases: dict[int, str] | None = None
+        self._arrival_ms = 0  # receive time of the current read, shared by its packets
+        self._batch: list[Accepted] = []
+        self._queue: deque[list[Accepted]] | None = None
+        self._queued = 0
+        self._will: Will | None = None
+
+    # ------------------------------------------------------------------ asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        self.last_rx = time.monotonic()
+        self.hub.connections.add(self)
+        self.hub.stats.connections_total += 1
+        self.hub.port.connections_changed(1)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _READ_VIEW
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(_READ_VIEW[:nbytes]))
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.state == _CLOSED:
+            return
+        self.last_rx = time.monotonic()
+        self._arrival_ms = int(time.time() * 1000)
+        try:
+            packets = self.decoder.feed(data)
+        except UnsupportedProtocol as exc:
+            self._refuse(0x01 if exc.level < MQTT_5 else Reason.UNSUPPORTED_PROTOCOL_VERSION, exc.level)
+            return
+        except ProtocolError as exc:
+            self._protocol_error(exc)
+            return
+        for packet in packets:
+            if type(packet) is Publish and self.state == _CONNECTED:
+                self._on_publish(packet, self.session)  # type: ignore[arg-type]  # set once CONNECTED
+            else:
+                self._handle(packet)
+            if self.state == _CLOSED:
+                break
+        self._flush_batch()  # publishes accepted before a DISCONNECT (or an error) are still appended
+        if self.decoder.error is not None and self.state != _CLOSED:
+            self._protocol_error(self.decoder.error)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        was_connected = self.state == _CONNECTED
+        self.state = _CLOSED
+        self.hub.connections.discard(self)
+        self.hub.port.connections_changed(-1)
+        if self.paused:
+            self.paused = False
+            self.hub.port.reads_paused(False)
+        if was_connected and self._will is not None:
+            self.hub.publish_will(self.client_id, self._will)
+        self._will = None
+        if self.session is not None:
+            self.hub.detach(self, self.session)
+
+    def pause_writing(self) -> None:  # the client is slow to read what we send
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ writing
+    def send(self, packet: Packet) -> None:
+        if self.state != _CLOSED and self.transport is not None:
+            self.transport.write(encode(packet, self.version))
+
+    def send_publish(self, packet: Publish) -> None:
+        if self.state == _CLOSED or self.transport is None:
+            return
+        wire = encode_publish(packet, self.version == MQTT_5)
+        if self.client_max_packet and len(wire) > self.client_max_packet:
+            self.hub.stats.dropped_deliveries += 1  # §3.1.2.11.4: too large for this client, discard
+            return
+        self.transport.write(wire)
+
+    def can_take_qos0(self) -> bool:
+        t = self.transport
+        return (
+            self.state == _CONNECTED and t is not None
+            and t.get_write_buffer_size() < self.hub.config.max_write_buffer
+        )
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        # connection_lost does the rest; mark now so no further packet is processed
+        was = self.state
+        self.state = _CLOSED
+        if was == _CONNECTED and self._will is not None:
+            self.hub.publish_will(self.client_id, self._will)
+            self._will = None
+
+    def _disconnect(self, reason: int, why: str) -> None:
+        if self.version == MQTT_5 and self.state == _CONNECTED:
+            self.send(Disconnect(reason, Properties(reason_string=why[:200])))
+        self._close()
+
+    def _refuse(self, code: int, level: int) -> None:
+        """CONNACK with a failure code, in the format of ``level``, then close."""
+        if self.transport is not None:
+            version = MQTT_5 if level >= MQTT_5 else 4
+            self.transport.write(encode(Connack(False, code), version))
+        log.info("connection refused", extra={"peer": self._peer(), "code": code, "level": level})
+        self._close()
+
+    def _protocol_error(self, exc: ProtocolError) -> None:
+        self.hub.stats.protocol_errors += 1
+        log.warning(
+            "mqtt protocol error",
+            extra={"peer": self._peer(), "client_id": self.client_id, "reason": hex(exc.reason_code),
+                   "error": str(exc)},
+        )
+        if self.state == _NEW and self.decoder.version == MQTT_5:
+            self._refuse(exc.reason_code, MQTT_5)
+            return
+        self._disconnect(exc.reason_code, str(exc))
+
+    def shutdown(self, reason: int) -> None:
+        """The server is going away (5.0 clients are told why)."""
+        if self.state != _CLOSED:
+            self._disconnect(reason, "server shutting down")
+
+    def take_over(self) -> None:
+        """Another connection claimed our client id."""
+        self._disconnect(Reason.SESSION_TAKEN_OVER, "session taken over")
+
+    def check_timeout(self, now: float) -> None:
+        if self.state == _NEW and now - self.last_rx > self.hub.config.connect_timeout_s:
+            self._close()
+        elif self.paused:
+            self.last_rx = now  # we stopped reading, not the client: its PINGREQs wait in the socket
+        elif self.state == _CONNECTED and self.keepalive and now - self.last_rx > 1.5 * self.keepalive:
+            log.info("keepalive expired", extra={"client_id": self.client_id})
+            self._disconnect(Reason.KEEP_ALIVE_TIMEOUT, "keepalive timeout")
+
+    def _peer(self) -> Any:
+        return self.transport.get_extra_info("peername") if self.transport is not None else None
+
+    # ------------------------------------------------------------------ dispatch
+    def _handle(self, packet: Packet) -> None:
+        if self.state == _NEW:
+            if isinstance(packet, Connect):
+                self._on_connect(packet)
+            return
+        session = self.session
+        assert session is not None
+        if isinstance(packet, Publish):
+            self._on_publish(packet, session)
+        elif isinstance(packet, Puback | Pubcomp):
+            if session.inflight_out.pop(packet.packet_id, 0) != 0:
+                session.pump()
+        elif isinstance(packet, Pubrec):
+            if packet.packet_id in session.inflight_out:
+                if packet.reason_code >= 0x80:
+                    del session.inflight_out[packet.packet_id]
+                    session.pump()
+                else:
+                    session.inflight_out[packet.packet_id] = None
+                    self.send(Pubrel(packet.packet_id))
+            else:
+                self.send(Pubrel(packet.packet_id, Reason.PACKET_ID_NOT_FOUND))
+        elif isinstance(packet, Pubrel):
+            known = packet.packet_id in session.awaiting_rel
+            session.awaiting_rel.discard(packet.packet_id)
+            self.send(Pubcomp(packet.packet_id, 0 if known else Reason.PACKET_ID_NOT_FOUND))
+        elif isinstance(packet, Pingreq):
+            if self.transport is not None:
+                self.transport.write(_PINGRESP)
+        elif isinstance(packet, Subscribe):
+            self._on_subscribe(packet, session)
+        elif isinstance(packet, Unsubscribe):
+            codes = tuple(
+                0 if self.hub.unsubscribe(session, f) else Reason.NO_SUBSCRIPTION_EXISTED for f in packet.topic_filters
+            )
+            self.send(Unsuback(packet.packet_id, codes if self.version == MQTT_5 else ()))
+        elif isinstance(packet, Disconnect):
+            if packet.reason_code != Reason.DISCONNECT_WITH_WILL:
+                self._will = None
+            if packet.properties.session_expiry_interval is not None:
+                session.expiry_s = _expiry(packet.properties.session_expiry_interval)
+            self._close()
+        else:  # CONNECT twice, AUTH, or a packet only a server sends
+            self._protocol_error(ProtocolError(f"unexpected {type(packet).__name__}", Reason.PROTOCOL_ERROR))
+
+    def _on_connect(self, packet: Connect) -> None:
+        level = packet.protocol_level
+        hub = self.hub
+        if level not in hub.config.protocol_versions:
+            self._refuse(0x01 if level < MQTT_5 else Reason.UNSUPPORTED_PROTOCOL_VERSION, level)
+            return
+        self.version = level
+        v5 = level == MQTT_5
+        props = packet.properties
+        client_id = packet.client_id
+        assigned = None
+        if not client_id:
+            if not v5 and not packet.clean_start:
+                self._refuse(0x02, level)
+                return
+            client_id = assigned = "auto-" + uuid.uuid4().hex
+        if v5 and props.authentication_method is not None:
+            self._refuse(Reason.BAD_AUTHENTICATION_METHOD, level)
+            return
+        if not hub.authenticate(client_id, packet.username, packet.password):
+            anonymous = packet.username is None and packet.password is None
+            if v5:
+                self._refuse(Reason.NOT_AUTHORIZED if anonymous else Reason.BAD_USERNAME_OR_PASSWORD, level)
+            else:
+                self._refuse(0x05 if anonymous else 0x04, level)
+            return
+        if v5 and props.receive_maximum == 0:
+            self._protocol_error(ProtocolError("Receive Maximum of 0", Reason.PROTOCOL_ERROR))
+            return
+        self.client_id = client_id
+        self.keepalive = packet.keepalive
+        self.client_receive_max = props.receive_maximum or (65535 if v5 else 20)
+        self.client_max_packet = props.maximum_packet_size or 0
+        self._will = packet.will
+        # 3.1.1: clean session 0 keeps the session for ever; 5.0: the Session Expiry Interval says how long.
+        persistent = _FOREVER if not packet.clean_start else 0.0
+        expiry = _expiry(props.session_expiry_interval or 0) if v5 else persistent
+        session, present = hub.attach(self, client_id, packet.clean_start, expiry)
+        self.session = session
+        self.state = _CONNECTED
+        cfg = hub.config
+        ack_props = NO_PROPERTIES
+        if v5:
+            ack_props = Properties(
+                receive_maximum=cfg.receive_maximum,
+                topic_alias_maximum=cfg.topic_alias_maximum,
+                maximum_packet_size=cfg.max_packet_size,
+                retain_available=1,
+                subscription_identifier_available=0,
+                shared_subscription_available=0,
+                assigned_client_identifier=assigned,
+            )
+        self.send(Connack(present, 0, ack_props))
+        log.debug("client connected", extra={"client_id": client_id, "version": level, "session_present": present})
+        if present:
+            session.resend()
+
+    def _on_publish(self, packet: Publish, session: SessionState) -> None:
+        topic = packet.topic
+        alias = packet.properties.topic_alias if packet.properties is not NO_PROPERTIES else None
+        if alias is not None:
+            if alias == 0 or alias > self.hub.config.topic_alias_maximum:
+                self._protocol_error(ProtocolError(f"topic alias {alias} out of range", Reason.TOPIC_ALIAS_INVALID))
+                return
+            if self._aliases is None:
+                self._aliases = {}
+            if topic:
+                self._aliases[alias] = topic
+            else:
+                known = self._aliases.get(alias)
+                if known is None:
+                    self._protocol_error(ProtocolError(f"unknown topic alias {alias}", Reason.PROTOCOL_ERROR))
+                    return
+                topic = known
+        if not topic or "+" in topic or "#" in topic:  # valid_topic(), inlined on the hot path
+            self._protocol_error(ProtocolError(f"invalid topic name {topic!r}", Reason.TOPIC_NAME_INVALID))
+            return
+        qos = packet.qos
+        pid = packet.packet_id or 0
+        if qos:
+            if pid in session.pending_in:
+                self.hub.stats.duplicates += 1
+                return
+            if qos == 2 and pid in session.awaiting_rel:
+                self.hub.stats.duplicates += 1
+                self.send(Pubrec(pid))
+                return
+            if (
+                self.version == MQTT_5
+                and len(session.pending_in) + len(session.awaiting_rel) >= self.hub.config.receive_maximum
+            ):
+                self._protocol_error(ProtocolError("Receive Maximum exceeded", Reason.RECEIVE_MAXIMUM_EXCEEDED))
+                return
+            session.pending_in.add(pid)
+        if topic is not packet.topic:  # resolved from a topic alias
+            packet = Publish(topic, packet.payload, qos, packet.retain, packet.dup, packet.packet_id)
+        self._batch.append((packet, pid, self._arrival_ms))
+
+    def _on_subscribe(self, packet: Subscribe, session: SessionState) -> None:
+        v5 = self.version == MQTT_5
+        if packet.properties.subscription_identifier:
+            self._protocol_error(
+                ProtocolError("subscription identifiers are not supported", Reason.SUBSCRIPTION_IDS_NOT_SUPPORTED)
+            )
+            return
+        codes: list[int] = []
+        granted = []
+        for sub in packet.subscriptions:
+            if sub.topic_filter.startswith("$share/"):
+                codes.append(Reason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else 0x80)
+            elif not valid_filter(sub.topic_filter):
+                codes.append(Reason.TOPIC_FILTER_INVALID if v5 else 0x80)
+            else:
+                new = self.hub.subscribe(session, sub)
+                codes.append(sub.qos)
+                granted.append((sub, new))
+        self.send(Suback(packet.packet_id, tuple(codes)))
+        retained = self.hub.retained
+        for sub, new in granted:
+            if sub.retain_handling == 2 or (sub.retain_handling == 1 and not new):
+                continue
+            for msg in retained.matching(sub.topic_filter):
+                session.offer(msg.topic, msg.payload, min(msg.qos, sub.qos), True, self.hub)
+
+    # ------------------------------------------------------------------ the append pipeline
+    def _flush_batch(self) -> None:
+        batch = self._batch
+        if not batch:
+            return
+        self._batch = []
+        if self._queue is None:
+            self._queue = deque()
+        queue = self._queue
+        # Reads that arrive while an append is running join the waiting batch: one append (one fsync)
+        # then covers many reads (group commit), and acks still leave in arrival order.
+        if queue and len(queue[-1]) < _MAX_BATCH:
+            queue[-1].extend(batch)
+        else:
+            queue.append(batch)
+        self._queued += len(batch)
+        stats = self.hub.stats
+        stats.messages_in += len(batch)
+        if self._queued > stats.max_queued:
+            stats.max_queued = self._queued
+        if self.worker is None:
+            self.worker = self.hub.spawn(self._drain())
+        if not self.paused and self.state != _CLOSED and (
+            self._queued >= self.hub.config.receive_maximum
+            or self.hub.port.backlog_bytes() > self.hub.config.backlog_high_bytes
+        ):
+            self.paused = True
+            stats.read_pauses += 1
+            self.hub.port.reads_paused(True)
+            if self.transport is not None:
+                self.transport.pause_reading()
+
+    async def _drain(self) -> None:
+        queue = self._queue
+        assert queue is not None and self.session is not None
+        session = self.session
+        hub = self.hub
+        try:
+            while queue:
+                batch = queue.popleft()  # taken: later reads start a new batch
+                try:
+                    await hub.port.ingest(self.client_id, batch)
+                except Exception as exc:
+                    hub.stats.append_errors += 1
+                    log.exception("durable append failed; closing the client unacknowledged",
+                                  extra={"client_id": self.client_id, "messages": len(batch)})
+                    for failed in (batch, *queue):
+                        for _, pid, _ in failed:
+                            session.pending_in.discard(pid)
+                    queue.clear()
+                    self._queued = 0
+                    if self.state != _CLOSED:
+                        self._disconnect(Reason.UNSPECIFIED_ERROR, f"append failed: {exc}")
+                    return
+                self._queued -= len(batch)
+                acks = []
+                pending_in = session.pending_in
+                for msg, pid, _ in batch:
+                    if pid:
+                        pending_in.discard(pid)
+                        if msg.qos == 1:
+                            acks.append(_PUBACK | pid)
+                        else:
+                            session.awaiting_rel.add(pid)
+                            acks.append(_PUBREC | pid)
+                conn = session.connection
+                if acks and conn is not None and conn.state == _CONNECTED and conn.transport is not None:
+                    conn.transport.write(struct.pack(f">{len(acks)}I", *acks))  # 4-byte PUBACK/PUBREC each
+                hub.deliver(self.client_id, batch)
+                if self.paused and self._queued <= hub.config.receive_maximum // 2:
+                    self.paused = False
+                    hub.port.reads_paused(False)
+                    if self.transport is not None and self.state != _CLOSED:
+                        self.transport.resume_reading()
+        finally:
+            self.worker = None
+
+
+def _expiry(seconds: int) -> float:
+    return _FOREVER if seconds == 0xFFFFFFFF else float(seconds)
+

@@ -1,0 +1,160 @@
+"""Topic filters: validation, a subscription trie keyed by topic level, and the retained-message store.
+
+Matching rules (MQTT 5.0 §4.7): levels are separated by ``/``; ``+`` matches exactly one level; ``#`` is
+the last level of a filter and matches the parent level and any number of children (``a/#`` matches
+``a``); filters starting with a wildcard do not match topics starting with ``$``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+from typing import Generic, TypeVar
+
+from ingest.mqtt.packets import Publish
+
+__all__ = ["RetainedStore", "SubscriptionTree", "topic_matches", "valid_filter", "valid_topic"]
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+def valid_topic(topic: str) -> bool:
+    """A topic name to publish to: non-empty, no wildcards."""
+    return bool(topic) and "+" not in topic and "#" not in topic
+
+
+def valid_filter(topic_filter: str) -> bool:
+    if not topic_filter:
+        return False
+    levels = topic_filter.split("/")
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != len(levels) - 1):
+            return False
+        if "+" in level and level != "+":
+            return False
+    return True
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    flevels = topic_filter.split("/")
+    tlevels = topic.split("/")
+    if topic.startswith("$") and flevels[0] in ("+", "#"):
+        return False
+    for i, f in enumerate(flevels):
+        if f == "#":
+            return True
+        if i >= len(tlevels):
+            return False
+        if f != "+" and f != tlevels[i]:
+            return False
+    return len(flevels) == len(tlevels)
+
+
+class _Node(Generic[K, V]):
+    __slots__ = ("children", "subscribers")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node[K, V]] = {}
+        self.subscribers: dict[K, V] = {}
+
+
+class SubscriptionTree(Generic[K, V]):
+    """Filter → {subscriber: value}; ``match(topic)`` finds every subscriber whose filter matches."""
+
+    __slots__ = ("_count", "_root")
+
+    def __init__(self) -> None:
+        self._root: _Node[K, V] = _Node()
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, topic_filter: str, subscriber: K, value: V) -> bool:
+        """Subscribe; returns True when this subscriber had no subscription to this exact filter."""
+        node = self._root
+        for level in topic_filter.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _Node()
+            node = child
+        new = subscriber not in node.subscribers
+        node.subscribers[subscriber] = value
+        self._count += new
+        return new
+
+    def remove(self, topic_filter: str, subscriber: K) -> bool:
+        path: list[tuple[_Node[K, V], str]] = []
+        node = self._root
+        for level in topic_filter.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                return False
+            path.append((node, level))
+            node = child
+        if node.subscribers.pop(subscriber, None) is None:
+            return False
+        self._count -= 1
+        for parent, level in reversed(path):  # prune empty branches
+            child = parent.children[level]
+            if child.subscribers or child.children:
+                break
+            del parent.children[level]
+        return True
+
+    def match(self, topic: str) -> list[tuple[K, V]]:
+        """Every (subscriber, value) whose filter matches ``topic``; a subscriber appears once per filter."""
+        out: list[tuple[K, V]] = []
+        levels = topic.split("/")
+        dollar = topic.startswith("$")
+        self._walk(self._root, levels, 0, dollar, out)
+        return out
+
+    def _walk(self, node: _Node[K, V], levels: list[str], i: int, dollar: bool, out: list[tuple[K, V]]) -> None:
+        children = node.children
+        wild_ok = not (dollar and i == 0)
+        if wild_ok:
+            hash_node = children.get("#")
+            if hash_node is not None:
+                out.extend(hash_node.subscribers.items())
+        if i == len(levels):
+            out.extend(node.subscribers.items())
+            return
+        exact = children.get(levels[i])
+        if exact is not None:
+            self._walk(exact, levels, i + 1, dollar, out)
+        if wild_ok:
+            plus = children.get("+")
+            if plus is not None:
+                self._walk(plus, levels, i + 1, dollar, out)
+
+
+class RetainedStore:
+    """The last retained PUBLISH per topic; an empty retained payload deletes (§3.3.1.3)."""
+
+    __slots__ = ("_messages",)
+
+    def __init__(self) -> None:
+        self._messages: dict[str, Publish] = {}
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def store(self, message: Publish) -> None:
+        if message.payload:
+            self._messages[message.topic] = message
+        else:
+            self._messages.pop(message.topic, None)
+
+    def get(self, topic: str) -> Publish | None:
+        return self._messages.get(topic)
+
+    def matching(self, topic_filter: str) -> Iterator[Publish]:
+        if "+" not in topic_filter and "#" not in topic_filter:
+            found = self._messages.get(topic_filter)
+            if found is not None:
+                yield found
+            return
+        for topic, message in list(self._messages.items()):
+            if topic_matches(topic_filter, topic):
+                yield message

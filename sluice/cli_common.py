@@ -1,0 +1,113 @@
+"""Shared pieces of the ``sluice`` client commands: exit codes, error reporting, output, options.
+
+Exit codes (documented in the README):
+
+    0  ok
+    1  runtime failure (the broker refused a request, a device could not deliver, ...)
+    2  usage error (bad flags or arguments; typer's own code)
+    3  Sluice unreachable (Kafka protocol or HTTP API)
+    4  not found (unknown topic or group)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Coroutine
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import httpx
+import typer
+from rich.console import Console
+
+from clients.errors import (
+    BrokerUnreachableError,
+    ClientError,
+    TopicExistsError,
+    UnknownGroupError,
+    UnknownTopicError,
+)
+
+__all__ = [
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_RUNTIME",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "Bootstrap",
+    "HttpUrl",
+    "JsonFlag",
+    "console",
+    "err_console",
+    "fail",
+    "http_get",
+    "print_json",
+    "run",
+]
+
+EXIT_OK = 0
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_NOT_FOUND = 4
+
+DEFAULT_BOOTSTRAP = os.environ.get("SLUICE_BOOTSTRAP", "127.0.0.1:9092")
+DEFAULT_HTTP = os.environ.get("SLUICE_HTTP", "http://127.0.0.1:8080")
+
+Bootstrap = Annotated[
+    str, typer.Option("--bootstrap", "-b", help="Kafka-protocol address of Sluice (env SLUICE_BOOTSTRAP).")
+]
+HttpUrl = Annotated[str, typer.Option("--http", help="Base URL of Sluice's HTTP API (env SLUICE_HTTP).")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+T = TypeVar("T")
+
+
+def fail(message: str, code: int) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}", markup=True)
+    raise typer.Exit(code)
+
+
+def run(coro: Coroutine[Any, Any, T], *, topic: str | None = None, group: str | None = None) -> T:
+    """Run a command's coroutine, turning client errors into one sentence and an exit code."""
+    try:
+        return asyncio.run(coro)
+    except BrokerUnreachableError as exc:
+        fail(str(exc).split(" (")[0], EXIT_UNREACHABLE)
+    except UnknownTopicError:
+        name = topic or "?"
+        fail(f"unknown topic {name!r}: create it with `sluice topics create {name}`", EXIT_NOT_FOUND)
+    except UnknownGroupError:
+        fail(f"unknown consumer group {group!r}: `sluice groups list` shows the groups Sluice knows", EXIT_NOT_FOUND)
+    except TopicExistsError:
+        fail(f"topic {topic!r} already exists: pick another name or `sluice topics delete {topic}` first", EXIT_RUNTIME)
+    except ClientError as exc:
+        fail(str(exc), EXIT_RUNTIME)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, default=str) + "\n")
+    sys.stdout.flush()
+
+
+async def http_get(base: str, path: str, params: dict[str, Any] | None = None) -> Any:
+    url = base.rstrip("/") + path
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            resp = await client.get(url, params=params)
+    except httpx.TransportError:
+        fail(f"cannot reach the Sluice HTTP API at {base}: is `sluice serve` running? pass --http", EXIT_UNREACHABLE)
+    if resp.status_code == 404:
+        detail = resp.json().get("detail", "not found") if resp.content else "not found"
+        fail(detail, EXIT_NOT_FOUND)
+    if resp.status_code >= 400:
+        detail = resp.json().get("detail", resp.text) if resp.content else resp.reason_phrase
+        fail(f"the HTTP API answered {resp.status_code}: {detail}", EXIT_RUNTIME)
+    return resp.json()

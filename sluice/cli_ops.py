@@ -1,0 +1,179 @@
+"""``sluice groups list|describe`` (Kafka protocol, clients.AsyncAdmin) and ``sluice sources`` (HTTP API:
+ingest health lives in the server, not in the log)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from clients import AsyncAdmin, TopicPartition
+from sluice.cli_common import (
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_HTTP,
+    Bootstrap,
+    HttpUrl,
+    JsonFlag,
+    console,
+    http_get,
+    print_json,
+    run,
+)
+
+__all__ = ["register"]
+
+groups_app = typer.Typer(no_args_is_help=True, help="Consumer groups: members, assignment, lag.")
+
+
+@groups_app.command("list")
+def groups_list(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, json_out: JsonFlag = False) -> None:
+    """List consumer groups with their state and member count."""
+
+    async def go() -> list[dict[str, Any]]:
+        async with AsyncAdmin(bootstrap) as admin:
+            rows = []
+            for group_id in await admin.list_groups():
+                desc = await admin.describe_group(group_id)
+                lag = await admin.group_lag(group_id)
+                rows.append(
+                    {
+                        "group": group_id,
+                        "state": desc.state,
+                        "members": len(desc.members),
+                        "lag": sum(p.lag for p in lag),
+                    }
+                )
+            return rows
+
+    rows = run(go())
+    if json_out:
+        print_json(rows)
+        return
+    table = Table("group", "state", "members", "lag")
+    for r in rows:
+        table.add_row(r["group"], r["state"], str(r["members"]), str(r["lag"]))
+    console.print(table)
+
+
+@groups_app.command("describe")
+def groups_describe(group: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, json_out: JsonFlag = False) -> None:
+    """Members, assignment, and per partition: committed offset, end offset, offset lag, event-time lag."""
+
+    async def go() -> dict[str, Any]:
+        async with AsyncAdmin(bootstrap) as admin:
+            desc = await admin.describe_group(group)
+            owner = {
+                TopicPartition(t, p): m.member_id for m in desc.members for t, ps in m.assignment.items() for p in ps
+            }
+            partitions = []
+            for lag in await admin.group_lag(group, list(owner)):
+                partitions.append(
+                    {
+                        "topic": lag.topic,
+                        "partition": lag.partition,
+                        "committed": lag.committed,
+                        "end_offset": lag.end_offset,
+                        "lag": lag.lag,
+                        "event_time_lag_ms": await admin.event_time_lag_ms(lag),
+                        "member": owner.get(TopicPartition(lag.topic, lag.partition)),
+                    }
+                )
+            return {
+                "group": desc.group_id,
+                "state": desc.state,
+                "protocol": desc.protocol,
+                "members": [
+                    {
+                        "member_id": m.member_id,
+                        "client_id": m.client_id,
+                        "host": m.client_host,
+                        "assignment": m.assignment,
+                    }
+                    for m in desc.members
+                ],
+                "partitions": partitions,
+            }
+
+    info = run(go(), group=group)
+    if json_out:
+        print_json(info)
+        return
+    console.print(f"group [bold]{info['group']}[/] state {info['state']} protocol {info['protocol'] or '-'}")
+    members = Table("member", "client", "host", "assignment", title="members")
+    for m in info["members"]:
+        assigned = ", ".join(f"{t}[{','.join(map(str, ps))}]" for t, ps in m["assignment"].items())
+        members.add_row(m["member_id"], m["client_id"], m["host"], assigned or "-")
+    console.print(members)
+    parts = Table("topic", "partition", "committed", "end", "lag", "event-time lag", "member", title="lag")
+    for p in info["partitions"]:
+        etl = p["event_time_lag_ms"]
+        parts.add_row(
+            p["topic"],
+            str(p["partition"]),
+            str(p["committed"] if p["committed"] is not None else "-"),
+            str(p["end_offset"]),
+            str(p["lag"]),
+            "-" if etl is None else f"{etl / 1000:.1f} s",
+            p["member"] or "-",
+        )
+    console.print(parts)
+
+
+def _ago(ms: int | None, now: float) -> str:
+    if ms is None:
+        return "never"
+    seconds = max(now - ms / 1000, 0)
+    return f"{seconds:.1f} s ago" if seconds < 120 else f"{seconds / 60:.1f} min ago"
+
+
+def sources(
+    http: HttpUrl = DEFAULT_HTTP,
+    interval: Annotated[float, typer.Option(help="Seconds between two snapshots to compute rates (0: none).")] = 1.0,
+    idle_only: Annotated[bool, typer.Option("--idle", help="Only idle sources and devices.")] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Ingest health per source and device: message rate, bytes, errors, last seen, idle."""
+
+    async def go() -> list[dict[str, Any]]:
+        first = await http_get(http, "/sources")
+        if interval <= 0:
+            return list(first)
+        t0 = time.monotonic()
+        await asyncio.sleep(interval)
+        second = await http_get(http, "/sources")
+        elapsed = time.monotonic() - t0
+        before = {(r.get("type"), r.get("source"), r.get("device")): r for r in first}
+        for row in second:
+            prev = before.get((row.get("type"), row.get("source"), row.get("device")))
+            delta = row.get("messages", 0) - (prev.get("messages", 0) if prev else 0)
+            row["rate_per_s"] = round(delta / elapsed, 2)
+        return list(second)
+
+    rows = asyncio.run(go())
+    if idle_only:
+        rows = [r for r in rows if r.get("idle")]
+    if json_out:
+        print_json(rows)
+        return
+    now = time.time()
+    table = Table("source", "device", "messages", "rate/s", "bytes", "errors", "last seen", "idle")
+    for r in rows:
+        table.add_row(
+            str(r.get("source", "")),
+            str(r.get("device") or ("(all)" if r.get("type") == "source" else "")),
+            str(r.get("messages", 0)),
+            str(r.get("rate_per_s", "-")),
+            str(r.get("bytes", 0)),
+            str(r.get("errors", 0)),
+            _ago(r.get("last_seen_ms"), now),
+            "[yellow]idle[/]" if r.get("idle") else "active",
+        )
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(groups_app, name="groups")
+    app.command("sources")(sources)

@@ -1,0 +1,240 @@
+"""``sluice simulate``: a fleet of temperature sensors sending over MQTT, TCP or Kafka (clients.devices).
+
+The lectures' sensor workload: sensors ``sensor_<n>``; temperature starts at 65 + N(0,1)·20 °F and moves
+by N(0,1)·5 every 100 ms. Device profiles (``--profile mix`` cycles through them):
+
+    steady   a reading every 100 ms
+    slow     a reading every second
+    idle     three readings, then silence (the device goes idle)
+    bursty   20 readings at once every 2 seconds
+
+``--jump-every N`` makes every Nth reading of each sensor an injected jump (1.5× the previous absolute
+temperature + 10, marked ``"jump": true``) so alerting can be checked deterministically. ``--duration 0``
+runs until SIGINT/SIGTERM (containers). ``--transport kafka`` produces straight to a topic (Sluice's
+Kafka listener or a Kafka/Redpanda cluster), keyed by sensor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from clients.devices import BufferedDevice, TcpDevice
+from sluice.cli_common import (
+    DEFAULT_BOOTSTRAP,
+    EXIT_RUNTIME,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    Bootstrap,
+    JsonFlag,
+    console,
+    err_console,
+    fail,
+    print_json,
+)
+
+__all__ = ["PROFILES", "TRANSPORTS", "Sensor", "register"]
+
+PROFILES = ("steady", "slow", "idle", "bursty")
+TRANSPORTS = ("mqtt", "tcp", "kafka")
+DEFAULT_PORTS = {"mqtt": 1883, "tcp": 8094}
+STEP_S = 0.1
+
+
+@dataclass
+class Sensor:
+    name: str
+    profile: str
+    rng: random.Random
+    jump_every: int = 0  # every Nth reading is an injected jump (0: never)
+    temp: float = 0.0
+    sent: int = 0
+    jumps: int = 0
+
+    def __post_init__(self) -> None:
+        self.temp = 65 + self.rng.gauss(0, 1) * 20
+
+    def reading(self) -> dict[str, Any]:
+        jump = self.jump_every > 0 and (self.sent + 1) % self.jump_every == 0
+        if jump:
+            self.temp = abs(self.temp) * 1.5 + 10
+            self.jumps += 1
+        else:
+            self.temp += self.rng.gauss(0, 1) * 5
+        value: dict[str, Any] = {
+            "device_id": self.name, "sensor": self.name, "temp": round(self.temp, 3), "ts": int(time.time() * 1000)
+        }
+        if jump:
+            value["jump"] = True
+        return value
+
+
+async def _drive(sensor: Sensor, device: BufferedDevice, deadline: float, stop: asyncio.Event) -> None:
+    """Send readings by the sensor's profile until the deadline (or ``stop``)."""
+    step = 0
+    while time.monotonic() < deadline and not stop.is_set():
+        if sensor.profile == "steady":
+            batch = 1
+        elif sensor.profile == "slow":
+            batch = 1 if step % 10 == 0 else 0
+        elif sensor.profile == "idle":
+            batch = 1 if step < 3 else 0
+        else:  # bursty
+            batch = 20 if step % 20 == 0 else 0
+        for _ in range(batch):
+            await device.send(sensor.reading())
+            sensor.sent += 1
+        step += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), STEP_S)
+
+
+def simulate(
+    transport: Annotated[str, typer.Option("--transport", "-t", help="mqtt, tcp or kafka.")] = "mqtt",
+    host: Annotated[str, typer.Option(help="Sluice (or MQTT broker) host.")] = "127.0.0.1",
+    port: Annotated[int | None, typer.Option(help="MQTT (1883) or TCP (8094) port of Sluice.")] = None,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    topic: Annotated[str, typer.Option(help="Kafka topic the readings go to (--transport kafka).")] = "sensors",
+    sensors: Annotated[int, typer.Option("--sensors", "-n", min=1, help="How many sensors.")] = 10,
+    first_id: Annotated[int, typer.Option(min=0, help="Number of the first sensor (sensor_<n>).")] = 0,
+    duration: Annotated[
+        float, typer.Option("--duration", "-d", min=0, help="Seconds to run (0: until SIGINT/SIGTERM).")
+    ] = 10.0,
+    profile: Annotated[str, typer.Option(help="mix, steady, slow, idle or bursty.")] = "mix",
+    jump_every: Annotated[
+        int, typer.Option(min=0, help="Make every Nth reading of a sensor a jump (alert test; 0: never).")
+    ] = 0,
+    topic_prefix: Annotated[str, typer.Option(help="MQTT topic prefix (sensors/<name>).")] = "sensors",
+    ack: Annotated[bool, typer.Option(help="Wait for durable acks (MQTT QoS 1 / TCP ack mode).")] = True,
+    seed: Annotated[int | None, typer.Option(help="Random seed for reproducible readings.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Simulate a sensor fleet sending temperature readings to Sluice over MQTT, TCP or Kafka."""
+    if transport not in TRANSPORTS:
+        fail(f"--transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}", EXIT_USAGE)
+    if profile != "mix" and profile not in PROFILES:
+        fail(f"--profile must be mix or one of {', '.join(PROFILES)}, got {profile!r}", EXIT_USAGE)
+    port = port if port is not None else DEFAULT_PORTS.get(transport, 0)
+    address = bootstrap if transport == "kafka" else f"{host}:{port}"
+    rng = random.Random(seed)
+    fleet = [
+        Sensor(
+            f"sensor_{first_id + i}",
+            PROFILES[i % len(PROFILES)] if profile == "mix" else profile,
+            random.Random(rng.random()),
+            jump_every,
+        )
+        for i in range(sensors)
+    ]
+    producer: Any = None
+
+    def device_for(sensor: Sensor) -> BufferedDevice:
+        if transport == "tcp":
+            return TcpDevice(host, port, ack=ack, name=sensor.name, backoff_max=1.0)
+        if transport == "kafka":
+            from clients.devices.kafka import KafkaDevice
+
+            return KafkaDevice(producer, topic, name=sensor.name, backoff_max=1.0)
+        from clients.devices.mqtt import MqttDevice
+
+        return MqttDevice(
+            host,
+            port,
+            topic=f"{topic_prefix}/{sensor.name}",
+            client_id=sensor.name,
+            ack=ack,
+            name=sensor.name,
+            backoff_max=1.0,
+        )
+
+    async def go() -> list[BufferedDevice]:
+        nonlocal producer
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        if transport == "kafka":
+            from clients import AsyncProducer
+            from clients.errors import ClientError
+
+            producer = AsyncProducer(bootstrap, value_serializer="raw", client_id="sluice-simulate")
+            try:
+                await producer.start()
+            except ClientError as exc:
+                fail(f"cannot reach {bootstrap} over the Kafka protocol ({exc}): pass --bootstrap", EXIT_UNREACHABLE)
+        devices = [device_for(s) for s in fleet]
+        for d in devices:
+            await d.start()
+        started = time.monotonic()
+        deadline = started + duration if duration > 0 else float("inf")
+        show = sys.stderr.isatty() and not json_out
+        with Progress(
+            TextColumn("simulating"),
+            BarColumn(),
+            TextColumn("{task.fields[sent]} readings"),
+            TimeRemainingColumn(),
+            console=err_console,
+            disable=not show,
+            transient=True,
+        ) as progress:
+            task = progress.add_task("simulate", total=duration or None, sent=0)
+            drivers = asyncio.gather(*(_drive(s, d, deadline, stop) for s, d in zip(fleet, devices, strict=True)))
+            while not drivers.done():
+                await asyncio.wait([drivers], timeout=0.2)
+                progress.update(
+                    task, completed=min(time.monotonic() - started, duration), sent=sum(s.sent for s in fleet)
+                )
+            await drivers
+        for d in devices:
+            await d.close(timeout=5 if d.stats.connects else 0.5)  # nothing to wait for if never connected
+        if producer is not None:
+            await producer.stop()
+        return devices
+
+    try:
+        devices = asyncio.run(go())
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    rows: list[dict[str, Any]] = [
+        {
+            "sensor": s.name,
+            "profile": s.profile,
+            "sent": s.sent,
+            "jumps": s.jumps,
+            "delivered": d.stats.sent,
+            "undelivered": d.stats.queued,
+            "connects": d.stats.connects,
+        }
+        for s, d in zip(fleet, devices, strict=True)
+    ]
+    undelivered = sum(r["undelivered"] for r in rows)
+    if json_out:
+        print_json({"transport": transport, "address": address, "sensors": rows})
+    else:
+        table = Table("sensor", "profile", "sent", "delivered", "undelivered")
+        for r in rows:
+            table.add_row(r["sensor"], r["profile"], str(r["sent"]), str(r["delivered"]), str(r["undelivered"]))
+        console.print(table)
+    if undelivered:
+        never = all(d.stats.connects == 0 for d in devices)
+        what = {"mqtt": "MQTT", "tcp": "TCP", "kafka": "Kafka"}[transport]
+        fix = "pass --bootstrap" if transport == "kafka" else "pass --port"
+        fail(
+            f"{undelivered} readings were not delivered to {address}: is Sluice's {what} listener there? {fix}",
+            EXIT_UNREACHABLE if never else EXIT_RUNTIME,
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate)

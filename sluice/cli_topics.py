@@ -1,0 +1,148 @@
+"""``sluice topics create|list|describe|delete`` — over the Kafka protocol (clients.AsyncAdmin), so they work
+against a Kafka cluster too."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from clients import AsyncAdmin
+from clients.errors import TopicExistsError
+from sluice.cli_common import DEFAULT_BOOTSTRAP, EXIT_USAGE, Bootstrap, JsonFlag, console, fail, print_json, run
+
+__all__ = ["register"]
+
+topics_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
+
+
+def _configs(pairs: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            fail(f"--config takes name=value (e.g. retention.ms=3600000), got {pair!r}", EXIT_USAGE)
+        out[name] = value
+    return out
+
+
+@topics_app.command("create")
+def create(
+    name: str,
+    partitions: Annotated[int, typer.Option("--partitions", "-p", min=1, help="Partition count.")] = 1,
+    config: Annotated[list[str] | None, typer.Option("--config", "-c", help="Topic config name=value.")] = None,
+    if_not_exists: Annotated[bool, typer.Option(help="Succeed when the topic already exists (init scripts).")] = False,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    json_out: JsonFlag = False,
+) -> None:
+    """Create a topic."""
+    configs = _configs(config)
+
+    async def go() -> bool:
+        async with AsyncAdmin(bootstrap) as admin:
+            try:
+                await admin.create_topic(name, partitions, configs)
+            except TopicExistsError:
+                if not if_not_exists:
+                    raise
+                return False
+            return True
+
+    created = run(go(), topic=name)
+    if json_out:
+        print_json({"topic": name, "partitions": partitions, "config": configs, "created": created})
+    elif not created:
+        console.print(f"topic {name} already exists")
+    else:
+        console.print(f"created topic {name} with {partitions} partition{'s' if partitions != 1 else ''}")
+
+
+@topics_app.command("list")
+def list_topics(
+    internal: Annotated[bool, typer.Option(help="Include internal topics.")] = False,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    json_out: JsonFlag = False,
+) -> None:
+    """List topics with their partition and record counts."""
+
+    async def go() -> list[dict[str, object]]:
+        async with AsyncAdmin(bootstrap) as admin:
+            rows = []
+            for name in await admin.list_topics(internal=internal):
+                desc = await admin.describe_topic(name)
+                rows.append(
+                    {
+                        "topic": name,
+                        "partitions": len(desc.partitions),
+                        "records": sum(p.records for p in desc.partitions),
+                    }
+                )
+            return rows
+
+    rows = run(go())
+    if json_out:
+        print_json(rows)
+        return
+    table = Table("topic", "partitions", "records")
+    for row in rows:
+        table.add_row(str(row["topic"]), str(row["partitions"]), str(row["records"]))
+    console.print(table)
+
+
+@topics_app.command("describe")
+def describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, json_out: JsonFlag = False) -> None:
+    """Partitions (start and end offsets) and configuration of a topic."""
+
+    async def go():  # type: ignore[no-untyped-def]
+        async with AsyncAdmin(bootstrap) as admin:
+            return await admin.describe_topic(name)
+
+    desc = run(go(), topic=name)
+    if json_out:
+        print_json(
+            {
+                "topic": desc.name,
+                "partitions": [
+                    {"partition": p.partition, "start_offset": p.start_offset, "end_offset": p.end_offset}
+                    for p in desc.partitions
+                ],
+                "config": desc.config,
+            }
+        )
+        return
+    table = Table("partition", "start offset", "end offset", "records", title=f"topic {desc.name}")
+    for p in desc.partitions:
+        table.add_row(str(p.partition), str(p.start_offset), str(p.end_offset), str(p.records))
+    console.print(table)
+    if desc.config:
+        cfg = Table("config", "value")
+        for k, v in sorted(desc.config.items()):
+            cfg.add_row(k, v)
+        console.print(cfg)
+
+
+@topics_app.command("delete")
+def delete(
+    name: str,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    json_out: JsonFlag = False,
+) -> None:
+    """Delete a topic and all its records."""
+    if not yes and not typer.confirm(f"delete topic {name} and all its records?"):
+        raise typer.Exit(1)
+
+    async def go() -> None:
+        async with AsyncAdmin(bootstrap) as admin:
+            await admin.delete_topic(name)
+
+    run(go(), topic=name)
+    if json_out:
+        print_json({"deleted": name})
+    else:
+        console.print(f"deleted topic {name}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(topics_app, name="topics")

@@ -1,0 +1,37 @@
+"""``create_app(runtime)``: the FastAPI application of the HTTP API (routers per area, problem+json errors)."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+import sluice
+from sluice.http import groups, metrics, ops, records, stream, topics
+from sluice.http.context import ApiContext, ApiCounters
+from sluice.http.metrics import RequestMetricsMiddleware, RuntimeCollector
+from sluice.http.problems import PROBLEM_RESPONSES, install_problem_handlers
+from sluice.runtime import Runtime
+
+__all__ = ["create_app"]
+
+DESCRIPTION = """\
+Admin, produce, consume, Server-Sent Events and metrics for a running Sluice.
+
+Data also flows over the Kafka protocol (any Kafka client, or `clients/`); this API is for scripts,
+dashboards and operators. Errors are `application/problem+json` documents (type, title, status, detail).
+"""
+
+
+def create_app(runtime: Runtime, *, max_wait_ms: int = 30_000, sse_heartbeat_s: float = 15.0) -> FastAPI:
+    """The API over ``runtime``; ``max_wait_ms`` caps long-polls, ``sse_heartbeat_s`` paces SSE keepalives."""
+    app = FastAPI(title="Sluice", version=sluice.__version__, description=DESCRIPTION)
+    registry = CollectorRegistry(auto_describe=True)
+    ctx = ApiContext(runtime, registry, ApiCounters(registry), max_wait_ms=max_wait_ms, sse_heartbeat_s=sse_heartbeat_s)
+    ctx.collector = RuntimeCollector(ctx)
+    registry.register(ctx.collector)
+    app.state.ctx = ctx
+    install_problem_handlers(app)
+    app.add_middleware(RequestMetricsMiddleware, ctx=ctx)
+    for module in (topics, records, stream, groups, ops, metrics):
+        app.include_router(module.router, responses={422: PROBLEM_RESPONSES[422]})
+    return app

@@ -1,0 +1,173 @@
+"""RFC 9457 problem details: every error the HTTP API returns is ``application/problem+json``.
+
+Domain errors are translated here, once, at the boundary::
+
+    UnknownTopicError        404  unknown-topic
+    TopicExistsError         409  topic-exists
+    InvalidTopicError        400  invalid-topic-name
+    InvalidPartitionsError   400  invalid-partitions
+    OffsetOutOfRangeError    416  offset-out-of-range
+    RecordTooLargeError      413  record-too-large
+    InvalidRecordError       400  invalid-record
+    malformed JSON body      400  malformed-body
+    validation failure       422  invalid-request
+    anything else            500  internal-error (logged with the traceback)
+
+Handlers raise ``ProblemError`` for their own cases (bad offset, a missing group).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from broker.errors import (
+    BrokerError,
+    InvalidPartitionsError,
+    InvalidRecordError,
+    InvalidTopicError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    TopicExistsError,
+    UnknownTopicError,
+)
+
+__all__ = ["PROBLEM_RESPONSES", "Problem", "ProblemError", "install_problem_handlers", "problem_response"]
+
+log = logging.getLogger("sluice.http")
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+TYPE_PREFIX = "urn:sluice:problem:"
+
+
+class Problem(BaseModel):
+    """An error, as RFC 9457 describes it."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+
+
+class ProblemError(Exception):
+    """Raised by route handlers; rendered as a problem document."""
+
+    def __init__(self, status: int, slug: str, title: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.slug = slug
+        self.title = title
+        self.detail = detail
+
+
+def _problem_doc(status: int, slug: str, title: str, detail: str, instance: str | None) -> dict[str, Any]:
+    return {"type": TYPE_PREFIX + slug, "title": title, "status": status, "detail": detail, "instance": instance}
+
+
+def problem_response(
+    status: int, slug: str, title: str, detail: str, instance: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        _problem_doc(status, slug, title, detail, instance),
+        status_code=status,
+        media_type=PROBLEM_MEDIA_TYPE,
+        headers=headers,
+    )
+
+
+_PROBLEM_CONTENT = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem, "description": text, "content": _PROBLEM_CONTENT}
+    for code, text in {
+        400: "Bad request (invalid name, malformed body)",
+        404: "Unknown topic, partition or group",
+        409: "Conflict (topic exists)",
+        413: "Record too large",
+        416: "Offset out of range",
+        422: "Invalid request parameters",
+        500: "Internal error",
+        501: "Not supported by this Sluice",
+        503: "Not ready",
+    }.items()
+}
+
+_DOMAIN: list[tuple[type[BrokerError], int, str, str]] = [
+    (UnknownTopicError, 404, "unknown-topic", "Unknown topic or partition"),
+    (TopicExistsError, 409, "topic-exists", "Topic already exists"),
+    (InvalidTopicError, 400, "invalid-topic-name", "Invalid topic name"),
+    (InvalidPartitionsError, 400, "invalid-partitions", "Invalid partition count"),
+    (OffsetOutOfRangeError, 416, "offset-out-of-range", "Offset out of range"),
+    (RecordTooLargeError, 413, "record-too-large", "Record too large"),
+    (InvalidRecordError, 400, "invalid-record", "Invalid record"),
+]
+
+
+def _validation_detail(exc: RequestValidationError) -> tuple[str, str, str, int]:
+    errors = exc.errors()
+    for err in errors:
+        if err.get("type") == "json_invalid":
+            ctx = err.get("ctx") or {}
+            reason = ctx.get("error", "invalid JSON")
+            return "malformed-body", "Malformed request body", f"the request body is not valid JSON: {reason}", 400
+        if tuple(err.get("loc", ())) == ("body",) and err.get("type") in ("model_attributes_type", "dict_type"):
+            return (
+                "malformed-body",
+                "Malformed request body",
+                "the request body must be a JSON object; send it with Content-Type: application/json",
+                400,
+            )
+    parts = []
+    for err in errors[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    return "invalid-request", "Invalid request", "; ".join(parts) + more, 422
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    async def on_problem(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ProblemError)
+        return problem_response(exc.status, exc.slug, exc.title, exc.detail, request.url.path)
+
+    async def on_broker(request: Request, exc: Exception) -> JSONResponse:
+        for cls, status, slug, title in _DOMAIN:
+            if isinstance(exc, cls):
+                return problem_response(status, slug, title, str(exc), request.url.path)
+        log.error("broker error in HTTP request", extra={"path": request.url.path, "error": str(exc)})
+        return problem_response(500, "broker-error", "Broker error", str(exc), request.url.path)
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        slug, title, detail, status = _validation_detail(exc)
+        return problem_response(status, slug, title, detail, request.url.path)
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        detail = str(exc.detail)
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no route for {request.method} {request.url.path}; the API is listed at /docs"
+        elif exc.status_code == 405:
+            detail = f"{request.method} is not allowed on {request.url.path}; see /docs for the methods it takes"
+        return problem_response(
+            exc.status_code, slug, str(exc.detail), detail, request.url.path, dict(exc.headers or {})
+        )
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in HTTP request", extra={"path": request.url.path})
+        return problem_response(
+            500, "internal-error", "Internal error", f"the server failed: {type(exc).__name__}: {exc}", request.url.path
+        )
+
+    app.add_exception_handler(ProblemError, on_problem)
+    app.add_exception_handler(BrokerError, on_broker)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,174 @@
+"""``/topics/{topic}/records``: JSON batch produce, and fetch by partition and offset with long-poll."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from broker.log.api import LogStore, PartitionLog
+from broker.protocol.records import Record, RecordSpec, decode_records, encode_batch, split_complete_batches
+from sluice.http.context import Ctx
+from sluice.http.models import (
+    FetchResponse,
+    OutFormat,
+    ProducedOffset,
+    ProduceRequest,
+    ProduceResponse,
+    RecordOut,
+    encode_value,
+    record_out,
+)
+from sluice.http.problems import PROBLEM_RESPONSES, ProblemError
+
+__all__ = ["check_offset", "read_records", "router"]
+
+router = APIRouter(prefix="/topics", tags=["records"], responses={500: PROBLEM_RESPONSES[500]})
+
+READ_CHUNK_BYTES = 1024 * 1024
+
+
+def check_offset(log: PartitionLog, offset: int) -> None:
+    start, end = log.log_start_offset, log.high_watermark
+    if not start <= offset <= end:
+        raise ProblemError(
+            416,
+            "offset-out-of-range",
+            "Offset out of range",
+            f"offset {offset} is out of range for {log.topic}-{log.partition}: valid offsets are {start}..{end} "
+            f"({end} is where the next record will be written)",
+        )
+
+
+def read_records(log: PartitionLog, offset: int, max_records: int) -> list[Record]:
+    """Up to ``max_records`` records from ``offset`` (whole stored batches, trimmed to the range).
+
+    Batches without visible records (control batches) are stepped over, so a reader never stalls.
+    """
+    out: list[Record] = []
+    cursor = offset
+    while len(out) < max_records and cursor < log.high_watermark:
+        data = memoryview(log.read(cursor, READ_CHUNK_BYTES))
+        headers, _ = split_complete_batches(data)
+        if not headers:
+            break
+        pos = 0
+        for header in headers:
+            batch = data[pos : pos + header.size]
+            pos += header.size
+            for record in decode_records(batch, header):
+                if record.offset >= cursor and len(out) < max_records:
+                    out.append(record)
+            if len(out) >= max_records:
+                cursor = out[-1].offset + 1
+                break
+            cursor = max(cursor, header.last_offset + 1)
+    return out
+
+
+def _partition_of(store: LogStore, topic: str, count: int, explicit: int | None, key: bytes | None, sticky: int) -> int:
+    if explicit is not None:
+        if explicit >= count:
+            raise ProblemError(
+                404,
+                "unknown-partition",
+                "Unknown partition",
+                f"topic {topic!r} has no partition {explicit} (it has {count}: 0..{count - 1})",
+            )
+        return explicit
+    if key is not None:
+        return store.partition_for(topic, key)
+    return sticky
+
+
+@router.post(
+    "/{topic}/records",
+    response_model=ProduceResponse,
+    summary="Produce a batch of JSON records",
+    description="Records are grouped per partition and each group is appended as one batch; the response "
+    "returns once they are as durable as the topic's flush policy promises. Unknown topics are created "
+    "when storage.auto_create_topics is on.",
+    responses={k: PROBLEM_RESPONSES[k] for k in (400, 404, 413, 422)},
+)
+async def produce(topic: str, body: ProduceRequest, ctx: Ctx) -> ProduceResponse:
+    store = ctx.store
+    info = store.ensure_topic(topic)
+    sticky = store.partition_for(topic, None)
+    now = int(time.time() * 1000)
+    groups: dict[int, list[tuple[int, RecordSpec]]] = defaultdict(list)
+    nbytes = 0
+    for index, rec in enumerate(body.records):
+        try:
+            value = encode_value(rec.value, body.value_format)
+        except ValueError as exc:
+            raise ProblemError(400, "invalid-value", "Invalid record value", f"records[{index}]: {exc}") from None
+        key = rec.key.encode() if rec.key is not None else None
+        nbytes += len(value or b"") + len(key or b"")
+        partition = _partition_of(store, topic, info.partitions, rec.partition, key, sticky)
+        headers = tuple((k, v.encode()) for k, v in rec.headers.items())
+        groups[partition].append((index, RecordSpec(value, key, headers, rec.timestamp)))
+
+    async def append(partition: int, items: list[tuple[int, RecordSpec]]) -> list[tuple[int, ProducedOffset]]:
+        batch = encode_batch([spec for _, spec in items], timestamp=now)
+        result = await store.append(topic, partition, batch)
+        return [
+            (index, ProducedOffset(partition=partition, offset=result.base_offset + i))
+            for i, (index, _) in enumerate(items)
+        ]
+
+    results = await asyncio.gather(*(append(p, items) for p, items in groups.items()))
+    offsets = sorted((pair for group in results for pair in group), key=lambda pair: pair[0])
+    ctx.counters.produced_records.labels(topic).inc(len(body.records))
+    ctx.counters.produced_bytes.labels(topic).inc(nbytes)
+    return ProduceResponse(topic=topic, offsets=[o for _, o in offsets])
+
+
+@router.get(
+    "/{topic}/records",
+    response_model=FetchResponse,
+    summary="Read records from one partition (long-poll)",
+    description="Returns up to `max` records from `offset` (default: the earliest kept). With `timeout_ms` > 0 "
+    "and nothing to read yet, waits up to that long for new records. `timestamp` starts at the first "
+    "record at or after that event time instead of an offset.",
+    responses={k: PROBLEM_RESPONSES[k] for k in (400, 404, 416, 422)},
+)
+async def fetch(
+    topic: str,
+    ctx: Ctx,
+    partition: int = Query(0, ge=0),
+    offset: int | None = Query(None, ge=0, description="First offset to read (default: earliest)."),
+    timestamp: int | None = Query(None, ge=0, description="Start at this event time (ms) instead of an offset."),
+    max: int = Query(100, ge=1, le=10_000, description="Most records to return."),
+    timeout_ms: int = Query(0, ge=0, description="Long-poll: wait this long for data (capped at 30 s)."),
+    format: Annotated[OutFormat, Query(description="How values are shown: auto, json, text or base64.")] = "auto",
+) -> FetchResponse:
+    store = ctx.store
+    store.topic(topic)
+    log = store.partition(topic, partition)
+    if timestamp is not None:
+        found = log.offset_for_timestamp(timestamp)
+        start = log.high_watermark if found is None else found
+    else:
+        start = log.log_start_offset if offset is None else offset
+    check_offset(log, start)
+    wait_ms = min(timeout_ms, ctx.max_wait_ms)
+    if start >= log.high_watermark and wait_ms > 0:
+        await log.wait_for_data(start, wait_ms / 1000)
+    records = read_records(log, start, max)
+    try:
+        out: list[RecordOut] = [record_out(partition, r, format) for r in records]
+    except ValueError as exc:
+        raise ProblemError(400, "value-format", "Value not in the requested format", str(exc)) from None
+    ctx.counters.fetch_requests.labels(topic).inc()
+    ctx.counters.fetched_records.labels(topic, "fetch").inc(len(out))
+    return FetchResponse(
+        topic=topic,
+        partition=partition,
+        records=out,
+        next_offset=out[-1].offset + 1 if out else start,
+        high_watermark=log.high_watermark,
+        log_start_offset=log.log_start_offset,
+    )

@@ -1,0 +1,138 @@
+"""``GET /topics/{topic}/stream``: records as Server-Sent Events, for dashboards and ``curl -N``.
+
+One ``record`` event per record (``id: <partition>:<offset>``, ``data:`` the record as JSON); a comment
+line every heartbeat interval keeps proxies from closing an idle stream. The stream ends when the client
+goes away, after ``limit`` records, or when the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+
+from broker.log.api import PartitionLog
+from broker.protocol.records import Record
+from sluice.http.context import ApiContext, Ctx
+from sluice.http.models import OutFormat, record_out
+from sluice.http.problems import PROBLEM_RESPONSES, ProblemError
+from sluice.http.records import check_offset, read_records
+
+__all__ = ["router", "sse_event"]
+
+router = APIRouter(prefix="/topics", tags=["records"], responses={500: PROBLEM_RESPONSES[500]})
+
+BATCH = 500
+
+
+def sse_event(event: str, data: str, event_id: str | None = None) -> bytes:
+    lines = [f"event: {event}"]
+    if event_id is not None:
+        lines.append(f"id: {event_id}")
+    lines.extend(f"data: {line}" for line in data.split("\n"))
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+def _render(partition: int, record: Record, fmt: OutFormat) -> str:
+    try:
+        return record_out(partition, record, fmt).model_dump_json()
+    except ValueError:  # not in the asked-for format: show it as it is rather than end the stream
+        return record_out(partition, record, "auto").model_dump_json()
+
+
+async def _wait_any(logs: list[PartitionLog], cursors: dict[int, int], timeout: float, stop: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(log.wait_for_data(cursors[log.partition], timeout)) for log in logs]
+    waits.append(asyncio.ensure_future(stop.wait()))
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+        for w in waits:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await w
+
+
+async def _events(
+    ctx: ApiContext, topic: str, logs: list[PartitionLog], cursors: dict[int, int], limit: int | None, fmt: OutFormat
+) -> AsyncIterator[bytes]:
+    sent = 0
+    ctx.counters.sse_clients.inc()
+    try:
+        yield b"retry: 1000\n" + sse_event(
+            "subscribed", json.dumps({"topic": topic, "offsets": {str(p): o for p, o in cursors.items()}})
+        )
+        while not ctx.stopping.is_set():
+            progressed = False
+            for log in logs:
+                want = BATCH if limit is None else min(BATCH, limit - sent)
+                records = read_records(log, cursors[log.partition], want)
+                if not records:
+                    continue
+                progressed = True
+                cursors[log.partition] = records[-1].offset + 1
+                chunk = b"".join(
+                    sse_event("record", _render(log.partition, r, fmt), f"{log.partition}:{r.offset}") for r in records
+                )
+                sent += len(records)
+                ctx.counters.fetched_records.labels(topic, "sse").inc(len(records))
+                yield chunk
+                if limit is not None and sent >= limit:
+                    return
+            if not progressed:
+                before = dict(cursors)
+                await _wait_any(logs, cursors, ctx.sse_heartbeat_s, ctx.stopping)
+                if all(log.high_watermark <= before[log.partition] for log in logs):
+                    yield b": keepalive\n\n"
+    finally:
+        ctx.counters.sse_clients.dec()
+
+
+@router.get(
+    "/{topic}/stream",
+    summary="Follow a topic as Server-Sent Events",
+    description="Streams `record` events (data: the record as JSON, id: `partition:offset`) from every partition, "
+    "or one with `partition`. Starts at the end (`start=latest`, default), at the earliest kept record, "
+    "or at `offset` (with `partition`). Try `curl -N http://127.0.0.1:8080/topics/<topic>/stream`.",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}, "description": "An event stream"},
+        **{k: PROBLEM_RESPONSES[k] for k in (404, 416, 422)},
+    },
+)
+async def stream(
+    topic: str,
+    ctx: Ctx,
+    partition: int | None = Query(None, ge=0, description="Only this partition (default: all)."),
+    offset: int | None = Query(None, ge=0, description="Start offset (needs `partition`)."),
+    start: Literal["latest", "earliest"] = Query("latest", description="Where to start without an offset."),
+    limit: int | None = Query(None, ge=1, description="End the stream after this many records."),
+    format: Annotated[OutFormat, Query(description="How values are shown: auto, json, text or base64.")] = "auto",
+) -> StreamingResponse:
+    store = ctx.store
+    store.topic(topic)
+    if offset is not None and partition is None:
+        raise ProblemError(
+            400,
+            "offset-needs-partition",
+            "Offset needs a partition",
+            "an offset only means something within one partition; pass partition= as well",
+        )
+    logs = [store.partition(topic, partition)] if partition is not None else store.partitions(topic)
+    cursors: dict[int, int] = {}
+    for log in logs:
+        if offset is not None:
+            check_offset(log, offset)
+            cursors[log.partition] = offset
+        else:
+            cursors[log.partition] = log.high_watermark if start == "latest" else log.log_start_offset
+    return StreamingResponse(
+        _events(ctx, topic, logs, cursors, limit, format),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

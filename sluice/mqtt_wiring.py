@@ -1,0 +1,97 @@
+"""Builds the MQTT listener and the MQTT bridges of a running Sluice on the shared ingest core.
+
+The listener writes through ``ingest_core(runtime).sink`` as source ``SourceRef("mqtt", "default")``;
+credentials from ``settings.mqtt.users`` become the authentication hook. Each ``[[mqtt.bridges]]`` entry
+writes as ``SourceRef("bridge", name)``; the bridge objects are in ``runtime.registries["bridges"]``
+(name -> MqttBridge, whose ``status()`` the HTTP API shows).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable, Sequence
+
+from ingest.bridge import BridgeConfig, MqttBridge
+from ingest.mqtt.hub import Authenticator, Hub, HubConfig
+from ingest.mqtt.listener import MqttListener, SinkPort
+from ingest.routing import RawMessage, SourceRef
+from ingest.sink import IngestSink, WriteOutcome
+from sluice.ingest_wiring import ingest_core
+from sluice.runtime import Component, Runtime
+
+__all__ = ["MQTT_SOURCE", "BridgesComponent", "mqtt_bridges", "mqtt_listener"]
+
+MQTT_SOURCE = SourceRef("mqtt", "default")
+
+
+def _password_check(users: dict[str, str]) -> Authenticator:
+    def check(client_id: str, username: str | None, password: bytes | None) -> bool:
+        expected = users.get(username or "")
+        return expected is not None and password is not None and hmac.compare_digest(expected.encode(), password)
+
+    return check
+
+
+def mqtt_listener(runtime: Runtime) -> Component | None:
+    settings = runtime.settings.mqtt
+    if not settings.enabled:
+        return None
+    core = ingest_core(runtime)
+    config = HubConfig(
+        allow_anonymous=settings.allow_anonymous,
+        max_packet_size=settings.max_packet_bytes,
+        receive_maximum=settings.receive_maximum,
+        topic_alias_maximum=settings.topic_alias_maximum,
+        max_queued_messages=settings.max_queued_messages,
+        connect_timeout_s=settings.connect_timeout_s,
+        backlog_high_bytes=core.sink.max_pending_bytes,
+        protocol_versions=tuple(settings.protocol_versions),
+    )
+    hub = Hub(SinkPort(core.sink, MQTT_SOURCE), config, _password_check(settings.users) if settings.users else None)
+    runtime.registries["mqtt"] = hub
+    return MqttListener(hub, runtime.settings.host, settings.port, announce=runtime.announce, backlog=settings.backlog)
+
+
+class BridgesComponent:
+    """Every configured MQTT bridge, started and stopped together."""
+
+    name = "mqtt-bridges"
+
+    def __init__(self, bridges: list[MqttBridge]) -> None:
+        self.bridges = bridges
+
+    async def start(self) -> None:
+        for bridge in self.bridges:
+            await bridge.start()
+
+    async def stop(self) -> None:
+        for bridge in self.bridges:
+            await bridge.stop()
+
+
+def _writer(sink: IngestSink, source: SourceRef) -> Callable[[Sequence[RawMessage]], Awaitable[list[WriteOutcome]]]:
+    async def write(messages: Sequence[RawMessage]) -> list[WriteOutcome]:
+        return await sink.write(source, messages)
+
+    return write
+
+
+def mqtt_bridges(runtime: Runtime) -> Component | None:
+    configured = runtime.settings.mqtt.bridges
+    if not configured:
+        return None
+    core = ingest_core(runtime)
+    bridges: dict[str, MqttBridge] = runtime.registries.setdefault("bridges", {})
+    built = []
+    for b in configured:
+        if b.name in bridges:
+            raise ValueError(f"mqtt.bridges: duplicate bridge name {b.name!r}")
+        config = BridgeConfig(
+            name=b.name, host=b.host, port=b.port, topics=tuple(b.topics), client_id=b.client_id,
+            username=b.username, password=b.password, protocol=b.protocol, keepalive_s=b.keepalive_s,
+            max_inflight=b.max_inflight, backoff_initial_s=b.backoff_initial_s, backoff_max_s=b.backoff_max_s,
+        )
+        bridge = MqttBridge(config, _writer(core.sink, SourceRef("bridge", b.name)))
+        bridges[b.name] = bridge
+        built.append(bridge)
+    return BridgesComponent(built)

@@ -1,0 +1,94 @@
+"""`sluice simulate` additions for the compose stack: --transport kafka (the cluster profile), --first-id,
+--jump-every and --duration 0 (until SIGTERM), against a real Sluice read back with kcat."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.sluice_server import SluiceProcess
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProcess]:
+    proc = SluiceProcess(Path(tmp_path_factory.mktemp("sim")) / "data",
+                         env={"SLUICE_STORAGE__DEFAULT_PARTITIONS": "2"}).start()
+    yield proc
+    proc.stop()
+
+
+def _sluice(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sluice.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _read(bootstrap: str, topic: str) -> list[tuple[str, dict[str, object]]]:
+    out = subprocess.run(["kcat", "-b", bootstrap, "-C", "-t", topic, "-o", "beginning", "-e", "-q", "-f", "%k\t%s\n"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [(k, json.loads(v)) for k, v in (line.split("\t", 1) for line in out.stdout.splitlines())]
+
+
+def test_kafka_transport_with_jumps(server: SluiceProcess) -> None:
+    result = _sluice("simulate", "--transport", "kafka", "--bootstrap", server.bootstrap, "--topic", "sim-k",
+                     "--sensors", "4", "--first-id", "10", "--profile", "steady", "--jump-every", "5",
+                     "--duration", "1.5", "--seed", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["transport"] == "kafka" and report["address"] == server.bootstrap
+    records = _read(server.bootstrap, "sim-k")
+    by_sensor: dict[str, list[dict[str, object]]] = defaultdict(list)
+    for key, value in records:
+        assert key == value["sensor"]
+        by_sensor[key].append(value)
+    assert sorted(by_sensor) == ["sensor_10", "sensor_11", "sensor_12", "sensor_13"]
+    for row in report["sensors"]:
+        readings = by_sensor[row["sensor"]]
+        assert len(readings) == row["sent"] == row["delivered"] >= 10
+        jumps = [i for i, r in enumerate(readings) if r.get("jump")]
+        assert jumps == list(range(4, len(readings), 5)) and len(jumps) == row["jumps"]
+        for i in jumps:  # a jump is 1.5x the previous absolute temperature + 10: always above 1.1x
+            prev, temp = float(readings[i - 1]["temp"]), float(readings[i]["temp"])  # type: ignore[arg-type]
+            assert temp == pytest.approx(abs(prev) * 1.5 + 10, abs=0.002)
+
+
+def test_duration_zero_runs_until_sigterm(server: SluiceProcess) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "simulate", "--transport", "kafka",
+                             "--bootstrap", server.bootstrap, "--topic", "sim-forever", "--sensors", "2",
+                             "--profile", "steady", "--duration", "0", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(3)  # still sending: no deadline
+        proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+        assert time.monotonic() - stopped < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    report = json.loads(out)
+    delivered = sum(r["delivered"] for r in report["sensors"])
+    assert delivered >= 20 and delivered == len(_read(server.bootstrap, "sim-forever"))
+
+
+def test_kafka_transport_unreachable_exits_3() -> None:
+    result = _sluice("simulate", "--transport", "kafka", "--bootstrap", "127.0.0.1:1", "--duration", "0.5")
+    assert result.returncode == 3, result.stderr
+    assert "--bootstrap" in result.stderr
+
+
+def test_topics_create_if_not_exists(server: SluiceProcess) -> None:
+    assert _sluice("topics", "create", "once", "-p", "2", "--bootstrap", server.bootstrap).returncode == 0
+    again = _sluice("topics", "create", "once", "-p", "2", "--bootstrap", server.bootstrap)
+    assert again.returncode != 0
+    ok = _sluice("topics", "create", "once", "-p", "2", "--if-not-exists", "--bootstrap", server.bootstrap)
+    assert ok.returncode == 0 and "already exists" in ok.stdout

@@ -1,0 +1,77 @@
+"""A real Sluice as a subprocess (`python -m sluice.cli serve`) on free ports, for client and CLI tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["SluiceProcess"]
+
+
+class SluiceProcess:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None, args: list[str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.env = env or {}
+        self.args = args or []
+        self.proc: subprocess.Popen[str] | None = None
+        self.endpoints: dict[str, dict[str, object]] = {}
+        self.log = data_dir.parent / f"{data_dir.name}.log"
+
+    def start(self, timeout: float = 30.0) -> SluiceProcess:
+        env = {
+            **os.environ,
+            "SLUICE_KAFKA__PORT": "0",
+            "SLUICE_MQTT__PORT": "0",
+            "SLUICE_TCP__PORT": "0",
+            "SLUICE_HTTP__PORT": "0",
+            "SLUICE_STORAGE__BACKEND": "memory",
+            **self.env,
+        }
+        endpoints = self.data_dir / "endpoints.json"
+        endpoints.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sluice.cli", "serve", "--data-dir", str(self.data_dir), *self.args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("w"),
+            text=True,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sluice serve exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            if endpoints.exists():
+                found = json.loads(endpoints.read_text())
+                if "http" in found and "kafka" in found:
+                    self.endpoints = found
+                    return self
+            if time.monotonic() > deadline:
+                raise RuntimeError("sluice serve did not become ready")
+            time.sleep(0.05)
+
+    def address(self, name: str) -> str:
+        e = self.endpoints[name]
+        return f"{e['host']}:{e['port']}"
+
+    @property
+    def bootstrap(self) -> str:
+        return self.address("kafka")
+
+    @property
+    def http(self) -> str:
+        return f"http://{self.address('http')}"
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
