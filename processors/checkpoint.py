@@ -6,6 +6,10 @@ A checkpoint is one msgpack record on the single-partition topic ``_checkpoints.
      "parts": [[topic, partition, next_offset, max_event_ts, heartbeat_watermark], ...],
      "ops": {operator_id: [[key, [topic, partition], state], ...]}}
 
+A checkpoint larger than ``CHUNK_BYTES`` is written as several records ``{"v": 1, "chunk": [id, i, n],
+"data": …}`` (brokers cap record sizes); it counts only once all ``n`` chunks are read, so a crash in
+the middle of writing one leaves the previous checkpoint in force.
+
 Every keyed state entry names the source partition whose records created it, so instances of a
 scaled-out pipeline each write checkpoints for the partitions they own and a partition moving to
 another instance takes exactly its own keys along. Restoring a partition uses the newest
@@ -16,6 +20,7 @@ crash the input after the checkpoint is replayed: at-least-once, with determinis
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,7 +38,9 @@ __all__ = [
     "CheckpointStore",
     "LogCheckpointStore",
     "PartitionRestore",
+    "checkpoint_records",
     "checkpoint_topic",
+    "checkpoints_from_records",
     "decode_checkpoint",
     "encode_checkpoint",
     "latest_per_partition",
@@ -41,6 +48,7 @@ __all__ = [
 
 VERSION = 1
 MAX_CHECKPOINT_BYTES = 256 * 1024 * 1024
+CHUNK_BYTES = 512 * 1024
 
 
 def checkpoint_topic(pipeline: str) -> str:
@@ -93,6 +101,42 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         raise CheckpointError(f"cannot decode checkpoint: {exc!r}") from exc
 
 
+def checkpoint_records(data: bytes, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
+    """The record values that store one encoded checkpoint (one, or chunks of it)."""
+    if len(data) <= chunk_bytes:
+        return [data]
+    ident = uuid.uuid4().hex
+    n = -(-len(data) // chunk_bytes)
+    return [
+        msgpack.packb({"v": VERSION, "chunk": [ident, i, n], "data": data[i * chunk_bytes : (i + 1) * chunk_bytes]},
+                      use_bin_type=True)
+        for i in range(n)
+    ]
+
+
+def checkpoints_from_records(values: Iterable[bytes]) -> list[Checkpoint]:
+    """Checkpoints in log order from the record values of the checkpoint topic (incomplete chunked
+    ones are ignored)."""
+    out: list[Checkpoint] = []
+    pending: dict[str, dict[int, bytes]] = {}
+    for raw in values:
+        try:
+            doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        except Exception as exc:
+            raise CheckpointError(f"cannot decode checkpoint record: {exc!r}") from exc
+        chunk = doc.get("chunk") if isinstance(doc, dict) else None
+        if chunk is None:
+            out.append(decode_checkpoint(raw))
+            continue
+        ident, i, n = chunk
+        parts = pending.setdefault(ident, {})
+        parts[int(i)] = doc["data"]
+        if len(parts) == n:
+            out.append(decode_checkpoint(b"".join(parts[k] for k in range(n))))
+            del pending[ident]
+    return out
+
+
 def latest_per_partition(checkpoints: Iterable[Checkpoint]) -> dict[TopicPartition, PartitionRestore]:
     """For each partition, its offset and keyed state from the newest checkpoint (in log order)
     that lists it."""
@@ -132,22 +176,23 @@ class LogCheckpointStore:
         try:
             self._ensure()
             log = self.store.partition(self.topic, 0)
-            out: list[Checkpoint] = []
+            values: list[bytes] = []
             offset = log.log_start_offset
             while offset < log.high_watermark:
                 chunk = log.read(offset, 4 * 1024 * 1024)
                 records = [r for r in decode_all(chunk) if r.offset >= offset]
                 if not records:
                     break
-                out.extend(decode_checkpoint(r.value) for r in records if r.value)
+                values.extend(r.value for r in records if r.value)
                 offset = records[-1].offset + 1
-            return out
+            return checkpoints_from_records(values)
         except BrokerError as exc:
             raise CheckpointError(f"cannot read {self.topic}: {exc}") from exc
 
     async def save(self, data: bytes) -> None:
         try:
             self._ensure()
-            await self.store.append_records(self.topic, [RecordSpec(data)], partition=0)
+            specs = [RecordSpec(value) for value in checkpoint_records(data)]
+            await self.store.append_records(self.topic, specs, partition=0)
         except BrokerError as exc:
             raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc

@@ -20,7 +20,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
-from processors.checkpoint import Checkpoint, checkpoint_topic, decode_checkpoint
+from processors.checkpoint import Checkpoint, checkpoint_records, checkpoint_topic, checkpoints_from_records
 from processors.errors import CheckpointError, SourceError
 from processors.executor import OutRecord, RecordLike
 from processors.executor import TopicPartition as TP
@@ -169,7 +169,8 @@ class KafkaCheckpointStore:
 
     async def save(self, data: bytes) -> None:
         try:
-            await self.sink.send_and_wait(self.topic, data)
+            for value in checkpoint_records(data):
+                await self.sink.send_and_wait(self.topic, value)
         except KafkaError as exc:
             raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc
 
@@ -184,13 +185,11 @@ class KafkaCheckpointStore:
             consumer.assign([tp])
             await consumer.seek_to_beginning(tp)
             end = (await consumer.end_offsets([tp]))[tp]
-            out: list[Checkpoint] = []
+            values: list[bytes] = []
             while await consumer.position(tp) < end:
                 batch = await consumer.getmany(tp, timeout_ms=1000)
-                for message in batch.get(tp, []):
-                    if message.value:
-                        out.append(decode_checkpoint(message.value))
-            return out
+                values.extend(m.value for m in batch.get(tp, []) if m.value)
+            return checkpoints_from_records(values)
         except KafkaError as exc:
             raise CheckpointError(f"cannot read {self.topic}: {exc}") from exc
         finally:

@@ -69,3 +69,23 @@ def test_checkpoints_round_trip_and_the_newest_wins_per_partition() -> None:
         decode_checkpoint(b"\x93garbage")
     with pytest.raises(CheckpointError):
         encode_checkpoint(Checkpoint("p", 1, 1, {}, {"1": [[object(), None, None]]}))
+
+
+def big_checkpoint(keys: int, created: int = 1) -> Checkpoint:
+    state = {"w": [[0, [10_000, [1.0, 1], False, 1, 0]]], "s": []}
+    return Checkpoint("p", created, 1, {("t", 0): (5, 1, -1)},
+                      {"1": [[f"sensor-{i:06d}", ["t", 0], state] for i in range(keys)]})
+
+
+def test_large_checkpoints_are_chunked_and_count_only_when_complete() -> None:
+    from processors.checkpoint import CHUNK_BYTES, checkpoint_records, checkpoints_from_records
+
+    data = encode_checkpoint(big_checkpoint(30_000))
+    assert len(data) > 2 * CHUNK_BYTES
+    values = checkpoint_records(data)
+    assert len(values) >= 3 and all(len(v) <= CHUNK_BYTES + 100 for v in values)
+    small = encode_checkpoint(Checkpoint("p", 0, 0, {("t", 0): (1, 1, -1)}, {}))
+    # a crash before the last chunk was written: the earlier checkpoint stays in force
+    assert [c.created for c in checkpoints_from_records([small, *values[:-1]])] == [0]
+    done = checkpoints_from_records([small, *values])
+    assert [c.created for c in done] == [0, 1] and len(done[1].ops["1"]) == 30_000

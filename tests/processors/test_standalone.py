@@ -245,3 +245,22 @@ async def test_an_instance_joining_mid_stream_takes_over_partitions_with_their_s
         for p in (a, b):
             if p is not None:
                 assert p.stop() == 0, p.log.read_text()[-3000:]
+
+
+async def test_a_checkpoint_larger_than_the_brokers_record_limit_round_trips(sluice: SluiceProcess) -> None:
+    from processors.checkpoint import encode_checkpoint
+    from processors.kafka import KafkaCheckpointStore, KafkaSink
+    from tests.processors.test_codec import big_checkpoint
+
+    sink = KafkaSink(sluice.bootstrap)
+    await sink.start()
+    try:
+        store = KafkaCheckpointStore(sluice.bootstrap, "bigstate", sink)
+        assert await store.load() == []
+        data = encode_checkpoint(big_checkpoint(40_000))
+        assert len(data) > 1024 * 1024  # above the broker's default max.message.bytes
+        await store.save(data)
+        (loaded,) = await store.load()
+        assert len(loaded.ops["1"]) == 40_000 and loaded.parts == {("t", 0): (5, 1, -1)}
+    finally:
+        await sink.stop()
