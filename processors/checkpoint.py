@@ -4,6 +4,7 @@ A checkpoint is one msgpack record on the single-partition topic ``_checkpoints.
 
     {"v": 1, "pipeline": name, "created": ms, "watermark": ms,
      "parts": [[topic, partition, next_offset, max_event_ts, heartbeat_watermark], ...],
+                                   (next_offset -1: assigned, nothing read yet)
      "ops": {operator_id: [[key, [topic, partition], state], ...]}}
 
 A checkpoint larger than ``CHUNK_BYTES`` is written as several records ``{"v": 1, "chunk": [id, i, n],
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,6 +45,7 @@ __all__ = [
     "decode_checkpoint",
     "encode_checkpoint",
     "latest_per_partition",
+    "load_from_tail",
 ]
 
 VERSION = 1
@@ -155,8 +157,26 @@ def latest_per_partition(checkpoints: Iterable[Checkpoint]) -> dict[TopicPartiti
     return out
 
 
+async def load_from_tail(read: Callable[[int, int], Awaitable[list[bytes]]], start: int, end: int,
+                         tps: Collection[TopicPartition] | None) -> list[Checkpoint]:
+    """Checkpoints from the end of the checkpoint log: read ``[lo, end)`` with ``lo`` moving back
+    (64, 256, … records) until every partition in ``tps`` has one, or the log start is reached.
+    Restarts cost what the recent checkpoints cost, not the whole history."""
+    span = 64
+    while True:
+        lo = max(start, end - span)
+        found = checkpoints_from_records(await read(lo, end))
+        if lo <= start:
+            return found
+        if tps is not None and set(tps) <= latest_per_partition(found).keys():
+            return found
+        span *= 4
+
+
 class CheckpointStore(Protocol):
-    async def load(self) -> list[Checkpoint]: ...
+    async def load(self, tps: Collection[TopicPartition] | None = None) -> list[Checkpoint]:
+        """Checkpoints in log order; enough of them to cover ``tps`` (None = all)."""
+
     async def save(self, data: bytes) -> None: ...
 
 
@@ -172,20 +192,23 @@ class LogCheckpointStore:
             config = dataclasses.replace(self.store.default_config, max_message_bytes=MAX_CHECKPOINT_BYTES)
             self.store.create_topic(self.topic, 1, config, internal=True)
 
-    async def load(self) -> list[Checkpoint]:
+    async def load(self, tps: Collection[TopicPartition] | None = None) -> list[Checkpoint]:
         try:
             self._ensure()
             log = self.store.partition(self.topic, 0)
-            values: list[bytes] = []
-            offset = log.log_start_offset
-            while offset < log.high_watermark:
-                chunk = log.read(offset, 4 * 1024 * 1024)
-                records = [r for r in decode_all(chunk) if r.offset >= offset]
-                if not records:
-                    break
-                values.extend(r.value for r in records if r.value)
-                offset = records[-1].offset + 1
-            return checkpoints_from_records(values)
+
+            async def read(lo: int, hi: int) -> list[bytes]:
+                values: list[bytes] = []
+                offset = lo
+                while offset < hi:
+                    records = [r for r in decode_all(log.read(offset, 4 * 1024 * 1024)) if offset <= r.offset < hi]
+                    if not records:
+                        break
+                    values.extend(r.value for r in records if r.value)
+                    offset = records[-1].offset + 1
+                return values
+
+            return await load_from_tail(read, log.log_start_offset, log.high_watermark, tps)
         except BrokerError as exc:
             raise CheckpointError(f"cannot read {self.topic}: {exc}") from exc
 

@@ -13,6 +13,7 @@ and checkpoints in a Kafka topic. Works against Sluice's Kafka listener or any K
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -20,7 +21,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
-from processors.checkpoint import Checkpoint, checkpoint_records, checkpoint_topic, checkpoints_from_records
+from processors.checkpoint import Checkpoint, checkpoint_records, checkpoint_topic, load_from_tail
 from processors.errors import CheckpointError, SourceError
 from processors.executor import OutRecord, RecordLike
 from processors.executor import TopicPartition as TP
@@ -174,7 +175,7 @@ class KafkaCheckpointStore:
         except KafkaError as exc:
             raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc
 
-    async def load(self) -> list[Checkpoint]:
+    async def load(self, tps: Collection[TP] | None = None) -> list[Checkpoint]:
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                     fetch_max_bytes=MAX_REQUEST_BYTES, max_partition_fetch_bytes=MAX_REQUEST_BYTES)
         try:
@@ -183,13 +184,18 @@ class KafkaCheckpointStore:
                 return []
             tp = TopicPartition(self.topic, 0)
             consumer.assign([tp])
-            await consumer.seek_to_beginning(tp)
+            start = (await consumer.beginning_offsets([tp]))[tp]
             end = (await consumer.end_offsets([tp]))[tp]
-            values: list[bytes] = []
-            while await consumer.position(tp) < end:
-                batch = await consumer.getmany(tp, timeout_ms=1000)
-                values.extend(m.value for m in batch.get(tp, []) if m.value)
-            return checkpoints_from_records(values)
+
+            async def read(lo: int, hi: int) -> list[bytes]:
+                consumer.seek(tp, lo)
+                values: list[bytes] = []
+                while await consumer.position(tp) < hi:
+                    batch = await consumer.getmany(tp, timeout_ms=1000)
+                    values.extend(m.value for m in batch.get(tp, []) if m.value and m.offset < hi)
+                return values
+
+            return await load_from_tail(read, start, end, tps)
         except KafkaError as exc:
             raise CheckpointError(f"cannot read {self.topic}: {exc}") from exc
         finally:

@@ -139,10 +139,10 @@ class Runner:
     async def _on_assigned(self, tps: list[TopicPartition]) -> None:
         self._pending.update(tps)  # before any await: the fetcher must not pass their data on yet
         self._assigned.clear()
-        restores = latest_per_partition(await self.checkpoints.load())
+        restores = latest_per_partition(await self.checkpoints.load(tps))
         for tp in tps:
             r = restores.get(tp)
-            if r is not None:
+            if r is not None and r.offset >= 0:
                 self.source.seek(tp, r.offset)
         await self.in_q.put(("assign", [(tp, restores.get(tp)) for tp in tps], None))
         self._pending.difference_update(tps)
@@ -230,7 +230,7 @@ class Runner:
             ex = self.executor
             if restore is None:
                 ex.add_partition(tp, now)
-                self.positions[tp] = -1  # unknown until the first record: nothing to checkpoint yet
+                self.positions[tp] = -1  # unknown until the first record
                 continue
             ex.add_partition(tp, now, restore.max_ts)
             if restore.heartbeat != NO_TIME:
@@ -253,7 +253,8 @@ class Runner:
     def _checkpoint(self, now: int, tps: set[TopicPartition] | None) -> tuple[bytes, dict[TopicPartition, int]]:
         """Encode the state now (between batches, so it is consistent) for ``tps`` (None = all)."""
         self._last_cp = now
-        chosen = {tp: off for tp, off in self.positions.items() if off >= 0 and (tps is None or tp in tps)}
+        # partitions with nothing read yet are listed too (offset -1), so restores find them near the end
+        chosen = {tp: off for tp, off in self.positions.items() if tps is None or tp in tps}
         parts = {}
         for tp, off in chosen.items():
             pw = self.executor.tracker.partitions.get(tp)
@@ -273,7 +274,7 @@ class Runner:
                     await self.sink.flush()
                     if offsets:
                         await self.checkpoints.save(data)
-                        await self.source.commit(offsets)
+                        await self.source.commit({tp: off for tp, off in offsets.items() if off >= 0})
                         self.checkpoints_written += 1
                         self.last_checkpoint_ms = self.clock.now_ms()
                     if done is not None and not done.done():

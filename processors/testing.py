@@ -13,7 +13,7 @@ import heapq
 import itertools
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from broker.protocol.records import Record
@@ -187,7 +187,7 @@ class MemoryCheckpointStore:
     def __init__(self) -> None:
         self.saved: list[bytes] = []
 
-    async def load(self) -> list[Checkpoint]:
+    async def load(self, tps: Collection[TopicPartition] | None = None) -> list[Checkpoint]:
         return checkpoints_from_records(self.saved)
 
     async def save(self, data: bytes) -> None:

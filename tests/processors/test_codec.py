@@ -89,3 +89,18 @@ def test_large_checkpoints_are_chunked_and_count_only_when_complete() -> None:
     assert [c.created for c in checkpoints_from_records([small, *values[:-1]])] == [0]
     done = checkpoints_from_records([small, *values])
     assert [c.created for c in done] == [0, 1] and len(done[1].ops["1"]) == 30_000
+
+
+async def test_restores_read_checkpoints_from_the_tail_until_every_partition_is_covered() -> None:
+    from broker.log.memory import MemoryLogStore
+    from processors.checkpoint import LogCheckpointStore
+
+    store = LogCheckpointStore(MemoryLogStore(), "tail")
+    await store.save(encode_checkpoint(Checkpoint("tail", 0, 0, {("t", 1): (7, 1, -1)}, {})))  # the only one for p1
+    for i in range(1, 1_000):
+        await store.save(encode_checkpoint(Checkpoint("tail", i, i, {("t", 0): (i, i, -1)}, {})))
+    recent = await store.load([("t", 0)])
+    assert 0 < len(recent) <= 64 and recent[-1].created == 999
+    both = latest_per_partition(await store.load([("t", 0), ("t", 1)]))
+    assert both[("t", 0)].offset == 999 and both[("t", 1)].offset == 7
+    assert len(await store.load()) == 1_000
