@@ -40,7 +40,7 @@ demo: $(VENV)/.installed
 	$(BIN)/sluice demo $(DEMO_ARGS)
 
 bench: system-deps $(VENV)/.installed-dev
-	$(BIN)/python -m bench.run_all
+	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -4,7 +4,12 @@ A checkpoint is one msgpack record on the single-partition topic ``_checkpoints.
 
     {"v": 1, "pipeline": name, "created": ms, "watermark": ms,
      "parts": [[topic, partition, next_offset, max_event_ts, heartbeat_watermark], ...],
+                                   (next_offset -1: assigned, nothing read yet)
      "ops": {operator_id: [[key, [topic, partition], state], ...]}}
+
+A checkpoint larger than ``CHUNK_BYTES`` is written as several records ``{"v": 1, "chunk": [id, i, n],
+"data": …}`` (brokers cap record sizes); it counts only once all ``n`` chunks are read, so a crash in
+the middle of writing one leaves the previous checkpoint in force.
 
 Every keyed state entry names the source partition whose records created it, so instances of a
 scaled-out pipeline each write checkpoints for the partitions they own and a partition moving to
@@ -16,7 +21,8 @@ crash the input after the checkpoint is replayed: at-least-once, with determinis
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import uuid
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,14 +39,18 @@ __all__ = [
     "CheckpointStore",
     "LogCheckpointStore",
     "PartitionRestore",
+    "checkpoint_records",
     "checkpoint_topic",
+    "checkpoints_from_records",
     "decode_checkpoint",
     "encode_checkpoint",
     "latest_per_partition",
+    "load_from_tail",
 ]
 
 VERSION = 1
 MAX_CHECKPOINT_BYTES = 256 * 1024 * 1024
+CHUNK_BYTES = 512 * 1024
 
 
 def checkpoint_topic(pipeline: str) -> str:
@@ -93,6 +103,42 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
         raise CheckpointError(f"cannot decode checkpoint: {exc!r}") from exc
 
 
+def checkpoint_records(data: bytes, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
+    """The record values that store one encoded checkpoint (one, or chunks of it)."""
+    if len(data) <= chunk_bytes:
+        return [data]
+    ident = uuid.uuid4().hex
+    n = -(-len(data) // chunk_bytes)
+    return [
+        msgpack.packb({"v": VERSION, "chunk": [ident, i, n], "data": data[i * chunk_bytes : (i + 1) * chunk_bytes]},
+                      use_bin_type=True)
+        for i in range(n)
+    ]
+
+
+def checkpoints_from_records(values: Iterable[bytes]) -> list[Checkpoint]:
+    """Checkpoints in log order from the record values of the checkpoint topic (incomplete chunked
+    ones are ignored)."""
+    out: list[Checkpoint] = []
+    pending: dict[str, dict[int, bytes]] = {}
+    for raw in values:
+        try:
+            doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        except Exception as exc:
+            raise CheckpointError(f"cannot decode checkpoint record: {exc!r}") from exc
+        chunk = doc.get("chunk") if isinstance(doc, dict) else None
+        if chunk is None:
+            out.append(decode_checkpoint(raw))
+            continue
+        ident, i, n = chunk
+        parts = pending.setdefault(ident, {})
+        parts[int(i)] = doc["data"]
+        if len(parts) == n:
+            out.append(decode_checkpoint(b"".join(parts[k] for k in range(n))))
+            del pending[ident]
+    return out
+
+
 def latest_per_partition(checkpoints: Iterable[Checkpoint]) -> dict[TopicPartition, PartitionRestore]:
     """For each partition, its offset and keyed state from the newest checkpoint (in log order)
     that lists it."""
@@ -111,8 +157,26 @@ def latest_per_partition(checkpoints: Iterable[Checkpoint]) -> dict[TopicPartiti
     return out
 
 
+async def load_from_tail(read: Callable[[int, int], Awaitable[list[bytes]]], start: int, end: int,
+                         tps: Collection[TopicPartition] | None) -> list[Checkpoint]:
+    """Checkpoints from the end of the checkpoint log: read ``[lo, end)`` with ``lo`` moving back
+    (64, 256, … records) until every partition in ``tps`` has one, or the log start is reached.
+    Restarts cost what the recent checkpoints cost, not the whole history."""
+    span = 64
+    while True:
+        lo = max(start, end - span)
+        found = checkpoints_from_records(await read(lo, end))
+        if lo <= start:
+            return found
+        if tps is not None and set(tps) <= latest_per_partition(found).keys():
+            return found
+        span *= 4
+
+
 class CheckpointStore(Protocol):
-    async def load(self) -> list[Checkpoint]: ...
+    async def load(self, tps: Collection[TopicPartition] | None = None) -> list[Checkpoint]:
+        """Checkpoints in log order; enough of them to cover ``tps`` (None = all)."""
+
     async def save(self, data: bytes) -> None: ...
 
 
@@ -128,26 +192,30 @@ class LogCheckpointStore:
             config = dataclasses.replace(self.store.default_config, max_message_bytes=MAX_CHECKPOINT_BYTES)
             self.store.create_topic(self.topic, 1, config, internal=True)
 
-    async def load(self) -> list[Checkpoint]:
+    async def load(self, tps: Collection[TopicPartition] | None = None) -> list[Checkpoint]:
         try:
             self._ensure()
             log = self.store.partition(self.topic, 0)
-            out: list[Checkpoint] = []
-            offset = log.log_start_offset
-            while offset < log.high_watermark:
-                chunk = log.read(offset, 4 * 1024 * 1024)
-                records = [r for r in decode_all(chunk) if r.offset >= offset]
-                if not records:
-                    break
-                out.extend(decode_checkpoint(r.value) for r in records if r.value)
-                offset = records[-1].offset + 1
-            return out
+
+            async def read(lo: int, hi: int) -> list[bytes]:
+                values: list[bytes] = []
+                offset = lo
+                while offset < hi:
+                    records = [r for r in decode_all(log.read(offset, 4 * 1024 * 1024)) if offset <= r.offset < hi]
+                    if not records:
+                        break
+                    values.extend(r.value for r in records if r.value)
+                    offset = records[-1].offset + 1
+                return values
+
+            return await load_from_tail(read, log.log_start_offset, log.high_watermark, tps)
         except BrokerError as exc:
             raise CheckpointError(f"cannot read {self.topic}: {exc}") from exc
 
     async def save(self, data: bytes) -> None:
         try:
             self._ensure()
-            await self.store.append_records(self.topic, [RecordSpec(data)], partition=0)
+            specs = [RecordSpec(value) for value in checkpoint_records(data)]
+            await self.store.append_records(self.topic, specs, partition=0)
         except BrokerError as exc:
             raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc

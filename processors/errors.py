@@ -1,11 +1,12 @@
 """Errors raised by the processors package.
 
-One root, so a runner can catch everything a pipeline raises::
+One root, so a runner can catch everything a pipeline raises. A record that cannot be decoded or
+processed is not an exception that stops anything: it goes to the dead-letter topic with the reason.
+
+::
 
     ProcessorError
     ├── PipelineDefinitionError   the user built an invalid pipeline (our API was misused)
-    ├── RecordError               one input record cannot be handled (the data's fault; it goes to
-    │                             the dead-letter topic with the reason, the pipeline keeps going)
     ├── StateError                keyed state used outside a key, or not serializable
     ├── CheckpointError           a checkpoint cannot be written, read or decoded
     └── SourceError               the log or Kafka cluster under a source or sink failed
@@ -18,7 +19,6 @@ __all__ = [
     "CheckpointError",
     "PipelineDefinitionError",
     "ProcessorError",
-    "RecordError",
     "SourceError",
     "StateError",
 ]
@@ -30,10 +30,6 @@ class ProcessorError(Exception):
 
 class PipelineDefinitionError(ProcessorError):
     """The pipeline is wired wrongly (unknown operator order, bad window sizes, missing sink…)."""
-
-
-class RecordError(ProcessorError):
-    """One record cannot be decoded or processed; it is routed to the dead-letter topic."""
 
 
 class StateError(ProcessorError):

@@ -29,7 +29,7 @@ TopicPartition = tuple[str, int]
 
 
 class RecordLike(Protocol):
-    """A source record: ``broker.protocol.records.Record`` or ``processors.fastdecode.SourceRecord``."""
+    """A source record: ``broker.protocol.records.Record``, an aiokafka record or ``SourceRecord``."""
 
     @property
     def offset(self) -> int: ...
@@ -40,8 +40,7 @@ class RecordLike(Protocol):
     @property
     def value(self) -> bytes | None: ...
     @property
-    def headers(self) -> tuple[tuple[str, bytes | None], ...]: ...
-    def header(self, name: str) -> bytes | None: ...
+    def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +276,7 @@ class Executor:
         return items
 
     def _punctuation(self, tp: TopicPartition, r: RecordLike, now: int) -> bool:
-        mark = r.header(HEADER_WATERMARK)
+        mark = next((v for k, v in r.headers if k == HEADER_WATERMARK), None)
         if mark is None:
             return False
         try:

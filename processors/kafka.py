@@ -13,6 +13,7 @@ and checkpoints in a Kafka topic. Works against Sluice's Kafka listener or any K
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -20,11 +21,10 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
-from processors.checkpoint import Checkpoint, checkpoint_topic, decode_checkpoint
+from processors.checkpoint import Checkpoint, checkpoint_records, checkpoint_topic, load_from_tail
 from processors.errors import CheckpointError, SourceError
 from processors.executor import OutRecord, RecordLike
 from processors.executor import TopicPartition as TP
-from processors.fastdecode import SourceRecord
 from processors.sources import AssignmentListener
 
 __all__ = ["KafkaCheckpointStore", "KafkaSink", "KafkaSource"]
@@ -70,6 +70,7 @@ class KafkaSource:
         try:
             await self.consumer.start()
         except KafkaError as exc:
+            await self.consumer.stop()
             raise SourceError(f"cannot join group {self.group!r} at {self.bootstrap}: {exc}") from exc
 
     async def stop(self) -> None:
@@ -112,9 +113,7 @@ class KafkaSource:
             raise SourceError(f"fetch failed: {exc}") from exc
         out: list[tuple[TP, list[RecordLike]]] = []
         for tp, messages in data.items():
-            records: list[RecordLike] = [
-                SourceRecord(m.offset, m.timestamp, m.key, m.value, tuple(m.headers or ())) for m in messages
-            ]
+            records: list[RecordLike] = list(messages)  # ConsumerRecord has every attribute a processor reads
             if records:
                 out.append(((tp.topic, tp.partition), records))
         return out
@@ -122,6 +121,7 @@ class KafkaSource:
 
 class KafkaSink:
     def __init__(self, bootstrap: str, *, client_id: str | None = None) -> None:
+        self.bootstrap = bootstrap
         self.producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             client_id=client_id or "sluice-processor",
@@ -135,7 +135,8 @@ class KafkaSink:
         try:
             await self.producer.start()
         except KafkaError as exc:
-            raise SourceError(f"cannot connect producer: {exc}") from exc
+            await self.producer.stop()
+            raise SourceError(f"cannot connect producer to {self.bootstrap}: {exc}") from exc
 
     async def stop(self) -> None:
         await self.producer.stop()
@@ -169,11 +170,12 @@ class KafkaCheckpointStore:
 
     async def save(self, data: bytes) -> None:
         try:
-            await self.sink.send_and_wait(self.topic, data)
+            for value in checkpoint_records(data):
+                await self.sink.send_and_wait(self.topic, value)
         except KafkaError as exc:
             raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc
 
-    async def load(self) -> list[Checkpoint]:
+    async def load(self, tps: Collection[TP] | None = None) -> list[Checkpoint]:
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                     fetch_max_bytes=MAX_REQUEST_BYTES, max_partition_fetch_bytes=MAX_REQUEST_BYTES)
         try:
@@ -182,15 +184,18 @@ class KafkaCheckpointStore:
                 return []
             tp = TopicPartition(self.topic, 0)
             consumer.assign([tp])
-            await consumer.seek_to_beginning(tp)
+            start = (await consumer.beginning_offsets([tp]))[tp]
             end = (await consumer.end_offsets([tp]))[tp]
-            out: list[Checkpoint] = []
-            while await consumer.position(tp) < end:
-                batch = await consumer.getmany(tp, timeout_ms=1000)
-                for message in batch.get(tp, []):
-                    if message.value:
-                        out.append(decode_checkpoint(message.value))
-            return out
+
+            async def read(lo: int, hi: int) -> list[bytes]:
+                consumer.seek(tp, lo)
+                values: list[bytes] = []
+                while await consumer.position(tp) < hi:
+                    batch = await consumer.getmany(tp, timeout_ms=1000)
+                    values.extend(m.value for m in batch.get(tp, []) if m.value and m.offset < hi)
+                return values
+
+            return await load_from_tail(read, start, end, tps)
         except KafkaError as exc:
             raise CheckpointError(f"cannot read {self.topic}: {exc}") from exc
         finally:

@@ -186,6 +186,8 @@ class ProcessLogic:
         if due:
             self.event_timers = [t for t in self.event_timers if t > watermark]
             self._fire(due, "event", ctx)
+        if self.event_timers:  # restored timers were scheduled only through their earliest one
+            ctx.schedule_event(min(self.event_timers))
 
     def on_notify(self, now: int, ctx: OpContext) -> None:
         self.now = now

@@ -42,6 +42,7 @@ class RunnerConfig:
     tick_ms: int = 200
     checkpoint_interval_ms: int = 10_000
     fetch_timeout_s: float = 0.5
+    stop_timeout_s: float = 30.0  # how long stop() waits for the final checkpoint
 
 
 class Runner:
@@ -70,6 +71,11 @@ class Runner:
         self._tasks: list[asyncio.Task[None]] = []
         self._last_cp = self.clock.now_ms()
         self._last_progress: tuple[Any, ...] = ()
+        self._known: set[TopicPartition] = set()  # assigned, and the processor has been told so
+        self._pending: set[TopicPartition] = set()  # being assigned (checkpoint loading)
+        self._assigned = asyncio.Event()
+        self._revokes: set[asyncio.Future[None]] = set()
+        self._stopping = False
         self.checkpoints_written = 0
         self.last_checkpoint_ms: int | None = None
         self.records_out = 0
@@ -94,6 +100,7 @@ class Runner:
 
     async def stop(self, *, checkpoint: bool = True) -> None:
         """Stop reading; with ``checkpoint`` write a final checkpoint of everything processed."""
+        self._stopping = True
         fetchers = self._tasks[2:]
         for task in fetchers:
             task.cancel()
@@ -103,13 +110,16 @@ class Runner:
         if checkpoint and self.failed is None and self._tasks and not self._tasks[0].done():
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.in_q.put(("checkpoint", None, done)), 30)
-                await asyncio.wait_for(done, 30)
+                await asyncio.wait_for(self.in_q.put(("checkpoint", None, done)), self.config.stop_timeout_s)
+                await asyncio.wait_for(done, self.config.stop_timeout_s)
         for task in self._tasks[:2]:
             task.cancel()
         for task in self._tasks[:2]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for waiting in self._revokes:  # a rebalance listener must not wait for loops that are gone
+            if not waiting.done():
+                waiting.set_result(None)
         await self.source.stop()
         self.stopped.set()
         log.info("processor stopped", extra={"pipeline": self.pipeline.name})
@@ -127,19 +137,31 @@ class Runner:
     # -- assignment -----------------------------------------------------------------------------
 
     async def _on_assigned(self, tps: list[TopicPartition]) -> None:
-        restores = latest_per_partition(await self.checkpoints.load())
+        self._pending.update(tps)  # before any await: the fetcher must not pass their data on yet
+        self._assigned.clear()
+        restores = latest_per_partition(await self.checkpoints.load(tps))
         for tp in tps:
             r = restores.get(tp)
-            if r is not None:
+            if r is not None and r.offset >= 0:
                 self.source.seek(tp, r.offset)
         await self.in_q.put(("assign", [(tp, restores.get(tp)) for tp in tps], None))
+        self._pending.difference_update(tps)
+        self._known.update(tps)
+        self._assigned.set()
 
     async def _on_revoked(self, tps: list[TopicPartition]) -> None:
-        if not tps or self._tasks[0].done():
+        self._known.difference_update(tps)
+        if not tps or self._stopping or self._tasks[0].done():
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self.in_q.put(("revoke", tps, done))
-        await done
+        self._revokes.add(done)
+        put = asyncio.ensure_future(self.in_q.put(("revoke", tps, done)))
+        try:
+            await done  # resolved once the revoked partitions' checkpoint is stored (or by stop())
+        finally:
+            if not put.done():
+                put.cancel()
+            self._revokes.discard(done)
 
     # -- loops ------------------------------------------------------------------------------------
 
@@ -148,9 +170,18 @@ class Runner:
         while True:
             paused = {tp for tp in self.executor.tracker.paused(self.clock.now_ms()) if isinstance(tp, tuple)}
             batches = await self.source.fetch(cfg.max_batch_records, cfg.fetch_timeout_s, paused)
+            held_back = False
             for tp, records in batches:
-                await self.in_q.put(("data", tp, records))
-                self.max_in_q = max(self.max_in_q, self.in_q.qsize())
+                if tp in self._known:
+                    await self.in_q.put(("data", tp, records))
+                    self.max_in_q = max(self.max_in_q, self.in_q.qsize())
+                elif tp in self._pending and records:
+                    # fetched before its assignment (and restore) reached the processor: read it again later
+                    self.source.seek(tp, records[0].offset)
+                    held_back = True
+            if held_back:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._assigned.wait(), cfg.fetch_timeout_s)
 
     async def _tick_loop(self) -> None:
         while True:
@@ -199,7 +230,7 @@ class Runner:
             ex = self.executor
             if restore is None:
                 ex.add_partition(tp, now)
-                self.positions[tp] = -1  # unknown until the first record: nothing to checkpoint yet
+                self.positions[tp] = -1  # unknown until the first record
                 continue
             ex.add_partition(tp, now, restore.max_ts)
             if restore.heartbeat != NO_TIME:
@@ -222,7 +253,8 @@ class Runner:
     def _checkpoint(self, now: int, tps: set[TopicPartition] | None) -> tuple[bytes, dict[TopicPartition, int]]:
         """Encode the state now (between batches, so it is consistent) for ``tps`` (None = all)."""
         self._last_cp = now
-        chosen = {tp: off for tp, off in self.positions.items() if off >= 0 and (tps is None or tp in tps)}
+        # partitions with nothing read yet are listed too (offset -1), so restores find them near the end
+        chosen = {tp: off for tp, off in self.positions.items() if tps is None or tp in tps}
         parts = {}
         for tp, off in chosen.items():
             pw = self.executor.tracker.partitions.get(tp)
@@ -242,7 +274,7 @@ class Runner:
                     await self.sink.flush()
                     if offsets:
                         await self.checkpoints.save(data)
-                        await self.source.commit(offsets)
+                        await self.source.commit({tp: off for tp, off in offsets.items() if off >= 0})
                         self.checkpoints_written += 1
                         self.last_checkpoint_ms = self.clock.now_ms()
                     if done is not None and not done.done():
@@ -274,13 +306,16 @@ class Runner:
                 "idle": bool(pw is not None and pw.idle(now)),
             })
         wm = ex.watermark
+        lags = [p["offset_lag"] for p in parts if p["offset_lag"] is not None]
         return {
+            "name": self.pipeline.name,
             "pipeline": self.pipeline.name,
             "running": bool(self._tasks) and not self.stopped.is_set(),
             "failed": repr(self.failed) if self.failed else None,
             "watermark": None if wm == NO_TIME else wm,
             "event_time_lag_ms": None if wm == NO_TIME else now - wm,
             "partitions": parts,
+            "offset_lag": sum(lags),
             "records_in": ex.records_in,
             "records_out": self.records_out,
             "late_records": ex.late_count,

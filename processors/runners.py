@@ -3,7 +3,8 @@
 * ``AttachedRunner`` reads every partition of the source topics straight from the in-process
   ``LogStore``, appends results through it, and checkpoints to ``_checkpoints.<pipeline>`` in the
   same store. ``AttachedProcessors`` is the ``sluice serve`` component holding all of them; its
-  ``status()`` is what the HTTP API reads from ``runtime.registries["processors"]``.
+  ``status()`` (a list, one dict per pipeline) is what the HTTP API reads from
+  ``runtime.registries["processors"]``.
 * ``run_standalone`` (``sluice process module:pipeline --bootstrap host:port``) runs the same
   pipeline as a member of the consumer group ``pipeline.name`` over the Kafka protocol
   (``processors.kafka``); start more instances to split the partitions.
@@ -92,8 +93,9 @@ class AttachedProcessors:
         for runner in reversed(self.runners):
             await runner.stop()
 
-    def status(self) -> dict[str, Any]:
-        return {"pipelines": [r.status() for r in self.runners]}
+    def status(self) -> list[dict[str, Any]]:
+        """One JSON-ready status dict per pipeline (what ``GET /processors`` lists)."""
+        return [r.status() for r in self.runners]
 
 
 async def run_standalone(

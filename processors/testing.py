@@ -13,11 +13,11 @@ import heapq
 import itertools
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from broker.protocol.records import Record
-from processors.checkpoint import Checkpoint, decode_checkpoint
+from processors.checkpoint import Checkpoint, checkpoint_records, checkpoints_from_records
 from processors.executor import Executor, OutRecord, RecordLike, TopicPartition
 from processors.pipeline import Pipeline, Stream
 from processors.serde import HEADER_EMIT, HEADER_WATERMARK
@@ -187,11 +187,11 @@ class MemoryCheckpointStore:
     def __init__(self) -> None:
         self.saved: list[bytes] = []
 
-    async def load(self) -> list[Checkpoint]:
-        return [decode_checkpoint(d) for d in self.saved]
+    async def load(self, tps: Collection[TopicPartition] | None = None) -> list[Checkpoint]:
+        return checkpoints_from_records(self.saved)
 
     async def save(self, data: bytes) -> None:
-        self.saved.append(data)
+        self.saved.extend(checkpoint_records(data))
 
 
 class MemorySink:

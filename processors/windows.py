@@ -266,6 +266,11 @@ class WindowLogic:
                     ctx.schedule_event(end - 1 + lateness)
             if end - 1 + lateness <= watermark:
                 self._purge(start, slot)
+        # wake again for the next window of this key (windows restored from a checkpoint were
+        # scheduled only through their earliest one)
+        following = self.notify_at()
+        if following is not None:
+            ctx.schedule_event(following)
 
     def _purge(self, start: int, slot: list[Any]) -> None:
         if self.sessions:

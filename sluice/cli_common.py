@@ -97,7 +97,8 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-async def http_get(base: str, path: str, params: dict[str, Any] | None = None) -> Any:
+async def http_get(base: str, path: str, params: dict[str, Any] | None = None, *, missing_ok: bool = False) -> Any:
+    """GET a JSON document; unreachable exits 3, 404 exits 4 (or returns None with ``missing_ok``)."""
     url = base.rstrip("/") + path
     try:
         async with httpx.AsyncClient(timeout=10) as client:
@@ -105,6 +106,8 @@ async def http_get(base: str, path: str, params: dict[str, Any] | None = None) -
     except httpx.TransportError:
         fail(f"cannot reach the Sluice HTTP API at {base}: is `sluice serve` running? pass --http", EXIT_UNREACHABLE)
     if resp.status_code == 404:
+        if missing_ok:
+            return None
         detail = resp.json().get("detail", "not found") if resp.content else "not found"
         fail(detail, EXIT_NOT_FOUND)
     if resp.status_code >= 400:

@@ -1,5 +1,11 @@
 """``sluice groups list|describe`` (Kafka protocol, clients.AsyncAdmin) and ``sluice sources`` (HTTP API:
-ingest health lives in the server, not in the log)."""
+ingest health lives in the server, not in the log).
+
+``sluice sources`` reads ``/sources`` (per source and device) twice for rates, then ``/bridges`` and ``/mqtt``
+(the MQTT listener; absent when it is off). ``--json`` prints one list of rows told apart by ``type``:
+``source`` and ``device`` rows as ``/sources`` gives them, then one ``bridge`` row per MQTT bridge and one
+``mqtt_listener`` row.
+"""
 
 from __future__ import annotations
 
@@ -135,12 +141,15 @@ def sources(
     idle_only: Annotated[bool, typer.Option("--idle", help="Only idle sources and devices.")] = False,
     json_out: JsonFlag = False,
 ) -> None:
-    """Ingest health per source and device: message rate, bytes, errors, last seen, idle."""
+    """Ingest health per source and device (message rate, bytes, errors, last seen, idle), MQTT bridges and the
+    MQTT listener."""
 
-    async def go() -> list[dict[str, Any]]:
+    async def go() -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any] | None]:
         first = await http_get(http, "/sources")
+        bridges = list(await http_get(http, "/bridges"))
+        listener = await http_get(http, "/mqtt", missing_ok=True)
         if interval <= 0:
-            return list(first)
+            return list(first), bridges, listener
         t0 = time.monotonic()
         await asyncio.sleep(interval)
         second = await http_get(http, "/sources")
@@ -150,13 +159,16 @@ def sources(
             prev = before.get((row.get("type"), row.get("source"), row.get("device")))
             delta = row.get("messages", 0) - (prev.get("messages", 0) if prev else 0)
             row["rate_per_s"] = round(delta / elapsed, 2)
-        return list(second)
+        return list(second), bridges, listener
 
-    rows = asyncio.run(go())
+    rows, bridges, listener = asyncio.run(go())
     if idle_only:
         rows = [r for r in rows if r.get("idle")]
     if json_out:
-        print_json(rows)
+        extra = [{"type": "bridge", **b} for b in bridges]
+        if listener is not None:
+            extra.append({"type": "mqtt_listener", **listener})
+        print_json(rows + extra)
         return
     now = time.time()
     table = Table("source", "device", "messages", "rate/s", "bytes", "errors", "last seen", "idle")
@@ -172,6 +184,31 @@ def sources(
             "[yellow]idle[/]" if r.get("idle") else "active",
         )
     console.print(table)
+    if bridges:
+        console.print(_bridge_table(bridges, now))
+    if listener is not None:
+        console.print(
+            f"MQTT listener {listener.get('endpoint') or '-'}: {listener['connections']} connections, "
+            f"{listener['sessions']} sessions, {listener['subscriptions']} subscriptions, "
+            f"{listener['messages_in']} messages in"
+        )
+
+
+def _bridge_table(bridges: list[dict[str, Any]], now: float) -> Table:
+    columns = ("bridge", "broker", "connected", "messages", "acked", "last message", "last error")
+    table = Table(*columns, title="MQTT bridges")
+    for b in bridges:
+        last = b.get("last_message_at")
+        table.add_row(
+            str(b["name"]),
+            str(b["broker"]),
+            "[green]yes[/]" if b.get("connected") else "[red]no[/]",
+            str(b.get("messages", 0)),
+            str(b.get("acked", 0)),
+            _ago(None if last is None else int(last * 1000), now),
+            str(b.get("last_error") or "-"),
+        )
+    return table
 
 
 def register(app: typer.Typer) -> None:

@@ -27,8 +27,7 @@ def _http_component(runtime: Runtime) -> Component | None:
 
 
 COMPONENT_FACTORIES: list[ComponentFactory] = [
-    # Filled in by the Kafka, ingest, processor and HTTP work.
-    kafka_component,
+    kafka_component,  # Kafka wire protocol listener(s) and the group coordinator
     mqtt_listener,  # MQTT 3.1.1/5.0 device front door -> ingest sink
     mqtt_bridges,  # [[mqtt.bridges]]: external MQTT brokers -> ingest sink, acked after the append
     tcp_component,  # TCP line ingest (NDJSON, InfluxDB line protocol, CSV)

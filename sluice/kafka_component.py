@@ -1,9 +1,10 @@
 """The Kafka front door as a ``sluice serve`` component: listener + group coordinator.
 
 The coordinator is published as ``runtime.registries["groups"]`` so the HTTP API and CLI can read
-groups, committed offsets and lag. Before the listener opens, idempotent-producer state is rebuilt
-from the log tails and producer ids continue after every id used before (``producer_state.rebuild``;
-with the segment store the id high-water mark is kept in ``<data_dir>/producer-ids.json``).
+groups, committed offsets and lag; the listener's counters go to ``/metrics`` through a KafkaCollector.
+Before the listener opens, idempotent-producer state is rebuilt from the log tails and producer ids
+continue after every id used before (``producer_state.rebuild``; with the segment store the id
+high-water mark is kept in ``<data_dir>/producer-ids.json``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import DurableOffsetStore, MemoryOffsetStore, OffsetStore
 from broker.server.kafka import KafkaListenerConfig, KafkaServer, KafkaServerConfig
 from broker.server.producer_state import ProducerIdAllocator, rebuild
+from sluice.front_metrics import KafkaCollector, publish_collector
 from sluice.runtime import Runtime
 
 __all__ = ["KafkaComponent", "kafka_component"]
@@ -47,6 +49,7 @@ class KafkaComponent:
             ),
         )
         self.server.ctx.producer_ids = self.producer_ids
+        publish_collector(runtime, KafkaCollector(self.server.stats))
 
     async def start(self) -> None:
         ctx = self.server.ctx

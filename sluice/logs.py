@@ -12,7 +12,13 @@ from typing import Literal
 
 __all__ = ["configure_logging"]
 
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+# color_message: uvicorn's ANSI-coloured copy of the message, noise in both formats
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",
+}
 
 
 def _extras(record: logging.LogRecord) -> dict[str, object]:

@@ -3,7 +3,7 @@
 The listener writes through ``ingest_core(runtime).sink`` as source ``SourceRef("mqtt", "default")``;
 credentials from ``settings.mqtt.users`` become the authentication hook. Each ``[[mqtt.bridges]]`` entry
 writes as ``SourceRef("bridge", name)``; the bridge objects are in ``runtime.registries["bridges"]``
-(name -> MqttBridge, whose ``status()`` the HTTP API shows).
+(name -> MqttBridge, whose ``status()`` the HTTP API shows). Both publish a collector for ``/metrics``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ingest.mqtt.hub import Authenticator, Hub, HubConfig
 from ingest.mqtt.listener import MqttListener, SinkPort
 from ingest.routing import RawMessage, SourceRef
 from ingest.sink import IngestSink, WriteOutcome
+from sluice.front_metrics import BridgeCollector, MqttCollector, publish_collector
 from sluice.ingest_wiring import ingest_core
 from sluice.runtime import Component, Runtime
 
@@ -49,6 +50,7 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
     )
     hub = Hub(SinkPort(core.sink, MQTT_SOURCE), config, _password_check(settings.users) if settings.users else None)
     runtime.registries["mqtt"] = hub
+    publish_collector(runtime, MqttCollector(hub))
     return MqttListener(hub, runtime.settings.host, settings.port, announce=runtime.announce, backlog=settings.backlog)
 
 
@@ -94,4 +96,5 @@ def mqtt_bridges(runtime: Runtime) -> Component | None:
         bridge = MqttBridge(config, _writer(core.sink, SourceRef("bridge", b.name)))
         bridges[b.name] = bridge
         built.append(bridge)
+    publish_collector(runtime, BridgeCollector(lambda: runtime.registries.get("bridges")))
     return BridgesComponent(built)

@@ -1,7 +1,7 @@
 """Attached stream processors as a ``sluice serve`` component (``--processor module:pipeline``).
 
-Published as ``runtime.registries["processors"]``; its ``status()`` is a JSON-ready dict with one
-entry per pipeline (per-partition offset lag and event-time lag, queues, checkpoints).
+Published as ``runtime.registries["processors"]``; its ``status()`` is a JSON-ready list with one
+dict per pipeline (per-partition offset lag and event-time lag, queues, checkpoints).
 """
 
 from __future__ import annotations

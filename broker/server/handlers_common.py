@@ -21,6 +21,7 @@ from broker.errors import (
 from broker.log.api import LogStore
 from broker.protocol.kafka_codes import ErrorCode
 from broker.server.producer_state import ProducerIdAllocator, ProducerStateTable
+from broker.server.stats import KafkaStats
 
 __all__ = ["DEFAULT_LISTENER", "NODE_ID", "BrokerContext", "ConnectionInfo", "error_code_for", "millis"]
 
@@ -42,6 +43,7 @@ class BrokerContext:
     # Extra listeners' advertised (host, port) by listener name; a connection is told the address of
     # the listener it arrived on (Metadata, FindCoordinator), the default one otherwise.
     listener_addresses: dict[str, tuple[str, int]] = field(default_factory=dict)
+    stats: KafkaStats = field(default_factory=KafkaStats)  # plain counters for metrics
 
     def advertised_for(self, conn: ConnectionInfo) -> tuple[str, int]:
         """The (host, port) a client connected through ``conn.listener`` should use to reach us."""

@@ -59,6 +59,8 @@ def _append_one(
             return ProducePartitionResponse(partition, decision.error), None
         result = plog.append_nowait(records)
         ctx.producer_state.record(topic, partition, header, result.base_offset)
+        ctx.stats.produce_records += result.last_offset - result.base_offset + 1
+        ctx.stats.produce_bytes += len(records)
     except BrokerError as exc:
         code = error_code_for(exc)
         if isinstance(exc, InvalidRecordError):
@@ -99,6 +101,7 @@ def handle_produce(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> Await
 
     async def finish() -> ProduceResponse | None:
         if acks == 0:
+            ctx.stats.count_response(response)  # nobody hears about these errors but the metrics
             return None
         await _durable(list(touched.values()))
         return response

@@ -38,6 +38,7 @@ from broker.protocol.kafka import (
     encode_response_parts,
     encode_unsupported_version,
 )
+from broker.protocol.kafka_codes import ErrorCode
 from broker.server import handlers_admin as admin
 from broker.server import handlers_fetch as fetching
 from broker.server import handlers_groups as groups
@@ -119,6 +120,7 @@ class KafkaServer:
         self.config = config
         self.ctx = BrokerContext(store, coordinator, config.advertised_host or config.host,
                                  config.advertised_port or config.port)
+        self.stats = self.ctx.stats  # plain counters, read at scrape time (broker.server.stats)
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[None]] = set()
         self.port = config.port
@@ -165,6 +167,7 @@ class KafkaServer:
         self._connections.add(task)
         peer = writer.get_extra_info("peername") or ("?", 0)
         conn = ConnectionInfo(str(peer[0]), int(peer[1]), listener)
+        self.stats.connected(listener)
         queue: asyncio.Queue[tuple[RequestHeader | None, Any]] = asyncio.Queue(_PIPELINE_DEPTH)
         sender = asyncio.create_task(self._send_loop(queue, writer, conn))
         cancelled = False
@@ -189,6 +192,7 @@ class KafkaServer:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await writer.wait_closed()
             self._connections.discard(task)
+            self.stats.disconnected(listener)
 
     async def _receive_loop(
         self, reader: asyncio.StreamReader, queue: asyncio.Queue[tuple[RequestHeader | None, Any]],
@@ -205,6 +209,7 @@ class KafkaServer:
             try:
                 frames = decoder.feed(data)
             except FrameError as exc:
+                self.stats.closed_bad_input += 1
                 log.warning(f"closing Kafka connection: {exc}", extra={"peer": conn.peer_host})
                 raise _CloseConnection from exc
             for frame in frames:
@@ -214,13 +219,17 @@ class KafkaServer:
         try:
             request = decode_request(frame)
         except UnsupportedRequestError as exc:
+            self.stats.request(exc.api_key)
+            self.stats.error(ErrorCode.UNSUPPORTED_VERSION)
             log.warning(f"answering UNSUPPORTED_VERSION: {exc}",
                         extra={"peer": conn.peer_host, "api_key": exc.api_key, "api_version": exc.api_version})
             return None, encode_unsupported_version(exc.api_key, exc.api_version, exc.correlation_id)
         except MalformedRequestError as exc:
+            self.stats.closed_bad_input += 1
             log.warning(f"closing Kafka connection: {exc}", extra={"peer": conn.peer_host})
             raise _CloseConnection from exc
         header, body = request.header, request.body
+        self.stats.request(header.api_key)
         if header.api_key == ApiKey.PRODUCE:
             return header, producing.handle_produce(self.ctx, body, conn)
         return header, await _HANDLERS[header.api_key](self.ctx, header, body, conn)
@@ -240,6 +249,7 @@ class KafkaServer:
             if header is None:
                 writer.write(item)
             else:
+                self.stats.count_response(item)
                 writer.writelines(encode_response_parts(header, item))
             if writer.transport.get_write_buffer_size() > 4 * 1024 * 1024 or queue.empty():
                 await writer.drain()

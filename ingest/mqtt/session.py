@@ -551,6 +551,7 @@ class MqttConnection(asyncio.BufferedProtocol):
         self._queued += len(batch)
         stats = self.hub.stats
         stats.messages_in += len(batch)
+        stats.bytes_in += sum(len(m.payload) for m, _, _ in batch)
         if self._queued > stats.max_queued:
             stats.max_queued = self._queued
         if self.worker is None:

@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 import sluice
-from sluice.http import groups, metrics, ops, records, stream, topics
+from sluice.http import fronts, groups, metrics, ops, records, stream, topics
 from sluice.http.context import ApiContext, ApiCounters
 from sluice.http.metrics import RequestMetricsMiddleware, RuntimeCollector
 from sluice.http.problems import PROBLEM_RESPONSES, install_problem_handlers
@@ -32,6 +32,6 @@ def create_app(runtime: Runtime, *, max_wait_ms: int = 30_000, sse_heartbeat_s: 
     app.state.ctx = ctx
     install_problem_handlers(app)
     app.add_middleware(RequestMetricsMiddleware, ctx=ctx)
-    for module in (topics, records, stream, groups, ops, metrics):
+    for module in (topics, records, stream, groups, ops, fronts, metrics):
         app.include_router(module.router, responses={422: PROBLEM_RESPONSES[422]})
     return app

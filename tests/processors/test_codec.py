@@ -29,17 +29,30 @@ def test_fast_decoder_matches_the_broker_decoder(batches, compression, skip) -> 
         data += encode_batch(specs_, base_offset=base, compression=compression)
         base += len(specs_)
     want = [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in decode_all(data) if r.offset >= skip]
-    got = [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in decode_from(data, skip)]
+    got = [(r.offset, r.timestamp, r.key, r.value, tuple(r.headers)) for r in decode_from(data, skip)]
     assert got == want
 
 
 def test_fast_decoder_rejects_a_truncated_record_body() -> None:
     batch = bytearray(encode_batch([RecordSpec(b"x" * 50, b"k")]))
-    # claim a longer value than the record holds (lengths are outside the CRC check here: verify=False)
+    # claim a longer value than the record holds (the log checked the CRC on append; this is a bug guard)
     pos = batch.index(b"x" * 50) - 1
     batch[pos] = 0x7E  # value length 63
     with pytest.raises(CorruptRecordError):
         decode_from(bytes(batch), 0)
+
+
+def test_control_batches_are_skipped() -> None:
+    import struct
+
+    import crc32c
+
+    control = bytearray(encode_batch([RecordSpec(b"\x00\x00\x00\x00\x00\x00", b"\x00\x00\x00\x00")], base_offset=0))
+    attrs = struct.unpack_from(">h", control, 21)[0] | 0x20 | 0x10
+    struct.pack_into(">h", control, 21, attrs)
+    struct.pack_into(">I", control, 17, crc32c.crc32c(bytes(control[21:])))
+    data = bytes(control) + encode_batch([RecordSpec(b"v")], base_offset=1)
+    assert [(r.offset, r.value) for r in decode_from(data, 0)] == [(1, b"v")]
 
 
 def test_checkpoints_round_trip_and_the_newest_wins_per_partition() -> None:
@@ -56,3 +69,38 @@ def test_checkpoints_round_trip_and_the_newest_wins_per_partition() -> None:
         decode_checkpoint(b"\x93garbage")
     with pytest.raises(CheckpointError):
         encode_checkpoint(Checkpoint("p", 1, 1, {}, {"1": [[object(), None, None]]}))
+
+
+def big_checkpoint(keys: int, created: int = 1) -> Checkpoint:
+    state = {"w": [[0, [10_000, [1.0, 1], False, 1, 0]]], "s": []}
+    return Checkpoint("p", created, 1, {("t", 0): (5, 1, -1)},
+                      {"1": [[f"sensor-{i:06d}", ["t", 0], state] for i in range(keys)]})
+
+
+def test_large_checkpoints_are_chunked_and_count_only_when_complete() -> None:
+    from processors.checkpoint import CHUNK_BYTES, checkpoint_records, checkpoints_from_records
+
+    data = encode_checkpoint(big_checkpoint(30_000))
+    assert len(data) > 2 * CHUNK_BYTES
+    values = checkpoint_records(data)
+    assert len(values) >= 3 and all(len(v) <= CHUNK_BYTES + 100 for v in values)
+    small = encode_checkpoint(Checkpoint("p", 0, 0, {("t", 0): (1, 1, -1)}, {}))
+    # a crash before the last chunk was written: the earlier checkpoint stays in force
+    assert [c.created for c in checkpoints_from_records([small, *values[:-1]])] == [0]
+    done = checkpoints_from_records([small, *values])
+    assert [c.created for c in done] == [0, 1] and len(done[1].ops["1"]) == 30_000
+
+
+async def test_restores_read_checkpoints_from_the_tail_until_every_partition_is_covered() -> None:
+    from broker.log.memory import MemoryLogStore
+    from processors.checkpoint import LogCheckpointStore
+
+    store = LogCheckpointStore(MemoryLogStore(), "tail")
+    await store.save(encode_checkpoint(Checkpoint("tail", 0, 0, {("t", 1): (7, 1, -1)}, {})))  # the only one for p1
+    for i in range(1, 1_000):
+        await store.save(encode_checkpoint(Checkpoint("tail", i, i, {("t", 0): (i, i, -1)}, {})))
+    recent = await store.load([("t", 0)])
+    assert 0 < len(recent) <= 64 and recent[-1].created == 999
+    both = latest_per_partition(await store.load([("t", 0), ("t", 1)]))
+    assert both[("t", 0)].offset == 999 and both[("t", 1)].offset == 7
+    assert len(await store.load()) == 1_000

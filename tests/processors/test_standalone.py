@@ -232,15 +232,35 @@ async def test_an_instance_joining_mid_stream_takes_over_partitions_with_their_s
         await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings[half:])
         await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
         rows = await wait_for_windows(sluice.bootstrap, env["SENSORS_OUTPUT"], len(expected))
-        assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
+        logs = (a.log.read_text()[-4000:], b.log.read_text()[-4000:])
+        assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}, logs
         for r in rows:  # every emission (re-emissions included) is the complete window
-            assert r["value"] == pytest.approx(expected[tuple(r["_key"])])
+            assert r["value"] == pytest.approx(expected[tuple(r["_key"])]), (r, logs)
         taken = [tp for tp in b.assigned()[-1]]
         assert any(r != "{}" for r in b.restored()), ("B should restore the state A checkpointed on revoke",
                                                       b.log.read_text()[-3000:])
         assert taken and sorted(map(tuple, a.assigned()[-1] + taken)) == [
-            (env["SENSORS_INPUT"], p) for p in range(PARTITIONS)]
+            (env["SENSORS_INPUT"], p) for p in range(PARTITIONS)], logs
     finally:
         for p in (a, b):
             if p is not None:
                 assert p.stop() == 0, p.log.read_text()[-3000:]
+
+
+async def test_a_checkpoint_larger_than_the_brokers_record_limit_round_trips(sluice: SluiceProcess) -> None:
+    from processors.checkpoint import encode_checkpoint
+    from processors.kafka import KafkaCheckpointStore, KafkaSink
+    from tests.processors.test_codec import big_checkpoint
+
+    sink = KafkaSink(sluice.bootstrap)
+    await sink.start()
+    try:
+        store = KafkaCheckpointStore(sluice.bootstrap, "bigstate", sink)
+        assert await store.load() == []
+        data = encode_checkpoint(big_checkpoint(40_000))
+        assert len(data) > 1024 * 1024  # above the broker's default max.message.bytes
+        await store.save(data)
+        (loaded,) = await store.load()
+        assert len(loaded.ops["1"]) == 40_000 and loaded.parts == {("t", 0): (5, 1, -1)}
+    finally:
+        await sink.stop()

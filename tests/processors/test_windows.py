@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from processors.aggregations import Count, Max, Mean, Min
+from processors.operators import KeyedProcessFunction
 from processors.pipeline import Pipeline
 from processors.testing import Harness
 from processors.triggers import CountTrigger, EarlyEvery
@@ -203,3 +204,41 @@ def test_undecodable_records_go_to_the_dead_letter_topic_with_the_reason() -> No
     assert [r.value for r in dead][0] == b"{not json"
     assert all(dict(r.headers)["sluice-error"].startswith(b"cannot decode record") for r in dead)
     assert len(dead) == 2
+
+
+def test_every_window_and_timer_restored_from_a_snapshot_still_fires() -> None:
+    """Two windows open per key and two pending timers at snapshot time: all of them fire after
+    a restore into a fresh executor (as after a restart)."""
+    from processors.operators import ProcessContext
+
+    def timers(v, ctx: ProcessContext) -> None:
+        ctx.register_event_timer(ctx.timestamp + 1_000)
+        ctx.register_event_timer(ctx.timestamp + 2_000)
+
+    class Fire(KeyedProcessFunction):
+        process = staticmethod(timers)  # type: ignore[assignment]
+
+        def on_timer(self, timestamp, ctx, domain):  # type: ignore[no-untyped-def]
+            ctx.emit({"timer": timestamp - T0})
+
+    def build():
+        stream = Pipeline.source("s", group="g", event_time=lambda v: v["ts"], watermarks=BoundedOutOfOrderness(15_000))
+        keyed = stream.key_by(lambda v: v["k"])
+        keyed.window(Tumbling(10_000)).aggregate(Count()).sink("counts")
+        keyed.process(Fire()).sink("timers")
+        return stream.pipeline
+
+    first = Harness(build())
+    for ts in (1_000, 12_000, 14_000):
+        first.send({"k": "a", "ts": T0 + ts})
+    assert first.outputs("counts") == [] and first.outputs("timers") == []
+    snapshot = first.executor.snapshot()
+    second = Harness(build())
+    second.executor.tracker.observe(("s", 0), first.executor.tracker.partitions[("s", 0)].max_ts, 0)
+    second.executor.restore(snapshot)
+    second.send({"k": "b", "ts": T0 + 26_000})  # watermark 10.999 s: the first window and two timers
+    counts_a = lambda: [(o["window_start"] - T0, o["value"]) for o in second.outputs("counts") if o["key"] == "a"]  # noqa: E731
+    assert counts_a() == [(0, 1)]
+    second.send({"k": "b", "ts": T0 + 60_000})  # watermark 44.999 s: the rest
+    assert counts_a() == [(0, 1), (10_000, 2)]
+    assert sorted(o["timer"] for o in second.outputs("timers"))[:6] == [2_000, 3_000, 13_000, 14_000, 15_000, 16_000]

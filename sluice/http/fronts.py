@@ -1,0 +1,98 @@
+"""Device front doors beyond ingest health: ``/bridges`` (MQTT bridges) and ``/mqtt`` (the MQTT listener).
+
+``/sources`` shows what arrived, per source and device (ingest health). These routes show the doors
+themselves: whether a bridge is connected to its external broker, when it last moved a message, its last
+error; how many clients, sessions and subscriptions the MQTT listener holds. They read
+``runtime.registries["bridges"]`` (name -> MqttBridge) and ``runtime.registries["mqtt"]`` (the hub).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from sluice.front_metrics import bridge_statuses, mqtt_status
+from sluice.http.context import ApiContext, Ctx
+from sluice.http.problems import PROBLEM_RESPONSES, ProblemError
+
+__all__ = ["BridgeStatusOut", "MqttListenerStatus", "router"]
+
+router = APIRouter(tags=["operations"], responses={500: PROBLEM_RESPONSES[500]})
+
+
+class BridgeStatusOut(BaseModel):
+    """One MQTT bridge: a persistent QoS 1 subscription on an external broker, acked after the append."""
+
+    name: str
+    broker: str = Field(description="host:port of the external MQTT broker")
+    topics: list[str]
+    connected: bool
+    connects: int = Field(description="Successful connections so far")
+    messages: int = Field(description="Messages moved into the log")
+    bytes: int
+    acked: int = Field(description="QoS 1 messages acknowledged to the external broker after the append")
+    last_message_at: float | None = Field(description="Unix seconds of the last message")
+    last_message_age_s: float | None = Field(description="Seconds since the last message (null: none yet)")
+    last_connected_at: float | None
+    last_error: str | None = Field(description="The last connection or append failure")
+    last_error_at: float | None
+
+
+class MqttListenerStatus(BaseModel):
+    """The built-in MQTT listener: live sizes and counters since start."""
+
+    endpoint: str | None = Field(description="host:port it listens on")
+    connections: int = Field(description="Open client connections")
+    sessions: int = Field(description="Sessions, connected or kept for a persistent client")
+    offline_sessions: int
+    subscriptions: int
+    retained_messages: int
+    connections_total: int
+    messages_in: int
+    bytes_in: int
+    duplicates: int
+    delivered: int
+    dropped_deliveries: int
+    protocol_errors: int
+    append_errors: int
+    wills_published: int
+    read_pauses: int
+    max_queued: int
+
+
+def _bridges(ctx: ApiContext) -> list[BridgeStatusOut]:
+    return [BridgeStatusOut(**s) for s in bridge_statuses(ctx.runtime.registries.get("bridges"))]
+
+
+@router.get("/bridges", response_model=list[BridgeStatusOut], summary="MQTT bridges: connected, messages, last message")
+async def bridges(ctx: Ctx) -> list[BridgeStatusOut]:
+    return _bridges(ctx)
+
+
+@router.get(
+    "/bridges/{name}",
+    response_model=BridgeStatusOut,
+    summary="One MQTT bridge",
+    responses={404: PROBLEM_RESPONSES[404]},
+)
+async def bridge(ctx: Ctx, name: str) -> BridgeStatusOut:
+    for status in _bridges(ctx):
+        if status.name == name:
+            return status
+    detail = f"no MQTT bridge named {name!r}: GET /bridges lists the configured ones"
+    raise ProblemError(404, "unknown-bridge", "Unknown bridge", detail)
+
+
+@router.get(
+    "/mqtt",
+    response_model=MqttListenerStatus,
+    summary="The MQTT listener: connections, sessions, subscriptions, counters",
+    responses={404: PROBLEM_RESPONSES[404]},
+)
+async def mqtt(ctx: Ctx) -> MqttListenerStatus:
+    hub = ctx.runtime.registries.get("mqtt")
+    if hub is None:
+        detail = "the MQTT listener is off: enable it with mqtt.enabled = true (SLUICE_MQTT__ENABLED=true)"
+        raise ProblemError(404, "mqtt-disabled", "MQTT listener not running", detail)
+    endpoint = ctx.runtime.endpoints.get("mqtt")
+    return MqttListenerStatus(**mqtt_status(hub, f"{endpoint.host}:{endpoint.port}" if endpoint else None))

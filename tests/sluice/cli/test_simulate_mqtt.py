@@ -1,0 +1,66 @@
+"""`sluice simulate --transport mqtt` into Sluice's own MQTT listener, and `sluice sources` seeing a device go idle.
+
+The MQTT twin of the TCP case in test_cli.py: the simulated fleet publishes at QoS 1 to the running Sluice
+(PUBACK only after the durable append), the readings land in the default log topic ``mqtt`` keyed by their
+MQTT topic, and the ingest health of source ``mqtt:default`` shows the "idle" profile's device going idle
+while the "steady" one stays active.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+
+from typer.testing import CliRunner
+
+from sluice.cli import app
+from tests.sluice.cli.conftest import IDLE_TIMEOUT_S
+from tests.sluice_server import SluiceProcess
+
+FIRST = 300  # sensor_300.. keeps these devices apart from the other CLI tests on the shared server
+
+
+def sluice(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_simulate_over_sluice_mqtt_and_sources_shows_a_device_going_idle(server: SluiceProcess) -> None:
+    host, port = server.address("mqtt").rsplit(":", 1)
+    code, out, err = sluice(
+        "simulate", "--transport", "mqtt", "--host", host, "--port", port, "--sensors", "4",
+        "--first-id", str(FIRST), "--duration", str(IDLE_TIMEOUT_S + 1.0), "--seed", "11", "--json",
+    )
+    assert code == 0, err
+    report = {s["sensor"]: s for s in json.loads(out)["sensors"]}
+    assert all(s["undelivered"] == 0 and s["delivered"] == s["sent"] > 0 for s in report.values())
+    steady, idle = f"sensor_{FIRST}", f"sensor_{FIRST + 2}"
+    assert report[steady]["profile"] == "steady" and report[idle]["profile"] == "idle"
+    assert report[idle]["sent"] == 3
+
+    code, out, _ = sluice("sources", "--json", "--interval", "0.5", "--http", server.http)
+    assert code == 0
+    rows = json.loads(out)
+    devices = {r["device"]: r for r in rows if r.get("type") == "device" and r.get("source") == "mqtt:default"}
+    assert devices[idle]["idle"] is True  # three readings, then silence longer than the idle timeout
+    assert devices[steady]["idle"] is False  # kept publishing until the end
+    assert devices[idle]["messages"] == 3
+    assert devices[steady]["messages"] == report[steady]["delivered"]
+    (listener,) = [r for r in rows if r.get("type") == "mqtt_listener"]
+    assert listener["messages_in"] >= sum(s["delivered"] for s in report.values())
+
+    code, out, _ = sluice("sources", "--idle", "--interval", "0", "--http", server.http)
+    assert code == 0
+    idle_lines = [line for line in out.splitlines() if line.startswith("│ mqtt:default")]
+    assert any(idle in line for line in idle_lines) and not any(steady in line for line in idle_lines)
+
+    # Every acknowledged reading is in the log: default topic "mqtt", keyed by the MQTT topic name.
+    done = subprocess.run(
+        ["kcat", "-C", "-b", server.bootstrap, "-t", "mqtt", "-o", "beginning", "-e", "-q", "-f", "%k\n"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    keys = Counter(done.stdout.splitlines())
+    for sensor, s in report.items():
+        assert keys[f"sensors/{sensor}"] == s["delivered"]

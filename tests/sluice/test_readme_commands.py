@@ -1,0 +1,67 @@
+"""Every `sluice …` command the README shows parses against the real CLI with the options it shows.
+
+Code blocks (``sh``) and inline code spans are scanned. The README's shorthand is expanded before parsing:
+``[--opt value]`` brackets are dropped (optional parts are checked too) and ``a|b|c`` checks each
+alternative of an option's value; ``--help`` is left out (it would print and exit); inline spans with a
+``<placeholder>`` (``sluice <command> --help``) are not commands and are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.sluice.test_compose import parse_sluice_args
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+_ENTRY = re.compile(r"(?:^|[|;]\s*|&&\s*)(?:\.venv/bin/)?sluice\s+(.*)$")
+
+
+def _shell_commands(text: str) -> list[str]:
+    """What follows ``sluice`` in each command of the README's ``sh`` blocks and inline code spans."""
+    found: list[str] = []
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
+        for line in block.splitlines():
+            match = _ENTRY.search(line.strip())
+            if match:
+                found.append(match.group(1))
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", prose):
+        span = " ".join(span.split())
+        if span.startswith("sluice ") and "<" not in span:
+            found.append(span.removeprefix("sluice "))
+    return found
+
+
+def _variants(rest: str) -> list[list[str]]:
+    rest = re.split(r"\s+#\s", rest, maxsplit=1)[0]  # a trailing comment
+    tokens = [t.strip("[]") for t in shlex.split(rest)]
+    tokens = [t for t in tokens if t and t != "--help"]
+    variants = [tokens]
+    for i, token in enumerate(tokens):
+        if "|" in token and i > 0 and tokens[i - 1].startswith("-"):
+            variants = [[*v[:i], alt, *v[i + 1:]] for v in variants for alt in token.split("|")]
+    return variants
+
+
+def commands() -> list[list[str]]:
+    out: list[list[str]] = []
+    for rest in _shell_commands(README.read_text()):
+        out.extend(_variants(rest))
+    return out
+
+
+def test_the_readme_shows_the_main_commands() -> None:
+    shown = {tuple(c[:2]) if c[0] in ("topics", "groups") else (c[0],) for c in commands()}
+    for expected in [("serve",), ("topics", "create"), ("topics", "list"), ("topics", "describe"),
+                     ("topics", "delete"), ("produce",), ("consume",), ("groups", "list"), ("groups", "describe"),
+                     ("simulate",), ("sources",), ("process",), ("demo",)]:
+        assert expected in shown, expected
+
+
+@pytest.mark.parametrize("args", commands(), ids=lambda a: " ".join(a))
+def test_readme_command_parses(args: list[str]) -> None:
+    parse_sluice_args(args)  # unknown commands or options, bad values, missing arguments raise
