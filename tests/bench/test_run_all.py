@@ -42,5 +42,5 @@ def test_a_module_is_run_its_output_kept_and_summarised(tmp_path: Path) -> None:
     assert output.read_text().startswith("$ python -m bench.bench_kafka_codec")
     summary = (tmp_path / "SUMMARY.txt").read_text()
     assert "bench_kafka_codec  timed out after 1 s" in summary and str(output) in summary
-    assert "1 ran, 0 ok, 1 failed (bench_kafka_codec), 7 not selected." in summary
+    assert f"1 ran, 0 ok, 1 failed (bench_kafka_codec), {len(MODULES) - 1} not selected." in summary
     assert summary in done.stdout
