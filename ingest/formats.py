@@ -336,6 +336,8 @@ def parse_influx(payload: bytes) -> Parsed:
 
 # ---------------------------------------------------------------- dispatch
 
+_RAW = Parsed("raw", None)  # raw payloads have nothing to parse; Parsed is immutable, so share one
+
 
 def parse_payload(fmt: str, payload: bytes, columns: tuple[str, ...] | None = None) -> Parsed:
     if fmt == "json":
@@ -345,5 +347,5 @@ def parse_payload(fmt: str, payload: bytes, columns: tuple[str, ...] | None = No
     if fmt == "csv":
         return parse_csv_row(payload, columns)
     if fmt == "raw":
-        return Parsed("raw", None)
+        return _RAW
     raise FormatError(f"unknown payload format {fmt!r} (known: {', '.join(FORMATS)})")

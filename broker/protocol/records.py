@@ -38,6 +38,7 @@ __all__ = [
     "BATCH_HEADER_SIZE",
     "BatchHeader",
     "Compression",
+    "Headers",
     "Record",
     "RecordSpec",
     "decode_all",
