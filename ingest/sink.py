@@ -273,18 +273,19 @@ class IngestSink:
                 for owner, device in zip(group.owners, group.devices, strict=True):
                     letters.append(_Letter(owner, failure, messages[owner].payload, device))
 
-        dead: list[list[Placement]] = [[] for _ in messages]
-        reasons: list[list[str]] = [[] for _ in messages]
+        dead: dict[int, list[Placement]] = {}  # by message index; only messages with dead letters
+        reasons: dict[int, list[str]] = {}
         if letters:
             await self._append_dead_letters(source, messages, letters, dead)
             for letter in letters:
-                reasons[letter.owner].append(letter.reason)
+                reasons.setdefault(letter.owner, []).append(letter.reason)
                 self.health.error(source, letter.device, letter.reason)
             self.dead_lettered += len(letters)
         self.messages_written += len(messages)
         if outcomes is not None and placements is not None:
             outcomes.extend(
-                WriteOutcome(tuple(placements[i]), tuple(reasons[i]), tuple(dead[i])) for i in range(len(messages))
+                WriteOutcome(tuple(placements[i]), tuple(reasons.get(i, ())), tuple(dead.get(i, ())))
+                for i in range(len(messages))
             )
 
     def _group_for(self, groups: dict[tuple[str, int], _Group], topic: str, key: bytes | None) -> _Group:
@@ -307,8 +308,7 @@ class IngestSink:
     async def _append_group(self, group: _Group, placements: list[list[Placement]] | None) -> str | None:
         """Append one group's records in batches; returns a failure reason or None."""
         try:
-            for start, end in _chunks(group.records):
-                batch = encode_record_tuples(group.records[start:end])
+            for start, end, batch in _batches(group.records):
                 result = await self.store.append(group.topic, group.partition, batch)
                 if placements is not None:
                     for offset, owner in enumerate(group.owners[start:end], start=result.base_offset):
@@ -322,7 +322,11 @@ class IngestSink:
         return None
 
     async def _append_dead_letters(
-        self, source: SourceRef, messages: Sequence[RawMessage], letters: list[_Letter], dead: list[list[Placement]]
+        self,
+        source: SourceRef,
+        messages: Sequence[RawMessage],
+        letters: list[_Letter],
+        dead: dict[int, list[Placement]],
     ) -> None:
         topic = self.dead_letter_topic
         now = int(self._clock() * 1000)
@@ -349,16 +353,25 @@ class IngestSink:
                 spec: RecordTuple = (original, key, tuple(headers), timestamp)
                 by_partition.setdefault(partition, []).append((letter, spec))
             for partition, items in by_partition.items():
-                specs = [spec for _, spec in items]
-                for start, end in _chunks(specs):
-                    result = await self.store.append(topic, partition, encode_record_tuples(specs[start:end]))
+                for start, end, batch in _batches([spec for _, spec in items]):
+                    result = await self.store.append(topic, partition, batch)
                     for offset, (letter, _) in enumerate(items[start:end], start=result.base_offset):
-                        dead[letter.owner].append(Placement(topic, partition, offset))
+                        dead.setdefault(letter.owner, []).append(Placement(topic, partition, offset))
         except BrokerError as exc:
             log.error("dead-letter append failed", extra={"topic": topic, "error": str(exc)})
             raise SinkError(f"cannot write to the dead-letter topic {topic!r}: {exc}") from exc
         for letter in letters:
             log.debug("dead letter", extra={"source": source.label, "device": letter.device, "reason": letter.reason})
+
+
+def _batches(records: Sequence[RecordTuple]) -> list[tuple[int, int, bytes]]:
+    """``(start, end, batch)`` RecordBatches holding ``records[start:end]``, each at most about
+    ``_MAX_BATCH_BYTES``. Encodes once and splits only when that came out too big (rare: a write
+    call holds one socket read or one MQTT append window), so the common case skips ``_chunks``."""
+    whole = encode_record_tuples(records)
+    if len(whole) <= _MAX_BATCH_BYTES:
+        return [(0, len(records), whole)]
+    return [(start, end, encode_record_tuples(records[start:end])) for start, end in _chunks(records)]
 
 
 def _chunks(records: Sequence[RecordTuple]) -> list[tuple[int, int]]:
