@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from broker.errors import BrokerError
 from broker.log.api import LogStore
-from broker.protocol.records import RecordTuple, encode_record_tuples
+from broker.protocol.records import Headers, RecordTuple, encode_record_tuples
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
 from ingest.routing import RawMessage, Rejected, RoutedTuple, Router, SourceRef
@@ -110,6 +110,8 @@ class IngestSink:
         self.dead_lettered = 0
         # (topic, partition count, key) -> partition: murmur2 in Python costs more than a dict lookup
         self._partition_cache: dict[tuple[str, int, bytes], int] = {}
+        # encoded record headers (source, device, MQTT topic) by value: devices repeat across writes
+        self._header_cache: dict[Headers, bytes] = {}
 
     # -- backpressure ---------------------------------------------------------------------------
 
@@ -308,7 +310,7 @@ class IngestSink:
     async def _append_group(self, group: _Group, placements: list[list[Placement]] | None) -> str | None:
         """Append one group's records in batches; returns a failure reason or None."""
         try:
-            for start, end, batch in _batches(group.records):
+            for start, end, batch in self._batches(group.records):
                 result = await self.store.append(group.topic, group.partition, batch)
                 if placements is not None:
                     for offset, owner in enumerate(group.owners[start:end], start=result.base_offset):
@@ -320,6 +322,21 @@ class IngestSink:
             )
             return f"log refused append to {group.topic}-{group.partition}: {exc}"
         return None
+
+    def _batches(self, records: Sequence[RecordTuple]) -> list[tuple[int, int, bytes]]:
+        """``(start, end, batch)`` RecordBatches holding ``records[start:end]``, each at most about
+        ``_MAX_BATCH_BYTES``. Encodes once and splits only when that came out too big (rare: a write
+        call holds one socket read or one MQTT append window), so the common case skips ``_chunks``."""
+        cache = self._header_cache
+        if len(cache) >= 100_000:
+            cache.clear()
+        whole = encode_record_tuples(records, header_cache=cache)
+        if len(whole) <= _MAX_BATCH_BYTES:
+            return [(0, len(records), whole)]
+        return [
+            (start, end, encode_record_tuples(records[start:end], header_cache=cache))
+            for start, end in _chunks(records)
+        ]
 
     async def _append_dead_letters(
         self,
@@ -353,7 +370,7 @@ class IngestSink:
                 spec: RecordTuple = (original, key, tuple(headers), timestamp)
                 by_partition.setdefault(partition, []).append((letter, spec))
             for partition, items in by_partition.items():
-                for start, end, batch in _batches([spec for _, spec in items]):
+                for start, end, batch in self._batches([spec for _, spec in items]):
                     result = await self.store.append(topic, partition, batch)
                     for offset, (letter, _) in enumerate(items[start:end], start=result.base_offset):
                         dead.setdefault(letter.owner, []).append(Placement(topic, partition, offset))
@@ -362,16 +379,6 @@ class IngestSink:
             raise SinkError(f"cannot write to the dead-letter topic {topic!r}: {exc}") from exc
         for letter in letters:
             log.debug("dead letter", extra={"source": source.label, "device": letter.device, "reason": letter.reason})
-
-
-def _batches(records: Sequence[RecordTuple]) -> list[tuple[int, int, bytes]]:
-    """``(start, end, batch)`` RecordBatches holding ``records[start:end]``, each at most about
-    ``_MAX_BATCH_BYTES``. Encodes once and splits only when that came out too big (rare: a write
-    call holds one socket read or one MQTT append window), so the common case skips ``_chunks``."""
-    whole = encode_record_tuples(records)
-    if len(whole) <= _MAX_BATCH_BYTES:
-        return [(0, len(records), whole)]
-    return [(start, end, encode_record_tuples(records[start:end])) for start, end in _chunks(records)]
 
 
 def _chunks(records: Sequence[RecordTuple]) -> list[tuple[int, int]]:

@@ -68,3 +68,14 @@ def test_more_records_than_the_small_varint_table() -> None:
 def test_no_records_is_an_error() -> None:
     with pytest.raises(ValueError):
         encode_record_tuples([])
+
+
+_SHARED_CACHE: dict[tuple[tuple[str, bytes | None], ...], bytes] = {}
+
+
+@settings(max_examples=200)
+@given(records=st.lists(record_tuples, min_size=1, max_size=10))
+def test_a_header_cache_shared_across_calls_changes_nothing(records: list[RecordTuple]) -> None:
+    # One cache across all examples: entries written by earlier calls serve later ones.
+    assert encode_record_tuples(records, header_cache=_SHARED_CACHE) == encode_batch(_specs(records))
+    assert all(hdrs in _SHARED_CACHE for _, _, hdrs, _ in records)
