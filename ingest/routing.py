@@ -38,6 +38,7 @@ from broker.errors import InvalidTopicError
 from broker.log.config import validate_topic_name
 from broker.protocol.records import Headers, RecordSpec, RecordTuple
 from ingest.errors import ConfigError, PayloadError, RouteError
+from ingest.fastinit import fast_frozen_init
 from ingest.formats import FORMATS, Parsed, parse_payload
 
 __all__ = [
@@ -81,6 +82,7 @@ class SourceRef:
         return f"{self.kind}:{self.name}"
 
 
+@fast_frozen_init  # built once per device message
 @dataclass(frozen=True, slots=True)
 class RawMessage:
     """One device message: an MQTT publish, a TCP line, a file line.
