@@ -26,6 +26,7 @@ from typing import Any, Literal
 import orjson
 
 from ingest.errors import FormatError
+from ingest.fastinit import fast_frozen_init
 
 __all__ = [
     "FORMATS",
@@ -47,6 +48,7 @@ _SERIES_CACHE: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}  # device
 _SERIES_CACHE_MAX = 100_000
 
 
+@fast_frozen_init  # one per parsed payload
 @dataclass(frozen=True, slots=True)
 class InfluxPoint:
     measurement: str
@@ -77,6 +79,7 @@ class InfluxPoint:
         }
 
 
+@fast_frozen_init  # one per parsed payload
 @dataclass(frozen=True, slots=True)
 class Parsed:
     """A parsed payload: ``document`` is the JSON value / CSV row / point, ready for field lookups."""

@@ -186,6 +186,12 @@ _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+
 
 
 def _to_ms(value: Any, fmt: str) -> int:
+    if type(value) is int and fmt != "rfc3339":  # the usual case (InfluxDB ns, epoch ms fields), exact
+        mul, div = _EPOCH_SCALE[fmt]
+        ms = value * mul // div
+        if not 0 <= ms < 2**53:
+            raise RouteError(f"event time {value!r} ({fmt}) is out of range")
+        return ms
     if fmt == "rfc3339":
         if not isinstance(value, str) or not _RFC3339.match(value):
             raise RouteError(f"event time {str(value)[:40]!r} is not RFC 3339 (e.g. 2024-05-01T12:00:00Z)")
