@@ -23,7 +23,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
+
 from ingest.errors import FormatError
+from ingest.fastinit import fast_frozen_init
 
 __all__ = [
     "FORMATS",
@@ -45,6 +48,7 @@ _SERIES_CACHE: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}  # device
 _SERIES_CACHE_MAX = 100_000
 
 
+@fast_frozen_init  # one per parsed payload
 @dataclass(frozen=True, slots=True)
 class InfluxPoint:
     measurement: str
@@ -75,6 +79,7 @@ class InfluxPoint:
         }
 
 
+@fast_frozen_init  # one per parsed payload
 @dataclass(frozen=True, slots=True)
 class Parsed:
     """A parsed payload: ``document`` is the JSON value / CSV row / point, ready for field lookups."""
@@ -135,7 +140,27 @@ def _decode(payload: bytes) -> str:
 # ---------------------------------------------------------------- JSON
 
 
+# 19+ digits in a row: possibly an integer beyond 64 bits, which orjson reads as a float where
+# the stdlib keeps the exact int. Such payloads take the stdlib path. Found by mapping every digit
+# to "9" and looking for nineteen of them (3x quicker than a regex on device payloads).
+_DIGITS_TO_9 = bytes(0x39 if 0x30 <= b <= 0x39 else b for b in range(256))
+_LONG_DIGITS = b"9" * 19
+
+
 def parse_json(payload: bytes) -> Parsed:
+    # orjson parses device JSON ~7x faster than the stdlib. It is stricter (no NaN/Infinity, no
+    # lone surrogates), so whatever it refuses goes through the stdlib below, as do long integers:
+    # the same documents are accepted, with the same values and the same error messages
+    # (tests/ingest/test_json_fast.py checks this against the stdlib).
+    if _LONG_DIGITS not in payload.translate(_DIGITS_TO_9):
+        try:
+            return Parsed("json", orjson.loads(payload))
+        except orjson.JSONDecodeError:
+            pass
+    return _parse_json_stdlib(payload)
+
+
+def _parse_json_stdlib(payload: bytes) -> Parsed:
     try:
         doc = json.loads(payload.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -336,6 +361,8 @@ def parse_influx(payload: bytes) -> Parsed:
 
 # ---------------------------------------------------------------- dispatch
 
+_RAW = Parsed("raw", None)  # raw payloads have nothing to parse; Parsed is immutable, so share one
+
 
 def parse_payload(fmt: str, payload: bytes, columns: tuple[str, ...] | None = None) -> Parsed:
     if fmt == "json":
@@ -345,5 +372,5 @@ def parse_payload(fmt: str, payload: bytes, columns: tuple[str, ...] | None = No
     if fmt == "csv":
         return parse_csv_row(payload, columns)
     if fmt == "raw":
-        return Parsed("raw", None)
+        return _RAW
     raise FormatError(f"unknown payload format {fmt!r} (known: {', '.join(FORMATS)})")

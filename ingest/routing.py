@@ -29,15 +29,16 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from broker.errors import InvalidTopicError
 from broker.log.config import validate_topic_name
-from broker.protocol.records import RecordSpec
+from broker.protocol.records import Headers, RecordSpec, RecordTuple
 from ingest.errors import ConfigError, PayloadError, RouteError
+from ingest.fastinit import fast_frozen_init
 from ingest.formats import FORMATS, Parsed, parse_payload
 
 __all__ = [
@@ -49,8 +50,10 @@ __all__ = [
     "RouteDefaults",
     "RouteRule",
     "Routed",
+    "RoutedTuple",
     "Router",
     "SourceRef",
+    "SourceRoutes",
     "TimeSpec",
     "topic_matches",
     "validate_filter",
@@ -79,6 +82,7 @@ class SourceRef:
         return f"{self.kind}:{self.name}"
 
 
+@fast_frozen_init  # built once per device message
 @dataclass(frozen=True, slots=True)
 class RawMessage:
     """One device message: an MQTT publish, a TCP line, a file line.
@@ -182,6 +186,12 @@ _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+
 
 
 def _to_ms(value: Any, fmt: str) -> int:
+    if type(value) is int and fmt != "rfc3339":  # the usual case (InfluxDB ns, epoch ms fields), exact
+        mul, div = _EPOCH_SCALE[fmt]
+        ms = value * mul // div
+        if not 0 <= ms < 2**53:
+            raise RouteError(f"event time {value!r} ({fmt}) is out of range")
+        return ms
     if fmt == "rfc3339":
         if not isinstance(value, str) or not _RFC3339.match(value):
             raise RouteError(f"event time {str(value)[:40]!r} is not RFC 3339 (e.g. 2024-05-01T12:00:00Z)")
@@ -319,7 +329,11 @@ class RouteDefaults:
 
 
 class Router:
-    """Applies rules to messages. Rules can be replaced at runtime (``add_rule``/``remove_rule``)."""
+    """Applies rules to messages. Rules can be replaced at runtime (``add_rule``/``remove_rule``).
+
+    The work is done by one ``SourceRoutes`` per source (``for_source``), which caches decisions
+    that only depend on the rules; changing the rules drops them all.
+    """
 
     def __init__(
         self,
@@ -332,6 +346,7 @@ class Router:
         self.defaults = defaults or RouteDefaults()
         self._clock = clock
         self._default_rules: dict[tuple[str, str], RouteRule] = {}
+        self._sources: dict[SourceRef, SourceRoutes] = {}
         for rule in rules:
             self.add_rule(rule)
 
@@ -341,6 +356,7 @@ class Router:
 
     def add_rule(self, rule: RouteRule, *, index: int | None = None, replace: bool = False) -> None:
         """Add a rule (at the end, or at ``index``); ``replace`` swaps a rule of the same name."""
+        self._sources.clear()  # cached decisions came from the old rules
         for i, existing in enumerate(self._rules):
             if existing.name == rule.name:
                 if not replace:
@@ -355,29 +371,95 @@ class Router:
     def remove_rule(self, name: str) -> RouteRule:
         for i, rule in enumerate(self._rules):
             if rule.name == name:
+                self._sources.clear()
                 return self._rules.pop(i)
         raise ConfigError(f"no route named {name!r}")
 
-    def rules_for(self, source: SourceRef, message: RawMessage) -> list[RouteRule]:
-        chosen: list[RouteRule] = []
-        for rule in self._rules:
-            if rule.matches(source, message):
-                chosen.append(rule)
-                if not rule.fan_out:
-                    return chosen
-        if not chosen:
+    def for_source(self, source: SourceRef) -> SourceRoutes:
+        """The routing of one source under the current rules (valid until the rules change)."""
+        routes = self._sources.get(source)
+        if routes is None:
             default = self._default_rules.get((source.kind, source.name))
             if default is None:
                 default = self._default_rules[(source.kind, source.name)] = self.defaults.rule_for(source)
-            chosen.append(default)
-        return chosen
+            routes = self._sources[source] = SourceRoutes(source, self._rules, default, self._clock)
+        return routes
+
+    def rules_for(self, source: SourceRef, message: RawMessage) -> list[RouteRule]:
+        return list(self.for_source(source).rules_for(message.subject))
 
     def route(self, source: SourceRef, message: RawMessage) -> list[Routed | Rejected]:
+        return [
+            r if isinstance(r, Rejected) else Routed(r[0], r[2][1], RecordSpec(*r[2]), r[1])
+            for r in self.for_source(source).route(message)
+        ]
+
+    def to_mapping(self) -> dict[str, Any]:
+        return {
+            "rules": [rule.to_mapping() for rule in self._rules],
+            "defaults": dataclasses.asdict(self.defaults),
+        }
+
+
+# (log topic, device, (value, key, headers, event time ms)): a ``Routed`` as plain tuples, for the
+# ingest sink's hot path (no dataclass per message; the record goes to encode_record_tuples as is).
+RoutedTuple = tuple[str, str | None, RecordTuple]
+_CACHE_MAX = 100_000  # entries per cache; cleared when full (devices and MQTT topics repeat)
+
+
+class SourceRoutes:
+    """The rules as they apply to one source, with the per-message work that repeats cached.
+
+    Cached: which rules match each MQTT topic name (or ``None`` for sources without one), the log
+    topic a template gives for a topic name, and the headers tuple for each (device, MQTT topic)
+    with the constant ``source`` header encoded once. All of it depends only on the rules, the
+    source and those keys, and the ``Router`` builds a fresh ``SourceRoutes`` when rules change.
+    """
+
+    __slots__ = ("_by_subject", "_clock", "_default", "_headers", "_mqtt", "_rules", "_source_header",
+                 "_topics", "source")
+
+    def __init__(
+        self, source: SourceRef, rules: Sequence[RouteRule], default: RouteRule, clock: Callable[[], float]
+    ) -> None:
+        self.source = source
+        # Only rules whose source part matches; their topic filters are checked per topic name.
+        self._rules = [
+            r for r in rules
+            if r.source_kind in ("*", source.kind) and r.source_name in ("*", source.name)
+        ]
+        self._default = default
+        self._clock = clock
+        self._mqtt = source.kind in ("mqtt", "bridge")
+        self._source_header = ("source", source.label.encode())
+        self._by_subject: dict[str | None, tuple[RouteRule, ...]] = {}
+        self._topics: dict[tuple[str, str | None], str] = {}
+        self._headers: dict[tuple[str | None, str | None], Headers] = {}
+
+    def rules_for(self, subject: str | None) -> tuple[RouteRule, ...]:
+        """Rules that apply, in order: up to the first one without ``continue``; else the default."""
+        found = self._by_subject.get(subject)
+        if found is None:
+            chosen: list[RouteRule] = []
+            for rule in self._rules:
+                if rule.filter is None or (subject is not None and topic_matches(rule.filter, subject)):
+                    chosen.append(rule)
+                    if not rule.fan_out:
+                        break
+            if not chosen:
+                chosen.append(self._default)
+            if len(self._by_subject) >= _CACHE_MAX:
+                self._by_subject.clear()
+            found = self._by_subject[subject] = tuple(chosen)
+        return found
+
+    def route(self, message: RawMessage) -> list[RoutedTuple | Rejected]:
         arrival = message.arrival_ms if message.arrival_ms >= 0 else int(self._clock() * 1000)
-        out: list[Routed | Rejected] = []
+        out: list[RoutedTuple | Rejected] = []
         parsed_by_format: dict[str, Parsed | PayloadError] = {}
-        for rule in self.rules_for(source, message):
-            fmt = rule.format or source.format or "raw"
+        source_format = self.source.format
+        for rule in self.rules_for(message.subject):
+            fmt = rule.format or source_format or "raw"
             parsed = parsed_by_format.get(fmt)
             if parsed is None:
                 try:
@@ -389,30 +471,44 @@ class Router:
                 out.append(Rejected(f"{fmt}: {parsed}", message.payload, message.device))
                 continue
             try:
-                out.append(self._apply(rule, source, message, parsed, arrival))
+                out.append(self._apply(rule, message, parsed, arrival))
             except PayloadError as exc:
                 device = message.device or _default_device(parsed)
                 out.append(Rejected(f"route {rule.name}: {exc}", message.payload, device))
         return out
 
-    def _apply(self, rule: RouteRule, source: SourceRef, message: RawMessage, parsed: Parsed, arrival: int) -> Routed:
-        topic = _topic_for(rule, message)
+    def _apply(self, rule: RouteRule, message: RawMessage, parsed: Parsed, arrival: int) -> RoutedTuple:
+        topic = rule.topic if "{" not in rule.topic else self._topic(rule, message)
         device = _device(rule.device, message, parsed) if rule.device else message.device or _default_device(parsed)
         key = _key(rule.key, message, parsed, device)
         timestamp = _event_time(rule.time, parsed, arrival)
         value = message.payload if rule.value == "original" or parsed.format == "raw" else parsed.to_json_bytes()
-        headers: tuple[tuple[str, bytes | None], ...] = (("source", source.label.encode()),)
-        if device is not None:
-            headers += (("device", device.encode()),)
-        if message.subject is not None and source.kind in ("mqtt", "bridge"):
-            headers += (("mqtt_topic", message.subject.encode()),)
-        return Routed(topic, key, RecordSpec(value, key, headers, timestamp), device)
+        headers = self._headers_for(device, message.subject if self._mqtt else None)
+        return topic, device, (value, key, headers, timestamp)
 
-    def to_mapping(self) -> dict[str, Any]:
-        return {
-            "rules": [rule.to_mapping() for rule in self._rules],
-            "defaults": dataclasses.asdict(self.defaults),
-        }
+    def _topic(self, rule: RouteRule, message: RawMessage) -> str:
+        cache_key = (rule.topic, message.subject)
+        topic = self._topics.get(cache_key)
+        if topic is None:
+            if len(self._topics) >= _CACHE_MAX:
+                self._topics.clear()
+            topic = self._topics[cache_key] = _topic_for(rule, message)  # errors are not cached
+        return topic
+
+    def _headers_for(self, device: str | None, mqtt_topic: str | None) -> Headers:
+        """``source``, then ``device`` when known, then ``mqtt_topic`` for MQTT sources."""
+        cache_key = (device, mqtt_topic)
+        headers = self._headers.get(cache_key)
+        if headers is None:
+            headers = (self._source_header,)
+            if device is not None:
+                headers += (("device", device.encode()),)
+            if mqtt_topic is not None:
+                headers += (("mqtt_topic", mqtt_topic.encode()),)
+            if len(self._headers) >= _CACHE_MAX:
+                self._headers.clear()
+            self._headers[cache_key] = headers
+        return headers
 
 
 def _topic_for(rule: RouteRule, message: RawMessage) -> str:

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 from broker.errors import BrokerError
 from broker.log.api import LogStore
-from broker.protocol.records import RecordSpec, encode_batch
+from broker.protocol.records import Headers, RecordTuple, encode_record_tuples
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
-from ingest.routing import RawMessage, Rejected, Routed, Router, SourceRef
+from ingest.routing import RawMessage, Rejected, RoutedTuple, Router, SourceRef
 
 __all__ = ["DEFAULT_MAX_PENDING_BYTES", "IngestSink", "Placement", "WriteOutcome"]
 
@@ -64,18 +64,18 @@ class WriteOutcome:
         return not self.rejected
 
 
-@dataclass
+@dataclass(slots=True)
 class _Group:
     """Records bound for one (topic, partition), with the index of the message each came from."""
 
     topic: str
     partition: int
-    records: list[RecordSpec] = field(default_factory=list)
+    records: list[RecordTuple] = field(default_factory=list)
     owners: list[int] = field(default_factory=list)
     devices: list[str | None] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Letter:
     owner: int
     reason: str
@@ -110,6 +110,8 @@ class IngestSink:
         self.dead_lettered = 0
         # (topic, partition count, key) -> partition: murmur2 in Python costs more than a dict lookup
         self._partition_cache: dict[tuple[str, int, bytes], int] = {}
+        # encoded record headers (source, device, MQTT topic) by value: devices repeat across writes
+        self._header_cache: dict[Headers, bytes] = {}
 
     # -- backpressure ---------------------------------------------------------------------------
 
@@ -185,30 +187,51 @@ class IngestSink:
         """
         if not messages:
             return []
-        charge = sum(len(m.payload if isinstance(m, RawMessage) else m.original) for m in messages)
-        charge += _MESSAGE_OVERHEAD * len(messages)
+        outcomes: list[WriteOutcome] = []
+        await self._reserved(source, messages, outcomes)
+        return outcomes
+
+    async def ingest(self, source: SourceRef, messages: Sequence[RawMessage | Rejected]) -> None:
+        """``write`` without the per-message outcomes, for callers that only need "durable now"
+        (MQTT acks, TCP without ack mode): the same records and dead letters, less work per message."""
+        if messages:
+            await self._reserved(source, messages, None)
+
+    async def _reserved(
+        self, source: SourceRef, messages: Sequence[RawMessage | Rejected], outcomes: list[WriteOutcome] | None
+    ) -> None:
+        charge = _MESSAGE_OVERHEAD * len(messages)
+        for m in messages:
+            charge += len(m.payload if isinstance(m, RawMessage) else m.original)
         await self._reserve(source, charge)
         self.health.add_in_flight(source, len(messages))
         try:
-            return await self._write(source, messages)
+            await self._write(source, messages, outcomes)
         finally:
             self.health.add_in_flight(source, -len(messages))
             self._release(charge)
 
-    async def _write(self, source: SourceRef, given: Sequence[RawMessage | Rejected]) -> list[WriteOutcome]:
+    async def _write(
+        self, source: SourceRef, given: Sequence[RawMessage | Rejected], outcomes: list[WriteOutcome] | None
+    ) -> None:
+        """Route every message, append one batch per (topic, partition), then the dead letters.
+
+        ``outcomes`` (when given) receives one ``WriteOutcome`` per message.
+        """
+        routes = self.router.for_source(source)
         groups: dict[tuple[str, int], _Group] = {}
+        keyed: dict[tuple[str, bytes], _Group] = {}  # (topic, key) -> its group, looked up once per call
         letters: list[_Letter] = []
-        placements: list[list[Placement]] = [[] for _ in given]
         messages: list[RawMessage] = []
-        health = self.health
+        seen: dict[str | None, list[int]] = {}  # device -> [messages, bytes], for one health update
         for index, item in enumerate(given):
-            results: list[Routed | Rejected]
+            results: list[RoutedTuple | Rejected]
             if isinstance(item, Rejected):
                 message = RawMessage(item.original, device=item.device)
                 results = [item]
             else:
                 message = item
-                results = self.router.route(source, message)
+                results = routes.route(message)
             messages.append(message)
             device = message.device
             for result in results:
@@ -216,18 +239,31 @@ class IngestSink:
                     letters.append(_Letter(index, result.reason, result.original, result.device or message.device))
                     device = device or result.device
                     continue
-                device = device or result.device
-                try:
-                    group = self._group_for(groups, result)
-                except BrokerError as exc:
-                    letters.append(_Letter(index, f"log refused topic {result.topic!r}: {exc}", message.payload,
-                                           result.device))
-                    continue
-                group.records.append(result.record)
+                topic, routed_device, record = result
+                device = device or routed_device
+                key = record[1]
+                group = keyed.get((topic, key)) if key is not None else None
+                if group is None:
+                    try:
+                        group = self._group_for(groups, topic, key)
+                    except BrokerError as exc:
+                        letters.append(_Letter(index, f"log refused topic {topic!r}: {exc}", message.payload,
+                                               routed_device))
+                        continue
+                    if key is not None:
+                        keyed[(topic, key)] = group
+                group.records.append(record)
                 group.owners.append(index)
-                group.devices.append(result.device)
-            health.record(source, device, len(message.payload))
+                group.devices.append(routed_device)
+            counts = seen.get(device)
+            if counts is None:
+                seen[device] = [1, len(message.payload)]
+            else:
+                counts[0] += 1
+                counts[1] += len(message.payload)
+        self.health.record_batch(source, seen)
 
+        placements: list[list[Placement]] | None = [[] for _ in given] if outcomes is not None else None
         if groups:
             failures = await asyncio.gather(
                 *(self._append_group(group, placements) for group in groups.values())
@@ -239,44 +275,46 @@ class IngestSink:
                 for owner, device in zip(group.owners, group.devices, strict=True):
                     letters.append(_Letter(owner, failure, messages[owner].payload, device))
 
-        dead: list[list[Placement]] = [[] for _ in messages]
-        reasons: list[list[str]] = [[] for _ in messages]
+        dead: dict[int, list[Placement]] = {}  # by message index; only messages with dead letters
+        reasons: dict[int, list[str]] = {}
         if letters:
             await self._append_dead_letters(source, messages, letters, dead)
             for letter in letters:
-                reasons[letter.owner].append(letter.reason)
-                health.error(source, letter.device, letter.reason)
+                reasons.setdefault(letter.owner, []).append(letter.reason)
+                self.health.error(source, letter.device, letter.reason)
             self.dead_lettered += len(letters)
         self.messages_written += len(messages)
-        return [
-            WriteOutcome(tuple(placements[i]), tuple(reasons[i]), tuple(dead[i])) for i in range(len(messages))
-        ]
+        if outcomes is not None and placements is not None:
+            outcomes.extend(
+                WriteOutcome(tuple(placements[i]), tuple(reasons.get(i, ())), tuple(dead.get(i, ())))
+                for i in range(len(messages))
+            )
 
-    def _group_for(self, groups: dict[tuple[str, int], _Group], routed: Routed) -> _Group:
-        info = self.store.ensure_topic(routed.topic)
-        key = routed.key
+    def _group_for(self, groups: dict[tuple[str, int], _Group], topic: str, key: bytes | None) -> _Group:
+        info = self.store.ensure_topic(topic)
         if key is None:
-            partition = self.store.partition_for(routed.topic, None)
+            partition = self.store.partition_for(topic, None)
         else:
-            cache_key = (routed.topic, info.partitions, key)
+            cache_key = (topic, info.partitions, key)
             cached = self._partition_cache.get(cache_key)
             if cached is None:
                 if len(self._partition_cache) >= 100_000:
                     self._partition_cache.clear()
-                cached = self._partition_cache[cache_key] = self.store.partition_for(routed.topic, key)
+                cached = self._partition_cache[cache_key] = self.store.partition_for(topic, key)
             partition = cached
-        group = groups.get((routed.topic, partition))
+        group = groups.get((topic, partition))
         if group is None:
-            group = groups[(routed.topic, partition)] = _Group(routed.topic, partition)
+            group = groups[(topic, partition)] = _Group(topic, partition)
         return group
 
-    async def _append_group(self, group: _Group, placements: list[list[Placement]]) -> str | None:
+    async def _append_group(self, group: _Group, placements: list[list[Placement]] | None) -> str | None:
         """Append one group's records in batches; returns a failure reason or None."""
         try:
-            for start, end in _chunks(group.records):
-                result = await self.store.append(group.topic, group.partition, encode_batch(group.records[start:end]))
-                for offset, owner in enumerate(group.owners[start:end], start=result.base_offset):
-                    placements[owner].append(Placement(group.topic, group.partition, offset))
+            for start, end, batch in self._batches(group.records):
+                result = await self.store.append(group.topic, group.partition, batch)
+                if placements is not None:
+                    for offset, owner in enumerate(group.owners[start:end], start=result.base_offset):
+                        placements[owner].append(Placement(group.topic, group.partition, offset))
         except BrokerError as exc:
             log.warning(
                 "log refused an ingest append; records go to the dead-letter topic",
@@ -285,15 +323,34 @@ class IngestSink:
             return f"log refused append to {group.topic}-{group.partition}: {exc}"
         return None
 
+    def _batches(self, records: Sequence[RecordTuple]) -> list[tuple[int, int, bytes]]:
+        """``(start, end, batch)`` RecordBatches holding ``records[start:end]``, each at most about
+        ``_MAX_BATCH_BYTES``. Encodes once and splits only when that came out too big (rare: a write
+        call holds one socket read or one MQTT append window), so the common case skips ``_chunks``."""
+        cache = self._header_cache
+        if len(cache) >= 100_000:
+            cache.clear()
+        whole = encode_record_tuples(records, header_cache=cache)
+        if len(whole) <= _MAX_BATCH_BYTES:
+            return [(0, len(records), whole)]
+        return [
+            (start, end, encode_record_tuples(records[start:end], header_cache=cache))
+            for start, end in _chunks(records)
+        ]
+
     async def _append_dead_letters(
-        self, source: SourceRef, messages: Sequence[RawMessage], letters: list[_Letter], dead: list[list[Placement]]
+        self,
+        source: SourceRef,
+        messages: Sequence[RawMessage],
+        letters: list[_Letter],
+        dead: dict[int, list[Placement]],
     ) -> None:
         topic = self.dead_letter_topic
         now = int(self._clock() * 1000)
         try:
             info = self.store.ensure_topic(topic)
             limit = info.config.max_message_bytes - 4096
-            by_partition: dict[int, list[tuple[_Letter, RecordSpec]]] = {}
+            by_partition: dict[int, list[tuple[_Letter, RecordTuple]]] = {}
             for letter in letters:
                 message = messages[letter.owner]
                 original = letter.original
@@ -310,14 +367,13 @@ class IngestSink:
                 key = letter.device.encode() if letter.device is not None else None
                 timestamp = message.arrival_ms if message.arrival_ms >= 0 else now
                 partition = self.store.partition_for(topic, key)
-                spec = RecordSpec(original, key, tuple(headers), timestamp)
+                spec: RecordTuple = (original, key, tuple(headers), timestamp)
                 by_partition.setdefault(partition, []).append((letter, spec))
             for partition, items in by_partition.items():
-                specs = [spec for _, spec in items]
-                for start, end in _chunks(specs):
-                    result = await self.store.append(topic, partition, encode_batch(specs[start:end]))
+                for start, end, batch in self._batches([spec for _, spec in items]):
+                    result = await self.store.append(topic, partition, batch)
                     for offset, (letter, _) in enumerate(items[start:end], start=result.base_offset):
-                        dead[letter.owner].append(Placement(topic, partition, offset))
+                        dead.setdefault(letter.owner, []).append(Placement(topic, partition, offset))
         except BrokerError as exc:
             log.error("dead-letter append failed", extra={"topic": topic, "error": str(exc)})
             raise SinkError(f"cannot write to the dead-letter topic {topic!r}: {exc}") from exc
@@ -325,15 +381,17 @@ class IngestSink:
             log.debug("dead letter", extra={"source": source.label, "device": letter.device, "reason": letter.reason})
 
 
-def _chunks(records: Sequence[RecordSpec]) -> list[tuple[int, int]]:
+def _chunks(records: Sequence[RecordTuple]) -> list[tuple[int, int]]:
     """Split records into runs of at most ``_MAX_BATCH_BYTES`` (estimated)."""
     spans: list[tuple[int, int]] = []
+    header_sizes: dict[int, int] = {}  # by id(): records of one device share their headers tuple
     start = 0
     size = 0
-    for i, rec in enumerate(records):
-        est = _RECORD_OVERHEAD + len(rec.value or b"") + len(rec.key or b"")
-        for hkey, hvalue in rec.headers:
-            est += len(hkey) + len(hvalue or b"") + 4
+    for i, (value, key, headers, _) in enumerate(records):
+        hsize = header_sizes.get(id(headers))
+        if hsize is None:
+            hsize = header_sizes[id(headers)] = sum(len(hkey) + len(hvalue or b"") + 4 for hkey, hvalue in headers)
+        est = _RECORD_OVERHEAD + len(value or b"") + len(key or b"") + hsize
         if size and size + est > _MAX_BATCH_BYTES:
             spans.append((start, i))
             start, size = i, 0

@@ -38,12 +38,15 @@ __all__ = [
     "BATCH_HEADER_SIZE",
     "BatchHeader",
     "Compression",
+    "Headers",
     "Record",
     "RecordSpec",
     "decode_all",
     "decode_header",
     "decode_records",
+    "RecordTuple",
     "encode_batch",
+    "encode_record_tuples",
     "iter_batches",
     "split_complete_batches",
     "verify_batch",
@@ -320,6 +323,73 @@ def encode_batch(
     batch_length = BATCH_HEADER_SIZE - LOG_OVERHEAD + len(payload)
     head = struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, MAGIC_V2, crc)
     return head + after_crc
+
+
+Headers = tuple[tuple[str, bytes | None], ...]
+# (value, key, headers, timestamp ms): RecordSpec's fields as a plain tuple, for hot paths that
+# build thousands of records per call and should not pay for a dataclass each.
+RecordTuple = tuple[bytes | None, bytes | None, Headers, int]
+
+
+def encode_record_tuples(
+    records: Sequence[RecordTuple], *, base_offset: int = 0, header_cache: dict[Headers, bytes] | None = None
+) -> bytes:
+    """The same bytes as ``encode_batch([RecordSpec(v, k, h, ts) ...], base_offset=...)``, faster.
+
+    Uncompressed, no producer id, every record with its own timestamp. Faster because it joins all
+    the pieces once instead of per record, inlines the small-varint table lookup, and encodes each
+    distinct headers tuple once per call (ingest records of one device share theirs).
+    ``header_cache`` (headers -> encoded bytes, owned by the caller, who bounds it) carries those
+    encodings across calls, for callers whose devices repeat from one call to the next.
+    """
+    if not records:
+        raise ValueError("a record batch needs at least one record")
+    stamps = [rec[3] for rec in records]
+    base_ts = min(stamps)
+    small = _SMALL_VARINTS
+    lim = _SMALL_VARINT_LIMIT
+    null = small[lim - 1]
+    # Keyed by id(): the tuples stay alive (referenced by ``records``) for the whole call.
+    encoded_headers: dict[int, bytes] = {}
+    parts: list[bytes] = []
+    extend = parts.extend
+    for delta, (value, key, headers, ts) in enumerate(records):
+        hbytes = encoded_headers.get(id(headers))
+        if hbytes is None:
+            hbytes = header_cache.get(headers) if header_cache is not None else None
+            if hbytes is None:
+                hbytes = _encode_headers(headers)
+                if header_cache is not None:
+                    header_cache[headers] = hbytes
+            encoded_headers[id(headers)] = hbytes
+        ts_delta = ts - base_ts
+        tsv = small[ts_delta + lim] if ts_delta < lim else _encode_varint_slow(ts_delta)
+        dv = small[delta + lim] if delta < lim else _encode_varint_slow(delta)
+        if key is None:
+            kv, key = null, b""
+        else:
+            n = len(key)
+            kv = small[n + lim] if n < lim else _encode_varint_slow(n)
+        if value is None:
+            vv, value = null, b""
+        else:
+            n = len(value)
+            vv = small[n + lim] if n < lim else _encode_varint_slow(n)
+        size = 1 + len(tsv) + len(dv) + len(kv) + len(key) + len(vv) + len(value) + len(hbytes)
+        sv = small[size + lim] if size < lim else _encode_varint_slow(size)
+        extend((sv, b"\x00", tsv, dv, kv, key, vv, value, hbytes))  # \x00: attributes
+    payload = b"".join(parts)
+    after_crc = _AFTER_CRC.pack(0, len(records) - 1, base_ts, max(stamps), -1, -1, -1, len(records)) + payload
+    batch_length = BATCH_HEADER_SIZE - LOG_OVERHEAD + len(payload)
+    return _BEFORE_CRC.pack(base_offset, batch_length, 0, MAGIC_V2, crc32c.crc32c(after_crc)) + after_crc
+
+
+def _encode_headers(headers: Headers) -> bytes:
+    return _varint(len(headers)) + b"".join([_encode_header(hkey, hvalue) for hkey, hvalue in headers])
+
+
+_AFTER_CRC = struct.Struct(">hiqqqhii")
+_BEFORE_CRC = struct.Struct(">qiibI")
 
 
 def _encode_header(key: str, value: bytes | None) -> bytes:

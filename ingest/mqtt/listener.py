@@ -34,7 +34,8 @@ class SinkPort:
         self.source = source
 
     async def ingest(self, client_id: str, messages: Sequence[Accepted]) -> None:
-        await self.sink.write(self.source, [RawMessage(m.payload, m.topic, client_id, at) for m, _, at in messages])
+        # ingest(), not write(): acks need only "durable now", not per-message placements.
+        await self.sink.ingest(self.source, [RawMessage(m.payload, m.topic, client_id, at) for m, _, at in messages])
 
     def connections_changed(self, delta: int) -> None:
         if delta > 0:

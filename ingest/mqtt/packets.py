@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Final
 
+from ingest.fastinit import fast_frozen_init
+
 __all__ = [
     "ALLOWED_PROPERTIES",
     "MQTT_311",
@@ -236,6 +238,7 @@ class Connack:
     packet_type = PacketType.CONNACK
 
 
+@fast_frozen_init  # decoded once per message on the ingest hot path
 @dataclass(frozen=True, slots=True)
 class Publish:
     topic: str

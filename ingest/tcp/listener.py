@@ -196,9 +196,11 @@ class TcpLineListener:
             items = framer.feed(data) if data else framer.end()
             if items:
                 messages, numbers = stream.messages(items, int(self._clock() * 1000))
-                outcomes = await sink.write(self.source, messages) if messages else []
                 if config.ack:
+                    outcomes = await sink.write(self.source, messages)
                     writer.write(ack_lines(outcomes, numbers, stream.line_no, sink.dead_letter_topic))
                     await writer.drain()
+                else:
+                    await sink.ingest(self.source, messages)  # no per-line outcomes needed
             if not data:
                 return
