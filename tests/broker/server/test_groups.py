@@ -156,7 +156,11 @@ def test_group_survives_a_killed_member_and_a_broker_restart(
         _wait(lambda: len(_consumed([resumed])) >= 600, 60, "the resumed member to read the new records")
     finally:
         member.send_signal(signal.SIGINT)
-        member.wait(timeout=20)
+        try:
+            member.wait(timeout=20)
+        except subprocess.TimeoutExpired:  # a slow close under load is not what this test is about
+            member.kill()
+            member.wait()
     after = _consumed([resumed])
     assert {v for _, _, v in after} == {f"v:{i}" for i in range(N, N + 600)}  # nothing old re-read
     first = {}
