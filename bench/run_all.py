@@ -33,6 +33,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 
 # Run order: quick in-process figures first, then those that start servers and peers.
 MODULES = (
+    "bench_records",
     "bench_kafka_codec",
     "bench_log",
     "bench_processors",
@@ -46,6 +47,7 @@ MODULES = (
 
 # --quick: small sizes that show a module still works end to end (figures not meant for RESULTS.md).
 QUICK_ARGS: dict[str, tuple[str, ...]] = {
+    "bench_records": ("--batches", "20"),
     "bench_kafka_codec": (),
     "bench_log": ("--quick",),
     "bench_processors": ("--records", "20000"),
