@@ -33,8 +33,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 
 # Run order: quick in-process figures first, then those that start servers and peers.
 MODULES = (
-    "bench_records",
     "bench_kafka_codec",
+    "bench_records",
     "bench_log",
     "bench_processors",
     "bench_tcp",
