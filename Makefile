@@ -24,7 +24,7 @@ system-deps:
 	bash scripts/install-system-deps.sh
 
 $(VENV)/bin/python:
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); bash scripts/install-system-deps.sh venv && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml $(VENV)/bin/python

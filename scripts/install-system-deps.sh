@@ -2,7 +2,12 @@
 # Debian packages the test suite and benchmarks run against: real peers nobody here wrote.
 # Idempotent: installs only what is missing. Needs root (CI runs as root) or sudo.
 set -euo pipefail
-packages=(kcat mosquitto mosquitto-clients redis-server nats-server docker-compose netcat-openbsd)
+# `install-system-deps.sh venv` installs only what `python3 -m venv` needs on a bare Debian (make run).
+if [ "${1:-}" = "venv" ]; then
+  packages=(python3-venv)
+else
+  packages=(python3-venv kcat mosquitto mosquitto-clients redis-server nats-server docker-compose netcat-openbsd)
+fi
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
