@@ -27,23 +27,13 @@ from broker.groups.group import (
     GroupDescription,
     GroupSettings,
     GroupState,
-    JoinMember,
     JoinResult,
-    MemberDescription,
     SyncResult,
 )
 from broker.groups.offsets import CommittedOffset, OffsetStore, TopicPartition
 from broker.protocol.kafka_codes import ErrorCode
 
-__all__ = [
-    "GroupCoordinator",
-    "GroupDescription",
-    "GroupSettings",
-    "JoinMember",
-    "JoinResult",
-    "MemberDescription",
-    "SyncResult",
-]
+__all__ = ["GroupCoordinator"]
 
 log = logging.getLogger(__name__)
 

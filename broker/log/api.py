@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from broker.errors import (
     InvalidPartitionsError,
+    OffsetOutOfRangeError,
     RecordTooLargeError,
     TopicExistsError,
     UnknownTopicError,
@@ -148,6 +149,14 @@ class PartitionLog(ABC):
         result = self.append_nowait(data)
         await self._make_durable()
         return result
+
+    def _check_range(self, offset: int) -> None:
+        """Raise OffsetOutOfRangeError unless log start ≤ ``offset`` ≤ high watermark (for ``read``)."""
+        if offset < self.log_start_offset or offset > self.high_watermark:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is outside [{self.log_start_offset}, {self.high_watermark}] "
+                f"for {self.topic}-{self.partition}"
+            )
 
     async def wait_durable(self) -> None:
         """Return once everything written so far (by ``append_nowait`` or ``append``) is as durable

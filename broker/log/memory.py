@@ -9,7 +9,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from broker.errors import OffsetOutOfRangeError
 from broker.log.api import LogStore, PartitionLog, TopicInfo
 from broker.log.config import TopicConfig
 from broker.protocol.records import BatchHeader
@@ -57,10 +56,7 @@ class MemoryPartitionLog(PartitionLog):
         return None
 
     def read(self, offset: int, max_bytes: int) -> bytes:
-        if offset < self._start or offset > self._end:
-            raise OffsetOutOfRangeError(
-                f"offset {offset} is outside [{self._start}, {self._end}] for {self.topic}-{self.partition}"
-            )
+        self._check_range(offset)
         if offset == self._end:
             return b""
         index = max(bisect.bisect_right(self._bases, offset) - 1, 0)

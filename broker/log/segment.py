@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from broker.errors import OffsetOutOfRangeError, StorageError
+from broker.errors import StorageError
 from broker.log.api import LogStore, PartitionLog, TopicInfo
 from broker.log.config import FlushPolicy, TopicConfig
 from broker.log.files import DirLock, atomic_write, fsync_dir, read_json, write_all
@@ -271,13 +271,6 @@ class SegmentPartitionLog(PartitionLog):
                 self._dir_fd = None
 
     # -- reading -------------------------------------------------------------------------
-
-    def _check_range(self, offset: int) -> None:
-        if offset < self.log_start_offset or offset > self.high_watermark:
-            raise OffsetOutOfRangeError(
-                f"offset {offset} is outside [{self.log_start_offset}, {self.high_watermark}] "
-                f"for {self.topic}-{self.partition}"
-            )
 
     def read(self, offset: int, max_bytes: int) -> bytes:
         self._check_range(offset)

@@ -61,6 +61,9 @@ MAGIC_V2 = 2
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _BASE_OFFSET = struct.Struct(">q")
+# The header split at the CRC field: what comes before it, and what the CRC covers.
+_BEFORE_CRC = struct.Struct(">qiibI")
+_AFTER_CRC = struct.Struct(">hiqqqhii")
 
 ATTR_COMPRESSION_MASK = 0x07
 ATTR_LOG_APPEND_TIME = 0x08
@@ -305,24 +308,12 @@ def encode_batch(
         body += inner
     payload = _compress(compression, bytes(body))
     attributes = int(compression)
-    after_crc = (
-        struct.pack(
-            ">hiqqqhii",
-            attributes,
-            len(records) - 1,
-            base_ts,
-            max(stamps),
-            producer_id,
-            producer_epoch,
-            base_sequence,
-            len(records),
-        )
-        + payload
-    )
+    after_crc = _AFTER_CRC.pack(
+        attributes, len(records) - 1, base_ts, max(stamps), producer_id, producer_epoch, base_sequence, len(records)
+    ) + payload
     crc = crc32c.crc32c(after_crc)
     batch_length = BATCH_HEADER_SIZE - LOG_OVERHEAD + len(payload)
-    head = struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, MAGIC_V2, crc)
-    return head + after_crc
+    return _BEFORE_CRC.pack(base_offset, batch_length, partition_leader_epoch, MAGIC_V2, crc) + after_crc
 
 
 Headers = tuple[tuple[str, bytes | None], ...]
@@ -386,10 +377,6 @@ def encode_record_tuples(
 
 def _encode_headers(headers: Headers) -> bytes:
     return _varint(len(headers)) + b"".join([_encode_header(hkey, hvalue) for hkey, hvalue in headers])
-
-
-_AFTER_CRC = struct.Struct(">hiqqqhii")
-_BEFORE_CRC = struct.Struct(">qiibI")
 
 
 def _encode_header(key: str, value: bytes | None) -> bytes:
@@ -483,6 +470,7 @@ def decode_records(batch: bytes | memoryview, header: BatchHeader | None = None)
     records: list[Record] = []
     pos = 0
     read_varint, read_bytes = _read_varint, _read_bytes
+    log_append_time = header.attributes & ATTR_LOG_APPEND_TIME
     for _ in range(header.record_count):
         length, pos = read_varint(payload, pos)
         end = pos + length
@@ -501,7 +489,6 @@ def decode_records(batch: bytes | memoryview, header: BatchHeader | None = None)
             headers.append(((hkey or b"").decode("utf-8", "replace"), hvalue))
         if pos != end:
             raise CorruptRecordError("record length does not match its fields")
-        log_append_time = header.attributes & ATTR_LOG_APPEND_TIME
         timestamp = header.max_timestamp if log_append_time else header.base_timestamp + ts_delta
         records.append(Record(header.base_offset + offset_delta, timestamp, key, value, tuple(headers)))
     return records

@@ -14,6 +14,7 @@ The stored batch bytes go into ``records`` untouched.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from broker.protocol.kafka._wire import (
@@ -48,7 +49,7 @@ __all__ = [
 API_KEY = 1
 MIN_VERSION = 4
 MAX_VERSION = 11
-_PART_HEAD = __import__("struct").Struct(">ihqqq")  # index, error, hw, lso, log start
+_PART_HEAD = struct.Struct(">ihqqq")  # index, error, hw, lso, log start
 
 
 @dataclass(frozen=True, slots=True)
