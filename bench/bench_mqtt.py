@@ -188,6 +188,19 @@ def open_idle(port: int, count: int) -> subprocess.Popen[str]:
     return child
 
 
+def rss_with_idle(pid: int, port: int, count: int, *, settle: float, hold: float) -> tuple[int, int]:
+    """The broker's RSS after ``settle`` s, and again once ``count`` idle connections were open ``hold`` s."""
+    time.sleep(settle)
+    before = rss_kib(pid)
+    child = open_idle(port, count)
+    time.sleep(hold)
+    after = rss_kib(pid)
+    assert child.stdin is not None
+    child.stdin.close()
+    child.wait()
+    return before, after
+
+
 def sluice_memory(count: int, data_dir: Path) -> tuple[int, int]:
     """A fresh ``sluice serve`` process (so no freed memory from the throughput runs is reused)."""
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -202,15 +215,7 @@ def sluice_memory(count: int, data_dir: Path) -> tuple[int, int]:
             assert proc.poll() is None and time.monotonic() < deadline, "sluice did not start"
             time.sleep(0.05)
         port = json.loads(endpoints.read_text())["mqtt"]["port"]
-        time.sleep(1.0)
-        before = rss_kib(proc.pid)
-        child = open_idle(port, count)
-        time.sleep(2.0)
-        after = rss_kib(proc.pid)
-        assert child.stdin is not None
-        child.stdin.close()
-        child.wait()
-        return before, after
+        return rss_with_idle(proc.pid, port, count, settle=1.0, hold=2.0)
     finally:
         proc.terminate()
         proc.wait()
@@ -219,15 +224,7 @@ def sluice_memory(count: int, data_dir: Path) -> tuple[int, int]:
 def mosquitto_memory(count: int, directory: Path) -> tuple[int, int]:
     proc, port = start_mosquitto(directory)
     try:
-        time.sleep(0.3)
-        before = rss_kib(proc.pid)
-        child = open_idle(port, count)
-        time.sleep(1.0)
-        after = rss_kib(proc.pid)
-        assert child.stdin is not None
-        child.stdin.close()
-        child.wait()
-        return before, after
+        return rss_with_idle(proc.pid, port, count, settle=0.3, hold=1.0)
     finally:
         proc.terminate()
         proc.wait()

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
+from clients._kafka import DEFAULT_BOOTSTRAP
 from clients.admin import AsyncAdmin, GroupDescription, TopicDescription
 from clients.consumer import AsyncConsumer
 from clients.producer import AsyncProducer, Headers
@@ -46,7 +47,7 @@ def _build(factory: Any, *args: Any, **kwargs: Any) -> Any:
 class Producer:
     """Blocking producer: ``send`` returns the stored record's metadata."""
 
-    def __init__(self, bootstrap: str = "127.0.0.1:9092", **kwargs: Any) -> None:
+    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, **kwargs: Any) -> None:
         self._p: AsyncProducer = _build(AsyncProducer, bootstrap, **kwargs)
         _run(self._p.start())
 
@@ -83,7 +84,7 @@ class Producer:
 class Consumer:
     """Blocking consumer: iterate it, or ``poll`` for batches."""
 
-    def __init__(self, *topics: str, bootstrap: str = "127.0.0.1:9092", **kwargs: Any) -> None:
+    def __init__(self, *topics: str, bootstrap: str = DEFAULT_BOOTSTRAP, **kwargs: Any) -> None:
         self._c: AsyncConsumer = _build(AsyncConsumer, *topics, bootstrap=bootstrap, **kwargs)
         _run(self._c.start())
 
@@ -135,7 +136,7 @@ class Consumer:
 
 
 class Admin:
-    def __init__(self, bootstrap: str = "127.0.0.1:9092", **kwargs: Any) -> None:
+    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, **kwargs: Any) -> None:
         self._a: AsyncAdmin = _build(AsyncAdmin, bootstrap, **kwargs)
         _run(self._a.start())
 

@@ -43,6 +43,7 @@ __all__ = [
     "err_console",
     "fail",
     "http_get",
+    "name_value_pairs",
     "print_json",
     "run",
 ]
@@ -90,6 +91,17 @@ def run(coro: Coroutine[Any, Any, T], *, topic: str | None = None, group: str | 
         fail(str(exc), EXIT_RUNTIME)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+
+
+def name_value_pairs(pairs: list[str] | None, usage: str) -> dict[str, str]:
+    """Repeatable ``name=value`` options as a dict; a pair without ``=`` fails with ``usage``."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            fail(f"{usage}, got {pair!r}", EXIT_USAGE)
+        out[name] = value
+    return out
 
 
 def print_json(data: Any) -> None:

@@ -21,21 +21,12 @@ from sluice.cli_common import (
     JsonFlag,
     err_console,
     fail,
+    name_value_pairs,
     print_json,
     run,
 )
 
 __all__ = ["parse_start", "register"]
-
-
-def _headers(pairs: list[str] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs or []:
-        name, sep, value = pair.partition("=")
-        if not sep:
-            fail(f"--header takes name=value, got {pair!r}", EXIT_USAGE)
-        out[name] = value
-    return out
 
 
 def produce(
@@ -58,7 +49,7 @@ def produce(
         fail(f"--format must be lines or json, got {input_format!r}", EXIT_USAGE)
     if key_field and input_format != "json":
         fail("--key-field needs --format json", EXIT_USAGE)
-    headers = _headers(header)
+    headers = name_value_pairs(header, "--header takes name=value")
 
     async def go() -> dict[str, Any]:
         sent = 0

@@ -10,21 +10,11 @@ from rich.table import Table
 
 from clients import AsyncAdmin
 from clients.errors import TopicExistsError
-from sluice.cli_common import DEFAULT_BOOTSTRAP, EXIT_USAGE, Bootstrap, JsonFlag, console, fail, print_json, run
+from sluice.cli_common import DEFAULT_BOOTSTRAP, Bootstrap, JsonFlag, console, name_value_pairs, print_json, run
 
 __all__ = ["register"]
 
 topics_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
-
-
-def _configs(pairs: list[str] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs or []:
-        name, sep, value = pair.partition("=")
-        if not sep:
-            fail(f"--config takes name=value (e.g. retention.ms=3600000), got {pair!r}", EXIT_USAGE)
-        out[name] = value
-    return out
 
 
 @topics_app.command("create")
@@ -37,7 +27,7 @@ def create(
     json_out: JsonFlag = False,
 ) -> None:
     """Create a topic."""
-    configs = _configs(config)
+    configs = name_value_pairs(config, "--config takes name=value (e.g. retention.ms=3600000)")
 
     async def go() -> bool:
         async with AsyncAdmin(bootstrap) as admin:
