@@ -13,6 +13,7 @@ must assign offsets in order but wait together); ``read`` hands back whole store
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from broker.log.config import TopicConfig, validate_topic_name
 from broker.log.partitioner import StickyPartitioner, partition_for_key
 from broker.protocol.records import BatchHeader, RecordSpec, encode_batch, iter_batches, with_base_offset
 
-__all__ = ["MAX_PARTITIONS", "AppendResult", "LogStore", "PartitionLog", "TopicInfo"]
+__all__ = ["MAX_PARTITIONS", "AppendResult", "LogStore", "PartitionLog", "TopicInfo", "wait_for_any"]
 
 MAX_PARTITIONS = 10_000
 
@@ -214,6 +215,25 @@ class PartitionLog(ABC):
             else:
                 keep.append((offset, future))
         self._waiters = keep
+
+
+async def wait_for_any(
+    positions: Sequence[tuple[PartitionLog, int]], timeout: float, stop: asyncio.Event | None = None
+) -> None:
+    """Return once any ``(log, offset)`` has data at ``offset``, ``stop`` is set, or ``timeout`` passes.
+
+    For readers that follow several partitions at once (SSE streams, attached processors)."""
+    waits = [asyncio.ensure_future(log.wait_for_data(offset, timeout)) for log, offset in positions]
+    if stop is not None:
+        waits.append(asyncio.ensure_future(stop.wait()))
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waits:
+            waiter.cancel()
+        for waiter in waits:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await waiter
 
 
 def _rebased(header: BatchHeader, base_offset: int) -> BatchHeader:

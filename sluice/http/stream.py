@@ -7,8 +7,6 @@ goes away, after ``limit`` records, or when the server stops.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Literal
@@ -16,7 +14,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
-from broker.log.api import PartitionLog
+from broker.log.api import PartitionLog, wait_for_any
 from broker.protocol.records import Record
 from sluice.http.context import ApiContext, Ctx
 from sluice.http.models import OutFormat, record_out
@@ -43,19 +41,6 @@ def _render(partition: int, record: Record, fmt: OutFormat) -> str:
         return record_out(partition, record, fmt).model_dump_json()
     except ValueError:  # not in the asked-for format: show it as it is rather than end the stream
         return record_out(partition, record, "auto").model_dump_json()
-
-
-async def _wait_any(logs: list[PartitionLog], cursors: dict[int, int], timeout: float, stop: asyncio.Event) -> None:
-    waits = [asyncio.ensure_future(log.wait_for_data(cursors[log.partition], timeout)) for log in logs]
-    waits.append(asyncio.ensure_future(stop.wait()))
-    try:
-        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()
-        for w in waits:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await w
 
 
 async def _events(
@@ -86,7 +71,7 @@ async def _events(
                     return
             if not progressed:
                 before = dict(cursors)
-                await _wait_any(logs, cursors, ctx.sse_heartbeat_s, ctx.stopping)
+                await wait_for_any([(log, cursors[log.partition]) for log in logs], ctx.sse_heartbeat_s, ctx.stopping)
                 if all(log.high_watermark <= before[log.partition] for log in logs):
                     yield b": keepalive\n\n"
     finally:
