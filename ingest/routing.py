@@ -40,6 +40,7 @@ from broker.protocol.records import Headers, RecordSpec, RecordTuple
 from ingest.errors import ConfigError, PayloadError, RouteError
 from ingest.fastinit import fast_frozen_init
 from ingest.formats import FORMATS, Parsed, parse_payload
+from ingest.mqtt.subscriptions import filter_error, topic_matches
 
 __all__ = [
     "SOURCE_KINDS",
@@ -118,32 +119,10 @@ class Rejected:
 
 
 def validate_filter(topic_filter: str) -> None:
-    """MQTT rules: non-empty; ``#`` only as the whole last level; ``+`` only as a whole level."""
-    if not topic_filter:
-        raise ConfigError("topic filter is empty")
-    levels = topic_filter.split("/")
-    for i, level in enumerate(levels):
-        if "#" in level and (level != "#" or i != len(levels) - 1):
-            raise ConfigError(f"topic filter {topic_filter!r}: '#' must be the whole last level")
-        if "+" in level and level != "+":
-            raise ConfigError(f"topic filter {topic_filter!r}: '+' must be a whole level")
-
-
-def topic_matches(topic_filter: str, topic: str) -> bool:
-    """Whether an MQTT topic name matches a filter (``a/#`` also matches ``a``; wildcards at the
-    first level do not match topics starting with ``$``)."""
-    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
-        return False
-    f_levels = topic_filter.split("/")
-    t_levels = topic.split("/")
-    for i, f in enumerate(f_levels):
-        if f == "#":
-            return True
-        if i >= len(t_levels):
-            return False
-        if f != "+" and f != t_levels[i]:
-            return False
-    return len(f_levels) == len(t_levels)
+    """MQTT rules (``ingest.mqtt.subscriptions.filter_error``), broken ones as ``ConfigError``."""
+    error = filter_error(topic_filter)
+    if error is not None:
+        raise ConfigError(error)
 
 
 # ---------------------------------------------------------------- key and time specs
