@@ -235,15 +235,6 @@ class RouteRule:
             except InvalidTopicError as exc:
                 raise ConfigError(f"route {self.name!r}: {exc}") from None
 
-    def matches(self, source: SourceRef, message: RawMessage) -> bool:
-        if self.source_kind != "*" and self.source_kind != source.kind:
-            return False
-        if self.source_name != "*" and self.source_name != source.name:
-            return False
-        if self.filter is not None:
-            return message.subject is not None and topic_matches(self.filter, message.subject)
-        return True
-
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> RouteRule:
         """Build from TOML / JSON (the config file and the HTTP API use the same keys)."""
@@ -363,9 +354,6 @@ class Router:
                 default = self._default_rules[(source.kind, source.name)] = self.defaults.rule_for(source)
             routes = self._sources[source] = SourceRoutes(source, self._rules, default, self._clock)
         return routes
-
-    def rules_for(self, source: SourceRef, message: RawMessage) -> list[RouteRule]:
-        return list(self.for_source(source).rules_for(message.subject))
 
     def route(self, source: SourceRef, message: RawMessage) -> list[Routed | Rejected]:
         return [
