@@ -315,7 +315,6 @@ class Router:
         self._rules: list[RouteRule] = []
         self.defaults = defaults or RouteDefaults()
         self._clock = clock
-        self._default_rules: dict[tuple[str, str], RouteRule] = {}
         self._sources: dict[SourceRef, SourceRoutes] = {}
         for rule in rules:
             self.add_rule(rule)
@@ -349,9 +348,7 @@ class Router:
         """The routing of one source under the current rules (valid until the rules change)."""
         routes = self._sources.get(source)
         if routes is None:
-            default = self._default_rules.get((source.kind, source.name))
-            if default is None:
-                default = self._default_rules[(source.kind, source.name)] = self.defaults.rule_for(source)
+            default = self.defaults.rule_for(source)
             routes = self._sources[source] = SourceRoutes(source, self._rules, default, self._clock)
         return routes
 
@@ -479,8 +476,6 @@ class SourceRoutes:
 
 
 def _topic_for(rule: RouteRule, message: RawMessage) -> str:
-    if "{" not in rule.topic:
-        return rule.topic
     levels = (message.subject or "").split("/")
     try:
         topic = rule.topic.format(*levels)
