@@ -5,7 +5,6 @@ One root, so a listener can catch everything ingest raises::
     IngestError
     ├── PayloadError            the device sent something we cannot use (its fault)
     │   ├── FormatError         not valid JSON / InfluxDB line protocol / CSV for the header
-    │   ├── LineTooLongError    a line above the listener's max line length
     │   └── RouteError          parsed, but no key / event time / log topic can be derived
     ├── ConfigError             a routing rule or source definition is invalid (the operator's fault)
     └── SinkError               our side: the log refused an append (storage failure, topic limits)
@@ -20,7 +19,6 @@ __all__ = [
     "ConfigError",
     "FormatError",
     "IngestError",
-    "LineTooLongError",
     "PayloadError",
     "RouteError",
     "SinkError",
@@ -37,10 +35,6 @@ class PayloadError(IngestError):
 
 class FormatError(PayloadError):
     """Not valid for the declared payload format."""
-
-
-class LineTooLongError(PayloadError):
-    """A line longer than the listener allows."""
 
 
 class RouteError(PayloadError):

@@ -40,6 +40,7 @@ from broker.protocol.records import Headers, RecordSpec, RecordTuple
 from ingest.errors import ConfigError, PayloadError, RouteError
 from ingest.fastinit import fast_frozen_init
 from ingest.formats import FORMATS, Parsed, parse_payload
+from ingest.mqtt.subscriptions import filter_error, topic_matches
 
 __all__ = [
     "SOURCE_KINDS",
@@ -118,32 +119,10 @@ class Rejected:
 
 
 def validate_filter(topic_filter: str) -> None:
-    """MQTT rules: non-empty; ``#`` only as the whole last level; ``+`` only as a whole level."""
-    if not topic_filter:
-        raise ConfigError("topic filter is empty")
-    levels = topic_filter.split("/")
-    for i, level in enumerate(levels):
-        if "#" in level and (level != "#" or i != len(levels) - 1):
-            raise ConfigError(f"topic filter {topic_filter!r}: '#' must be the whole last level")
-        if "+" in level and level != "+":
-            raise ConfigError(f"topic filter {topic_filter!r}: '+' must be a whole level")
-
-
-def topic_matches(topic_filter: str, topic: str) -> bool:
-    """Whether an MQTT topic name matches a filter (``a/#`` also matches ``a``; wildcards at the
-    first level do not match topics starting with ``$``)."""
-    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
-        return False
-    f_levels = topic_filter.split("/")
-    t_levels = topic.split("/")
-    for i, f in enumerate(f_levels):
-        if f == "#":
-            return True
-        if i >= len(t_levels):
-            return False
-        if f != "+" and f != t_levels[i]:
-            return False
-    return len(f_levels) == len(t_levels)
+    """MQTT rules (``ingest.mqtt.subscriptions.filter_error``), broken ones as ``ConfigError``."""
+    error = filter_error(topic_filter)
+    if error is not None:
+        raise ConfigError(error)
 
 
 # ---------------------------------------------------------------- key and time specs
@@ -256,15 +235,6 @@ class RouteRule:
             except InvalidTopicError as exc:
                 raise ConfigError(f"route {self.name!r}: {exc}") from None
 
-    def matches(self, source: SourceRef, message: RawMessage) -> bool:
-        if self.source_kind != "*" and self.source_kind != source.kind:
-            return False
-        if self.source_name != "*" and self.source_name != source.name:
-            return False
-        if self.filter is not None:
-            return message.subject is not None and topic_matches(self.filter, message.subject)
-        return True
-
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> RouteRule:
         """Build from TOML / JSON (the config file and the HTTP API use the same keys)."""
@@ -345,7 +315,6 @@ class Router:
         self._rules: list[RouteRule] = []
         self.defaults = defaults or RouteDefaults()
         self._clock = clock
-        self._default_rules: dict[tuple[str, str], RouteRule] = {}
         self._sources: dict[SourceRef, SourceRoutes] = {}
         for rule in rules:
             self.add_rule(rule)
@@ -379,14 +348,9 @@ class Router:
         """The routing of one source under the current rules (valid until the rules change)."""
         routes = self._sources.get(source)
         if routes is None:
-            default = self._default_rules.get((source.kind, source.name))
-            if default is None:
-                default = self._default_rules[(source.kind, source.name)] = self.defaults.rule_for(source)
+            default = self.defaults.rule_for(source)
             routes = self._sources[source] = SourceRoutes(source, self._rules, default, self._clock)
         return routes
-
-    def rules_for(self, source: SourceRef, message: RawMessage) -> list[RouteRule]:
-        return list(self.for_source(source).rules_for(message.subject))
 
     def route(self, source: SourceRef, message: RawMessage) -> list[Routed | Rejected]:
         return [
@@ -512,8 +476,6 @@ class SourceRoutes:
 
 
 def _topic_for(rule: RouteRule, message: RawMessage) -> str:
-    if "{" not in rule.topic:
-        return rule.topic
     levels = (message.subject or "").split("/")
     try:
         topic = rule.topic.format(*levels)

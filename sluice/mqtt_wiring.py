@@ -8,14 +8,13 @@ writes as ``SourceRef("bridge", name)``; the bridge objects are in ``runtime.reg
 
 from __future__ import annotations
 
+import functools
 import hmac
-from collections.abc import Awaitable, Callable, Sequence
 
 from ingest.bridge import BridgeConfig, MqttBridge
 from ingest.mqtt.hub import Authenticator, Hub, HubConfig
 from ingest.mqtt.listener import MqttListener, SinkPort
-from ingest.routing import RawMessage, SourceRef
-from ingest.sink import IngestSink, WriteOutcome
+from ingest.routing import SourceRef
 from sluice.front_metrics import BridgeCollector, MqttCollector, publish_collector
 from sluice.ingest_wiring import ingest_core
 from sluice.runtime import Component, Runtime
@@ -71,13 +70,6 @@ class BridgesComponent:
             await bridge.stop()
 
 
-def _writer(sink: IngestSink, source: SourceRef) -> Callable[[Sequence[RawMessage]], Awaitable[list[WriteOutcome]]]:
-    async def write(messages: Sequence[RawMessage]) -> list[WriteOutcome]:
-        return await sink.write(source, messages)
-
-    return write
-
-
 def mqtt_bridges(runtime: Runtime) -> Component | None:
     configured = runtime.settings.mqtt.bridges
     if not configured:
@@ -93,7 +85,8 @@ def mqtt_bridges(runtime: Runtime) -> Component | None:
             username=b.username, password=b.password, protocol=b.protocol, keepalive_s=b.keepalive_s,
             max_inflight=b.max_inflight, backoff_initial_s=b.backoff_initial_s, backoff_max_s=b.backoff_max_s,
         )
-        bridge = MqttBridge(config, _writer(core.sink, SourceRef("bridge", b.name)))
+        # The bridge acks once the write is durable; it needs no per-message outcomes.
+        bridge = MqttBridge(config, functools.partial(core.sink.ingest, SourceRef("bridge", b.name)))
         bridges[b.name] = bridge
         built.append(bridge)
     publish_collector(runtime, BridgeCollector(lambda: runtime.registries.get("bridges")))

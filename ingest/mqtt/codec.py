@@ -24,6 +24,7 @@ from ingest.mqtt.packets import (
     PacketType,
     Pingreq,
     Pingresp,
+    Properties,
     Puback,
     Pubcomp,
     Publish,
@@ -287,12 +288,19 @@ def _ack_decoder(cls: type[Puback | Pubrec | Pubrel | Pubcomp]) -> Callable[[int
     return decode
 
 
-def _decode_subscribe(version: int, buf: bytes, pos: int, end: int) -> Subscribe:
+def _id_and_properties(
+    version: int, buf: bytes, pos: int, end: int, ptype: PacketType
+) -> tuple[int, Properties, int]:
+    """The packet identifier and (MQTT 5) properties that open SUBSCRIBE, SUBACK and UNSUBSCRIBE."""
     packet_id = u16(buf, pos, end)
-    pos += 2
-    props = NO_PROPERTIES
     if version == MQTT_5:
-        props, pos = decode_properties(buf, pos, end, PacketType.SUBSCRIBE)
+        props, pos = decode_properties(buf, pos + 2, end, ptype)
+        return packet_id, props, pos
+    return packet_id, NO_PROPERTIES, pos + 2
+
+
+def _decode_subscribe(version: int, buf: bytes, pos: int, end: int) -> Subscribe:
+    packet_id, props, pos = _id_and_properties(version, buf, pos, end, PacketType.SUBSCRIBE)
     subs: list[Subscription] = []
     while pos < end:
         topic_filter, pos = utf8(buf, pos, end)
@@ -317,20 +325,12 @@ def _decode_subscribe(version: int, buf: bytes, pos: int, end: int) -> Subscribe
 
 
 def _decode_suback(version: int, buf: bytes, pos: int, end: int) -> Suback:
-    packet_id = u16(buf, pos, end)
-    pos += 2
-    props = NO_PROPERTIES
-    if version == MQTT_5:
-        props, pos = decode_properties(buf, pos, end, PacketType.SUBACK)
+    packet_id, props, pos = _id_and_properties(version, buf, pos, end, PacketType.SUBACK)
     return Suback(packet_id, tuple(buf[pos:end]), props)
 
 
 def _decode_unsubscribe(version: int, buf: bytes, pos: int, end: int) -> Unsubscribe:
-    packet_id = u16(buf, pos, end)
-    pos += 2
-    props = NO_PROPERTIES
-    if version == MQTT_5:
-        props, pos = decode_properties(buf, pos, end, PacketType.UNSUBSCRIBE)
+    packet_id, props, pos = _id_and_properties(version, buf, pos, end, PacketType.UNSUBSCRIBE)
     filters: list[str] = []
     while pos < end:
         topic_filter, pos = utf8(buf, pos, end)

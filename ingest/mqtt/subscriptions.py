@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 
 from ingest.mqtt.packets import Publish
 
-__all__ = ["RetainedStore", "SubscriptionTree", "topic_matches", "valid_filter", "valid_topic"]
+__all__ = ["RetainedStore", "SubscriptionTree", "filter_error", "topic_matches", "valid_filter", "valid_topic"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -23,31 +23,38 @@ def valid_topic(topic: str) -> bool:
     return bool(topic) and "+" not in topic and "#" not in topic
 
 
-def valid_filter(topic_filter: str) -> bool:
+def filter_error(topic_filter: str) -> str | None:
+    """Why ``topic_filter`` is not a valid topic filter (non-empty; ``#`` only as the whole last level;
+    ``+`` only as a whole level), or None when it is one."""
     if not topic_filter:
-        return False
+        return "topic filter is empty"
     levels = topic_filter.split("/")
     for i, level in enumerate(levels):
         if "#" in level and (level != "#" or i != len(levels) - 1):
-            return False
+            return f"topic filter {topic_filter!r}: '#' must be the whole last level"
         if "+" in level and level != "+":
-            return False
-    return True
+            return f"topic filter {topic_filter!r}: '+' must be a whole level"
+    return None
+
+
+def valid_filter(topic_filter: str) -> bool:
+    return filter_error(topic_filter) is None
 
 
 def topic_matches(topic_filter: str, topic: str) -> bool:
-    flevels = topic_filter.split("/")
-    tlevels = topic.split("/")
-    if topic.startswith("$") and flevels[0] in ("+", "#"):
+    """Whether a topic name matches a (valid) filter."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
         return False
-    for i, f in enumerate(flevels):
+    f_levels = topic_filter.split("/")
+    t_levels = topic.split("/")
+    for i, f in enumerate(f_levels):
         if f == "#":
             return True
-        if i >= len(tlevels):
+        if i >= len(t_levels):
             return False
-        if f != "+" and f != tlevels[i]:
+        if f != "+" and f != t_levels[i]:
             return False
-    return len(flevels) == len(tlevels)
+    return len(f_levels) == len(t_levels)
 
 
 class _Node(Generic[K, V]):
