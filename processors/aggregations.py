@@ -49,12 +49,17 @@ class Count:
 
 
 @dataclass(frozen=True)
-class Sum:
+class _OfField:
+    """An aggregation over ``field_getter(field)`` of each value (``self._get``)."""
+
     field: Field = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_get", field_getter(self.field))
 
+
+@dataclass(frozen=True)
+class Sum(_OfField):
     def create(self) -> float:
         return 0
 
@@ -69,13 +74,8 @@ class Sum:
 
 
 @dataclass(frozen=True)
-class Mean:
+class Mean(_OfField):
     """Arithmetic mean; the accumulator is ``[sum, count]``."""
-
-    field: Field = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_get", field_getter(self.field))
 
     def create(self) -> list[float]:
         return [0.0, 0]
@@ -93,12 +93,7 @@ class Mean:
 
 
 @dataclass(frozen=True)
-class Min:
-    field: Field = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_get", field_getter(self.field))
-
+class Min(_OfField):
     def create(self) -> Any:
         return None
 
@@ -114,12 +109,7 @@ class Min:
 
 
 @dataclass(frozen=True)
-class Max:
-    field: Field = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_get", field_getter(self.field))
-
+class Max(_OfField):
     def create(self) -> Any:
         return None
 

@@ -113,12 +113,13 @@ class _Keyed(_Node):
 
     def __init__(self, spec: NodeSpec, ex: Executor) -> None:
         super().__init__(spec, ex)
+        self.kind = spec.kind
         self.rt = KeyedRuntime(spec.config)
         self.late_topic = spec.late_topic
         trigger = getattr(spec.config, "trigger", None)
         self.early_ms = trigger.interval_ms if isinstance(trigger, EarlyEvery) else 0
         self.next_early = 0
-        self.has_proc = spec.kind == "process"
+        self.has_proc = self.kind == "process"
 
     def _flush(self) -> None:
         rt = self.rt
@@ -137,9 +138,8 @@ class _Keyed(_Node):
         self.rt.on_items(items, ex.watermark, ex.now, ex.current_tp)
         if self.rt.errors:
             errors, self.rt.errors = self.rt.errors, []
-            kind = self.spec.kind if self.spec else "operator"
             for ts, value, reason in errors:
-                ex.dead_letter(value, ts, f"{kind} failed: {reason}")
+                ex.dead_letter(value, ts, f"{self.kind} failed: {reason}")
         self._flush()
 
     def watermark(self, wm: int, now: int) -> None:

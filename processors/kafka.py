@@ -111,12 +111,8 @@ class KafkaSource:
             data = await self.consumer.getmany(timeout_ms=int(timeout * 1000), max_records=max_records)
         except KafkaError as exc:
             raise SourceError(f"fetch failed: {exc}") from exc
-        out: list[tuple[TP, list[RecordLike]]] = []
-        for tp, messages in data.items():
-            records: list[RecordLike] = list(messages)  # ConsumerRecord has every attribute a processor reads
-            if records:
-                out.append(((tp.topic, tp.partition), records))
-        return out
+        # getmany's lists are fresh per call, and ConsumerRecord has every attribute a processor reads
+        return [((tp.topic, tp.partition), messages) for tp, messages in data.items() if messages]
 
 
 class KafkaSink:

@@ -35,6 +35,7 @@ from processors.operators import (
     ReduceConfig,
     SinkConfig,
 )
+from processors.time import duration_ms
 from processors.triggers import OnWatermark, Trigger
 from processors.watermarks import AllIdlePolicy, BoundedOutOfOrderness, WatermarkAlignment
 from processors.windows import WindowConfig, WindowSpec
@@ -42,12 +43,6 @@ from processors.windows import WindowConfig, WindowSpec
 __all__ = ["KeyedStream", "NodeSpec", "Pipeline", "SourceConfig", "Stream", "WindowedStream"]
 
 Duration = int | timedelta
-
-
-def _ms(value: Duration) -> int:
-    from processors.time import duration_ms
-
-    return duration_ms(value)
 
 
 @dataclass(frozen=True)
@@ -120,9 +115,6 @@ class Pipeline:
         self.nodes.append(node)
         return node.id
 
-    def children(self, parent: int | None) -> list[NodeSpec]:
-        return [n for n in self.nodes if n.parent == parent]
-
     def sink_topics(self) -> list[str]:
         topics = [n.config.topic for n in self.nodes if n.kind == "sink"]
         topics += [n.late_topic for n in self.nodes if n.late_topic]
@@ -176,7 +168,7 @@ class KeyedStream:
         allowed_lateness: Duration = 0,
         late_topic: str | None = None,
     ) -> WindowedStream:
-        return WindowedStream(self, spec, trigger or OnWatermark(), _ms(allowed_lateness), late_topic)
+        return WindowedStream(self, spec, trigger or OnWatermark(), duration_ms(allowed_lateness), late_topic)
 
     def process(self, fn: ProcessFn) -> Stream:
         return Stream(self.pipeline, self.pipeline.add("process", ProcessConfig(fn), self.node))

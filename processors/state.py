@@ -17,8 +17,6 @@ from processors.errors import StateError
 
 __all__ = ["KeyState", "ListState", "MapState", "ValueState"]
 
-_NEVER = None
-
 
 class KeyState:
     """All named state of one key. Stored as ``{name: [kind, ttl_ms, payload]}``."""
@@ -65,12 +63,18 @@ class KeyState:
         return self.data
 
 
-class ValueState:
+class _Handle:
+    """A named state of one key: ``_slot`` is its ``[kind, ttl_ms, payload]`` in ``_state.data``."""
+
     __slots__ = ("_slot", "_state")
 
     def __init__(self, state: KeyState, slot: list[Any]) -> None:
         self._state = state
         self._slot = slot
+
+
+class ValueState(_Handle):
+    __slots__ = ()
 
     def get(self, default: Any = None) -> Any:
         entry = self._slot[2]
@@ -89,12 +93,8 @@ class ValueState:
         self._slot[2] = None
 
 
-class ListState:
-    __slots__ = ("_slot", "_state")
-
-    def __init__(self, state: KeyState, slot: list[Any]) -> None:
-        self._state = state
-        self._slot = slot
+class ListState(_Handle):
+    __slots__ = ()
 
     def _live(self) -> list[list[Any]]:
         if self._slot[1] is not None:
@@ -119,12 +119,8 @@ class ListState:
         self._slot[2] = []
 
 
-class MapState:
-    __slots__ = ("_slot", "_state")
-
-    def __init__(self, state: KeyState, slot: list[Any]) -> None:
-        self._state = state
-        self._slot = slot
+class MapState(_Handle):
+    __slots__ = ()
 
     def _live(self) -> dict[Any, list[Any]]:
         if self._slot[1] is not None:

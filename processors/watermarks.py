@@ -170,6 +170,3 @@ class WatermarkTracker:
             return set()
         limit = self.current + self.alignment.max_drift_ms
         return {pid for pid, p in self.partitions.items() if p.watermark > limit and not p.idle(now)}
-
-    def idle_partitions(self, now: int) -> set[Hashable]:
-        return {pid for pid, p in self.partitions.items() if p.idle(now)}

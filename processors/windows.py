@@ -164,12 +164,12 @@ class WindowLogic:
                 if self._early:
                     ctx.mark_dirty()
                 return
+            end = start + self._size
+            if not self._add(start, end, value, ctx):
+                self._late(ts, value, ctx, end)
+            return
         spec = self.cfg.spec
-        if isinstance(spec, Tumbling):
-            start = ts - (ts - spec.offset_ms) % spec.size_ms
-            if not self._add(start, start + spec.size_ms, value, ctx):
-                self._late(ts, value, ctx, start + spec.size_ms)
-        elif isinstance(spec, Sliding):
+        if isinstance(spec, Sliding):
             start = ts - (ts - spec.offset_ms) % spec.slide_ms
             accepted = False
             last_end = start + spec.size_ms
@@ -179,6 +179,7 @@ class WindowLogic:
             if not accepted:
                 self._late(ts, value, ctx, last_end)
         else:
+            assert isinstance(spec, Session)  # tumbling was handled above
             self._add_session(ts, value, spec.gap_ms, ctx)
 
     def _add(self, start: int, end: int, value: Any, ctx: OpContext) -> bool:
