@@ -10,13 +10,12 @@ versions (a consumer-group member and a producer) live in ``processors.kafka``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from broker.errors import BrokerError, OffsetOutOfRangeError
-from broker.log.api import LogStore
+from broker.log.api import LogStore, wait_for_any
 from broker.protocol.records import RecordSpec
 from processors.errors import SourceError
 from processors.executor import OutRecord, RecordLike, TopicPartition
@@ -108,21 +107,8 @@ class LogSource:
                 if budget <= 0:
                     break
         if not out:
-            await self._wait_any(tps, timeout)
+            await wait_for_any([(self.store.partition(*tp), self.positions[tp]) for tp in tps], timeout)
         return out
-
-    async def _wait_any(self, tps: list[TopicPartition], timeout: float) -> None:
-        waits = [
-            asyncio.ensure_future(self.store.partition(*tp).wait_for_data(self.positions[tp], timeout)) for tp in tps
-        ]
-        try:
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-            for w in waits:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await w
 
 
 class LogSink:

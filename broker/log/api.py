@@ -222,7 +222,11 @@ async def wait_for_any(
 ) -> None:
     """Return once any ``(log, offset)`` has data at ``offset``, ``stop`` is set, or ``timeout`` passes.
 
-    For readers that follow several partitions at once (SSE streams, attached processors)."""
+    For readers that follow several partitions at once (Fetch, SSE streams, attached processors)."""
+    if len(positions) == 1 and stop is None:  # the common Fetch case: no tasks to create
+        log, offset = positions[0]
+        await log.wait_for_data(offset, timeout)
+        return
     waits = [asyncio.ensure_future(log.wait_for_data(offset, timeout)) for log, offset in positions]
     if stop is not None:
         waits.append(asyncio.ensure_future(stop.wait()))

@@ -13,12 +13,11 @@ qualifies, and that batch is decoded to pick the record.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 from broker.errors import BrokerError
-from broker.log.api import PartitionLog
+from broker.log.api import PartitionLog, wait_for_any
 from broker.protocol.kafka.fetch import FetchPartitionResponse, FetchResponse, FetchTopicResponse
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import decode_records, split_complete_batches
@@ -69,19 +68,6 @@ def _read_all(ctx: BrokerContext, body: Any) -> tuple[FetchResponse, int, bool, 
     return FetchResponse(tuple(topics)), total, errors, waitable
 
 
-async def _wait_any(waitable: list[tuple[PartitionLog, int]], timeout: float) -> None:
-    if len(waitable) == 1:
-        plog, offset = waitable[0]
-        await plog.wait_for_data(offset, timeout)
-        return
-    tasks = [asyncio.ensure_future(plog.wait_for_data(offset, timeout)) for plog, offset in waitable]
-    try:
-        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-
-
 async def handle_fetch(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> FetchResponse:
     deadline = time.monotonic() + millis(body.max_wait) / 1000
     min_bytes = int(body.min_bytes)
@@ -90,7 +76,7 @@ async def handle_fetch(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> F
         left = deadline - time.monotonic()
         if total >= min_bytes or errors or left <= 0 or not waitable:
             return response
-        await _wait_any(waitable, left)
+        await wait_for_any(waitable, left)
 
 
 def _first_record_at_or_after(plog: PartitionLog, start: int, when: int) -> tuple[int, int] | None:
