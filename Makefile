@@ -39,7 +39,8 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/bin/python
 demo: $(VENV)/.installed
 	$(BIN)/sluice demo $(DEMO_ARGS)
 
-bench: system-deps $(VENV)/.installed-dev
+bench: $(VENV)/.installed-dev
+	bash scripts/install-system-deps.sh bench
 	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
 clean:

@@ -1,20 +1,26 @@
 """Kafka protocol throughput and latency: Sluice vs Redis Streams vs NATS JetStream, in one run.
 
-Run: ``python -m bench.bench_kafka`` (add ``--quick`` for a smoke run). Every server is started by
-the benchmark on a free loopback port with a fresh temporary data directory:
+Run: ``python -m bench.bench_kafka`` (add ``--quick`` for a smoke run). Needs gcc and librdkafka-dev
+(``scripts/install-system-deps.sh bench``). Every server is started by the benchmark on a free
+loopback port with a fresh temporary data directory:
 
 - Sluice (``sluice serve``, segment store; acks=1 against flush=os, acks=all + idempotence against
-  flush=always) driven by librdkafka two ways: **kcat** (C, like redis-benchmark): ``KCAT_PROCS``
-  concurrent ``kcat -P -l FILE`` processes, each producing its own pre-generated file of 100 B or
-  1 KiB lines, timed from start until every process has exited (kcat exits once every message is
-  delivered), the count checked against the partition's high watermark afterwards; and one Python
-  thread calling confluent-kafka ``produce()`` per record (the earlier figure, limited by that loop).
-  Consume (assigned partition, from the start) and end-to-end latency at a fixed 10k records/s
-  use confluent-kafka.
-- Redis Streams (``redis-server``, appendonly off): ``redis-benchmark`` XADD pipelined (-P 100);
-  XREADGROUP COUNT 1000 via redis-py (NOACK, and with XACK per batch); latency XADD→XREADGROUP BLOCK.
-- NATS JetStream (``nats-server -js``, file storage): nats-py publish with 100 acks in flight,
-  push consumer, latency publish→push subscription.
+  flush=always) driven by librdkafka three ways:
+  **kafka_produce** (``bench/loadgen/kafka_produce.c``, compiled here): C like redis-benchmark, one
+  static payload, 10,000 records per ``rd_kafka_produce_batch`` call, delivery reports for failures
+  only — the load generator that takes least CPU from the broker on a 2-core machine;
+  **kcat**: ``KCAT_PROCS`` concurrent ``kcat -P -l FILE`` processes, each producing its own
+  pre-generated file of lines; and one Python thread calling confluent-kafka ``produce()`` per
+  record. The C runs are timed from start until every process has exited (each exits once every
+  record is delivered) and the count is checked against the partition's high watermark afterwards.
+  Consume (assigned partition, from the start) and end-to-end latency at a fixed 10k records/s use
+  confluent-kafka; latency with ``linger.ms`` 0 (send at once, as the Redis and NATS clients do) and 1.
+- Redis Streams (``redis-server``): ``redis-benchmark`` XADD pipelined (-P 100), once with no
+  persistence (Redis's default) and once with ``appendonly yes, appendfsync always`` (fsync before
+  the reply, the durable peer of acks=all + flush=always); XREADGROUP COUNT 1000 via redis-py (NOACK,
+  and with XACK per batch); latency XADD→XREADGROUP BLOCK.
+- NATS JetStream (``nats-server -js``, file storage; 2.9 has no per-message fsync setting): nats-py
+  publish with 100 acks in flight, push consumer, latency publish→push subscription.
 
 Targets (issue 3): produce ≥ 2× Redis XADD pipelined (100 B); consume ≥ 3× Redis XREADGROUP;
 latency p99 no worse than NATS JetStream.
@@ -35,8 +41,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -45,6 +52,9 @@ RATE = 10_000  # records/s for the latency runs
 # Concurrent kcat producers (``--kcat-procs N``). redis-benchmark is one C process with 50 connections;
 # on the 2-core box a sweep of 1/2/4/8 kcat processes gave the most records/s with 1-2 (see RESULTS.md).
 KCAT_PROCS = 2
+# Concurrent kafka_produce processes (``--loadgen-procs N``): one measured fastest on 2 cores (RESULTS.md).
+LOADGEN_PROCS = 1
+LOADGEN_SOURCE = Path(__file__).resolve().parent / "loadgen" / "kafka_produce.c"
 
 
 def free_port() -> int:
@@ -167,6 +177,44 @@ def kcat_produce(bootstrap: str, topic: str, files: list[Path], per_file: int, a
     return stored / elapsed, kcat_cpu / stored * 1e6
 
 
+def build_loadgen(build_dir: Path) -> Path:
+    exe = build_dir / "kafka_produce"
+    try:
+        subprocess.run(["gcc", "-O2", "-o", str(exe), str(LOADGEN_SOURCE), "-lrdkafka"],
+                       check=True, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        raise SystemExit(f"cannot build {LOADGEN_SOURCE.name} (gcc and librdkafka-dev: "
+                         f"scripts/install-system-deps.sh bench): {detail}") from exc
+    return exe
+
+
+def loadgen_produce(exe: Path, bootstrap: str, topic: str, per_proc: int, size: int, acks: str) -> tuple[float, float]:
+    """``LOADGEN_PROCS`` kafka_produce processes at once; records/s from start until the last one
+    exits, the count verified from the broker's high watermark; also the load generator's CPU µs
+    per record (from the children's rusage)."""
+    settings = ["linger.ms=5", "batch.num.messages=10000", f"acks={acks}"]
+    if acks == "all":
+        settings.append("enable.idempotence=true")
+    subprocess.run([str(exe), bootstrap, topic, "0", "1", str(size), *settings],
+                   check=True, capture_output=True, timeout=60)  # creates the topic, untimed
+    before = high_watermark(bootstrap, topic)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    args = [str(exe), bootstrap, topic, "0", str(per_proc), str(size), *settings]
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(LOADGEN_PROCS)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"kafka_produce failed: {[err.decode(errors='replace') for _, err in outputs]}")
+    stored = high_watermark(bootstrap, topic) - before
+    if stored != per_proc * LOADGEN_PROCS:
+        raise RuntimeError(f"kafka_produce sent {per_proc * LOADGEN_PROCS} records but the broker stored {stored}")
+    return stored / elapsed, cpu / stored * 1e6
+
+
 def kafka_consume(bootstrap: str, topic: str, n: int) -> float:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False,
                          "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10_485_760,
@@ -181,8 +229,9 @@ def kafka_consume(bootstrap: str, topic: str, n: int) -> float:
     return got / elapsed
 
 
-def kafka_latency(bootstrap: str, topic: str, seconds: float) -> list[float]:
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 1, "enable.idempotence": True})
+def kafka_latency(bootstrap: str, topic: str, seconds: float, acks: str, linger_ms: int) -> list[float]:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": linger_ms,
+                         "enable.idempotence": acks == "all"})
     producer.produce(topic, b"warm-up")
     producer.flush(10)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "latency", "fetch.wait.max.ms": 500,
@@ -201,7 +250,11 @@ def kafka_latency(bootstrap: str, topic: str, seconds: float) -> list[float]:
     reader = threading.Thread(target=consume)
     reader.start()
     time.sleep(1.0)  # assignment + first fetch
-    pace(lambda: producer.produce(topic, str(time.time_ns()).encode()), total, producer.poll)
+    def send(stamps: list[bytes]) -> None:
+        for stamp in stamps:
+            producer.produce(topic, stamp)
+
+    pace(send, total, producer.poll)
     producer.flush(10)
     reader.join(30)
     done.set()
@@ -209,17 +262,23 @@ def kafka_latency(bootstrap: str, topic: str, seconds: float) -> list[float]:
     return latencies
 
 
-def pace(send: object, total: int, idle: object) -> None:
-    """Send ``total`` records at RATE/s: every millisecond the records then due, sleeping in between
-    (sleeping, not spinning, so the consumer thread gets the GIL at once)."""
+def pace(send: Callable[[list[bytes]], object], total: int, idle: Callable[[float], object]) -> None:
+    """Send ``total`` records at RATE/s: every millisecond the records then due, in one ``send`` call
+    (a client may pipeline them), sleeping in between (not spinning, so the consumer thread gets the
+    GIL at once).
+
+    Each record carries its *scheduled* send time (wall clock, ns), not the time ``send`` was finally
+    called: a client that blocks (a synchronous Redis call waiting for its fsync) delays the records
+    behind it, and that wait is latency too (no coordinated omission)."""
     started = time.perf_counter()
+    started_ns = time.time_ns()
     sent = 0
     while sent < total:
         due = min(total, int((time.perf_counter() - started) * RATE) + 1)
-        while sent < due:
-            send()  # type: ignore[operator]
-            sent += 1
-        idle(0)  # type: ignore[operator]
+        if due > sent:
+            send([str(started_ns + i * 1_000_000_000 // RATE).encode() for i in range(sent, due)])
+            sent = due
+        idle(0)
         time.sleep(max(0.0, started + sent / RATE - time.perf_counter()))
 
 
@@ -270,9 +329,15 @@ def redis_latency(port: int, seconds: float) -> list[float]:
             for _id, fields in resp[0][1] if resp else []:
                 latencies.append((time.time_ns() - int(fields[b"t"])) / 1e6)
 
+    def send(stamps: list[bytes]) -> None:
+        pipe = writer.pipeline(transaction=False)  # the records due this tick, one round trip
+        for stamp in stamps:
+            pipe.xadd("lat", {"t": stamp})
+        pipe.execute()
+
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()
-    pace(lambda: writer.xadd("lat", {"t": str(time.time_ns())}), total, lambda _t: None)
+    pace(send, total, lambda _t: None)
     reader.join(30)
     return latencies
 
@@ -329,12 +394,14 @@ async def nats_latency(port: int, seconds: float) -> list[float]:
     await js.subscribe("lat.x", cb=on_msg, manual_ack=False)
     loop = asyncio.get_running_loop()
     started = loop.time()
+    started_ns = time.time_ns()
     pending: set[asyncio.Task[object]] = set()
     for i in range(total):
         delay = started + i / RATE - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        task = asyncio.ensure_future(js.publish("lat.x", str(time.time_ns()).encode()))
+        stamp = str(started_ns + i * 1_000_000_000 // RATE).encode()  # scheduled time, as in pace()
+        task = asyncio.ensure_future(js.publish("lat.x", stamp))
         pending.add(task)
         task.add_done_callback(pending.discard)
     await asyncio.wait_for(done.wait(), 30)
@@ -350,35 +417,85 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def redis_server(root: Path, name: str, durable: bool) -> tuple[list[str], int]:
+    """The redis-server command line: no persistence (Redis's default), or AOF with an fsync before
+    every reply (``appendfsync always``, the durable peer of acks=all + flush=always)."""
+    port = free_port()
+    (root / name).mkdir()
+    persistence = ["--appendonly", "yes", "--appendfsync", "always"] if durable else ["--appendonly", "no"]
+    return ["redis-server", "--port", str(port), "--save", "", *persistence, "--dir", str(root / name)], port
+
+
+def latency_phase(root: Path, seconds: float) -> dict[str, list[float]]:
+    """End-to-end latency at RATE records/s, every system on a fresh server and data directory, after
+    ``os.sync()``: the gigabytes the throughput runs left in the page cache are written back first, so
+    that their writeback does not land in one system's run and not another's."""
+    lat: dict[str, list[float]] = {}
+
+    def record(key: str, values: list[float]) -> None:
+        lat[key] = values
+        print(f"latency {key}: p50 {statistics.median(values):.2f} ms, p99 {pct(values, 0.99):.2f} ms", flush=True)
+
+    root.mkdir()
+    for flush, acks in (("os", "1"), ("always", "all")):
+        for linger in (0, 1):
+            os.sync()
+            with sluice(root / f"sluice-{flush}-{linger}", flush) as (bootstrap, _pid):
+                record(f"sluice acks={acks} flush={flush} linger.ms={linger}",
+                       kafka_latency(bootstrap, "latency", seconds, acks, linger))
+    for durable in (False, True):
+        os.sync()
+        command, redis_port = redis_server(root, f"redis-{durable}", durable)
+        with process(command, redis_port):
+            record("redis AOF fsync always" if durable else "redis", redis_latency(redis_port, seconds))
+    os.sync()
+    nats_port = free_port()
+    (root / "nats").mkdir()
+    with process(["nats-server", "-js", "-p", str(nats_port), "-a", "127.0.0.1", "-sd", str(root / "nats")],
+                 nats_port):
+        record("nats", asyncio.run(nats_latency(nats_port, seconds)))
+    return lat
+
+
 def main() -> None:
-    global KCAT_PROCS
+    global KCAT_PROCS, LOADGEN_PROCS
     quick = "--quick" in sys.argv
     if "--kcat-procs" in sys.argv:
         KCAT_PROCS = int(sys.argv[sys.argv.index("--kcat-procs") + 1])
+    if "--loadgen-procs" in sys.argv:
+        LOADGEN_PROCS = int(sys.argv[sys.argv.index("--loadgen-procs") + 1])
     n_small, n_large, seconds = (50_000, 20_000, 2.0) if quick else (300_000, 100_000, 5.0)
-    # kcat: records per process; Redis XADD gets the same total for 100 B.
-    kcat_n = {100: 100_000, 1024: 20_000} if quick else {100: 1_000_000, 1024: 200_000}
-    for tool in ("redis-server", "redis-benchmark", "nats-server", "kcat"):
+    # C load generators: records per run (split over their processes); Redis XADD gets the same total.
+    c_total = {100: 200_000, 1024: 40_000} if quick else {100: 2_000_000, 1024: 400_000}
+    for tool in ("redis-server", "redis-benchmark", "nats-server", "kcat", "gcc"):
         if shutil.which(tool) is None:
-            raise SystemExit(f"{tool} is missing: run scripts/install-system-deps.sh")
+            raise SystemExit(f"{tool} is missing: run scripts/install-system-deps.sh bench")
     results: dict[str, float] = {}
     broker_cpu: dict[str, float] = {}
-    lat: dict[str, list[float]] = {}
+    client_cpu: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        kcat_files = {size: [write_lines(root / f"lines-{size}-{i}", n, size) for i in range(KCAT_PROCS)]
-                      for size, n in kcat_n.items()}
+        loadgen = build_loadgen(root)
+        kcat_files = {size: [write_lines(root / f"lines-{size}-{i}", n // KCAT_PROCS, size) for i in range(KCAT_PROCS)]
+                      for size, n in c_total.items()}
         # acks=1 against a broker that does not fsync per batch (flush=os, Kafka's own default);
         # acks=all against flush=always (fsync before the answer, one fsync shared per group commit).
         for flush, acks in (("os", "1"), ("always", "all")):
             with sluice(root / f"sluice-{flush}", flush) as (bootstrap, pid):
-                for size, per_file in kcat_n.items():
-                    name = f"sluice produce {size}B acks={acks} flush={flush} (kcat x{KCAT_PROCS})"
-                    cpu = cpu_seconds(pid)
-                    results[name], kcat_cpu = kcat_produce(bootstrap, f"kcat{size}", kcat_files[size], per_file, acks)
-                    broker_cpu[name] = (cpu_seconds(pid) - cpu) / (per_file * KCAT_PROCS) * 1e6
-                    print(f"{name}: {results[name]:,.0f}/s, broker CPU {broker_cpu[name]:.2f} µs/record, "
-                          f"kcat CPU {kcat_cpu:.2f} µs/record", flush=True)
+                for size, total in c_total.items():
+                    runs = (
+                        (f"kafka_produce x{LOADGEN_PROCS}", partial(
+                            loadgen_produce, loadgen, bootstrap, f"lg{size}", total // LOADGEN_PROCS, size, acks)),
+                        (f"kcat x{KCAT_PROCS}", partial(
+                            kcat_produce, bootstrap, f"kcat{size}", kcat_files[size], total // KCAT_PROCS, acks)),
+                    )
+                    for label, run in runs:
+                        name = f"sluice produce {size}B acks={acks} flush={flush} ({label})"
+                        cpu = cpu_seconds(pid)
+                        results[name], client_cpu[name] = run()
+                        broker_cpu[name] = (cpu_seconds(pid) - cpu) / total * 1e6
+                        print(f"{name}: {results[name]:,.0f}/s, broker CPU {broker_cpu[name]:.2f} µs/record, "
+                              f"load generator CPU {client_cpu[name]:.2f} µs/record", flush=True)
                 for size, n in ((100, n_small), (1024, n_large)):
                     topic = f"p{size}"
                     name = f"sluice produce {size}B acks={acks} flush={flush} (Python produce() loop)"
@@ -393,16 +510,18 @@ def main() -> None:
                         broker_cpu[name] = (cpu_seconds(pid) - cpu) / n * 1e6
                         print(f"{name}: {results[name]:,.0f}/s, broker CPU {broker_cpu[name]:.2f} µs/record",
                               flush=True)
-                lat[f"sluice flush={flush} acks={acks}"] = kafka_latency(bootstrap, "latency", seconds)
-        redis_port = free_port()
-        with process(["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no",
-                      "--dir", str(root)], redis_port):
-            for size, n in ((100, n_small), (1024, n_large)):
-                results[f"redis XADD {size}B"] = redis_xadd_pipelined(redis_port, KCAT_PROCS * kcat_n[size], size)
-                results[f"redis XREADGROUP {size}B noack"] = redis_xreadgroup(redis_port, f"bench-{size}", n, False)
-                results[f"redis XREADGROUP {size}B xack"] = redis_xreadgroup(redis_port, f"bench-{size}", n, True)
-                print({k: f"{v:,.0f}" for k, v in results.items() if k.startswith("redis")}, flush=True)
-            lat["redis"] = redis_latency(redis_port, seconds)
+        for durable in (False, True):
+            label = "redis AOF fsync always" if durable else "redis"
+            command, redis_port = redis_server(root, f"redis-{durable}", durable)
+            with process(command, redis_port):
+                for size, n in ((100, n_small), (1024, n_large)):
+                    results[f"{label} XADD {size}B"] = redis_xadd_pipelined(redis_port, c_total[size], size)
+                    if not durable:
+                        for ack in (False, True):
+                            variant = "xack" if ack else "noack"
+                            results[f"redis XREADGROUP {size}B {variant}"] = redis_xreadgroup(
+                                redis_port, f"bench-{size}", n, ack)
+                print({k: f"{v:,.0f}" for k, v in results.items() if k.startswith(label)}, flush=True)
         nats_port = free_port()
         (root / "nats").mkdir()
         with process(["nats-server", "-js", "-p", str(nats_port), "-a", "127.0.0.1", "-sd", str(root / "nats")],
@@ -411,31 +530,41 @@ def main() -> None:
                 p, c = asyncio.run(nats_throughput(nats_port, n, size))
                 results[f"nats publish {size}B"], results[f"nats consume {size}B"] = p, c
                 print(f"nats {size}B publish {p:,.0f}/s consume {c:,.0f}/s", flush=True)
-            lat["nats"] = asyncio.run(nats_latency(nats_port, seconds))
+        lat = latency_phase(root / "latency", seconds)
 
-    print("\n| workload | records/s | broker CPU µs/record |\n|---|---:|---:|")
+    print("\n| workload | records/s | broker CPU µs/record | load generator CPU µs/record |\n|---|---:|---:|---:|")
     for name, value in results.items():
-        cpu_note = f"{broker_cpu[name]:.2f}" if name in broker_cpu else ""
-        print(f"| {name} | {value:,.0f} | {cpu_note} |")
+        broker = f"{broker_cpu[name]:.2f}" if name in broker_cpu else ""
+        client = f"{client_cpu[name]:.2f}" if name in client_cpu else ""
+        print(f"| {name} | {value:,.0f} | {broker} | {client} |")
     print("\n| latency at 10k records/s | p50 ms | p99 ms | records |\n|---|---:|---:|---:|")
     for name, values in lat.items():
         print(f"| {name} | {statistics.median(values):.2f} | {pct(values, 0.99):.2f} | {len(values)} |")
-    redis_xadd = results["redis XADD 100B"]
-    redis_read = max(results["redis XREADGROUP 100B noack"], results["redis XREADGROUP 100B xack"])
+    report_targets(results, lat)
+
+
+def report_targets(results: dict[str, float], lat: dict[str, list[float]]) -> None:
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
     print("\nTargets:")
-    for key in (f"sluice produce 100B acks=1 flush=os (kcat x{KCAT_PROCS})",
-                f"sluice produce 100B acks=all flush=always (kcat x{KCAT_PROCS})",
-                "sluice produce 100B acks=1 flush=os (Python produce() loop)",
-                "sluice produce 100B acks=all flush=always (Python produce() loop)"):
-        ratio = results[key] / redis_xadd
-        print(f"- {key} vs Redis XADD pipelined: {ratio:.2f}x (target >= 2x: {'met' if ratio >= 2 else 'NOT met'})")
+    for acks, flush in (("1", "os"), ("all", "always")):
+        peers = [("redis", "Redis XADD pipelined")]
+        if acks == "all":
+            peers.append(("redis AOF fsync always", "Redis XADD pipelined, appendfsync always"))
+        for label in (f"kafka_produce x{LOADGEN_PROCS}", f"kcat x{KCAT_PROCS}", "Python produce() loop"):
+            key = f"sluice produce 100B acks={acks} flush={flush} ({label})"
+            for peer, peer_name in peers:
+                ratio = results[key] / results[f"{peer} XADD 100B"]
+                print(f"- {key} vs {peer_name}: {ratio:.2f}x (target >= 2x: {verdict(ratio >= 2)})")
+    redis_read = max(results["redis XREADGROUP 100B noack"], results["redis XREADGROUP 100B xack"])
     ratio = results["sluice consume 100B"] / redis_read
-    print(f"- consume 100B vs Redis XREADGROUP (faster variant): {ratio:.2f}x (target >= 3x: "
-          f"{'met' if ratio >= 3 else 'NOT met'})")
-    n99 = pct(lat["nats"], 0.99)
-    for key in ("sluice flush=os acks=1", "sluice flush=always acks=all"):
-        s99 = pct(lat[key], 0.99)
-        print(f"- latency p99 {key} {s99:.2f} ms vs NATS JetStream {n99:.2f} ms: {'met' if s99 <= n99 else 'NOT met'}")
+    print(f"- consume 100B vs Redis XREADGROUP (faster variant): {ratio:.2f}x (target >= 3x: {verdict(ratio >= 3)})")
+    for peer, peer_name in (("nats", "NATS JetStream"), ("redis AOF fsync always", "Redis AOF fsync always")):
+        peer99 = pct(lat[peer], 0.99)
+        for key in (k for k in lat if k.startswith("sluice")):
+            s99 = pct(lat[key], 0.99)
+            print(f"- latency p99 {key} {s99:.2f} ms vs {peer_name} {peer99:.2f} ms: {verdict(s99 <= peer99)}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where the acks=all + flush=always end-to-end latency tail comes from: a probed broker.
 
-Run: ``python -m bench.bench_kafka_tail [--seconds 5] [--runs 2] [--flush always|os]``. Each run
+Run: ``python -m bench.bench_kafka_tail [--seconds 5] [--runs 2] [--flush always|os] [--linger 1]``. Each run
 starts a broker in a child process (segment store, flush=always by default — ``--flush os`` is the
 control without fsyncs, uvloop, the same ``KafkaServer`` ``sluice serve`` runs)
 with probes, and drives it with ``bench.bench_kafka.kafka_latency`` (librdkafka idempotent producer,
@@ -121,7 +121,7 @@ def broker_main(root: Path, port_file: Path, seconds: float, flush: str) -> None
     uvloop.run(serve())
 
 
-def one_run(seconds: float, flush: str) -> dict[str, Any]:
+def one_run(seconds: float, flush: str, linger_ms: int) -> dict[str, Any]:
     from bench.bench_kafka import kafka_latency
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,7 +135,7 @@ def one_run(seconds: float, flush: str) -> dict[str, Any]:
             if time.monotonic() > deadline or child.poll() is not None:
                 raise RuntimeError("probed broker did not start")
             time.sleep(0.05)
-        latencies = kafka_latency(f"127.0.0.1:{port_file.read_text()}", "latency", seconds)
+        latencies = kafka_latency(f"127.0.0.1:{port_file.read_text()}", "latency", seconds, "all", linger_ms)
         out, _ = child.communicate(timeout=120)
     probes: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     probes.update(e2e_p50_ms=statistics.median(latencies), e2e_p99_ms=_pct(latencies, 0.99),
@@ -150,12 +150,13 @@ def main() -> None:
     seconds = float(sys.argv[sys.argv.index("--seconds") + 1]) if "--seconds" in sys.argv else 5.0
     runs = int(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else 2
     flush = sys.argv[sys.argv.index("--flush") + 1] if "--flush" in sys.argv else "always"
-    print(f"flush={flush}, acks=all + idempotence, {seconds:g} s at 10k records/s per run")
+    linger_ms = int(sys.argv[sys.argv.index("--linger") + 1]) if "--linger" in sys.argv else 1
+    print(f"flush={flush}, acks=all + idempotence, linger.ms={linger_ms}, {seconds:g} s at 10k records/s per run")
     print("| run | e2e p50 / p99 / max ms | fsync p50 / p99 / max ms | write() p99 / max ms "
           "| loop lag p99 / max ms |\n|---|---:|---:|---:|---:|")
     timelines = []
     for run in range(1, runs + 1):
-        r = one_run(seconds, flush)
+        r = one_run(seconds, flush, linger_ms)
         print(f"| {run} | {r['e2e_p50_ms']:.2f} / {r['e2e_p99_ms']:.2f} / {r['e2e_max_ms']:.2f} "
               f"| {r['fsync_p50_ms']:.2f} / {r['fsync_p99_ms']:.2f} / {r['fsync_max_ms']:.2f} "
               f"| {r['write_p99_ms']:.3f} / {r['write_max_ms']:.3f} "

@@ -2,12 +2,14 @@
 # Debian packages the test suite and benchmarks run against: real peers nobody here wrote.
 # Idempotent: installs only what is missing. Needs root (CI runs as root) or sudo.
 set -euo pipefail
-# `install-system-deps.sh venv` installs only what `python3 -m venv` needs on a bare Debian (make run).
-if [ "${1:-}" = "venv" ]; then
-  packages=(python3-venv)
-else
-  packages=(python3-venv kcat mosquitto mosquitto-clients redis-server nats-server docker-compose netcat-openbsd)
-fi
+# `install-system-deps.sh venv` installs only what `python3 -m venv` needs on a bare Debian (make run);
+# `install-system-deps.sh bench` adds what the benchmarks build their C load generator with (make bench).
+test_packages=(python3-venv kcat mosquitto mosquitto-clients redis-server nats-server docker-compose netcat-openbsd)
+case "${1:-}" in
+  venv) packages=(python3-venv) ;;
+  bench) packages=("${test_packages[@]}" gcc libc6-dev librdkafka-dev) ;;
+  *) packages=("${test_packages[@]}") ;;
+esac
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
