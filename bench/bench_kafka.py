@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import os
 import resource
 import shutil
@@ -39,12 +40,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -234,32 +235,55 @@ def kafka_latency(bootstrap: str, topic: str, seconds: float, acks: str, linger_
                          "enable.idempotence": acks == "all"})
     producer.produce(topic, b"warm-up")
     producer.flush(10)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "latency", "fetch.wait.max.ms": 500,
-                         "fetch.min.bytes": 1, "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, 0, -1)])  # from the end
-    latencies: list[float] = []
     total = int(seconds * RATE)
-    done = threading.Event()
+    reader = start_reader(_kafka_reader, bootstrap, topic, total, seconds)
 
-    def consume() -> None:
-        while len(latencies) < total and not done.is_set():
-            m = consumer.poll(0.1)  # one at a time: consume(n) would wait for n records to gather
-            if m is not None and m.error() is None and m.value() != b"warm-up":
-                latencies.append((time.time_ns() - int(m.value())) / 1e6)
-
-    reader = threading.Thread(target=consume)
-    reader.start()
-    time.sleep(1.0)  # assignment + first fetch
     def send(stamps: list[bytes]) -> None:
         for stamp in stamps:
             producer.produce(topic, stamp)
 
     pace(send, total, producer.poll)
     producer.flush(10)
-    reader.join(30)
-    done.set()
+    return reader.latencies(seconds)
+
+
+class LatencyReader:
+    """A reader in its own process, so that it never waits for the GIL of the pacing producer: the
+    figure is the broker's and the clients', not the harness's (the NATS run is one asyncio loop)."""
+
+    def __init__(self, target: Callable[..., None], args: tuple[object, ...]) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._ready, self._out = ctx.Event(), ctx.Queue()
+        self._proc = ctx.Process(target=target, args=(*args, self._ready, self._out), daemon=True)
+        self._proc.start()
+        if not self._ready.wait(60):
+            self._proc.kill()
+            raise RuntimeError("latency reader did not start")
+
+    def latencies(self, seconds: float) -> list[float]:
+        latencies: list[float] = self._out.get(timeout=seconds + 60)
+        self._proc.join(10)
+        return latencies
+
+
+def start_reader(target: Callable[..., None], *args: object) -> LatencyReader:
+    return LatencyReader(target, args)
+
+
+def _kafka_reader(bootstrap: str, topic: str, total: int, seconds: float, ready: Any, out: Any) -> None:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "latency", "fetch.wait.max.ms": 500,
+                         "fetch.min.bytes": 1, "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, -1)])  # from the end
+    consumer.poll(1.0)  # assignment + first fetch
+    ready.set()
+    latencies: list[float] = []
+    deadline = time.monotonic() + seconds + 30
+    while len(latencies) < total and time.monotonic() < deadline:
+        m = consumer.poll(0.1)  # one at a time: consume(n) would wait for n records to gather
+        if m is not None and m.error() is None and m.value() != b"warm-up":
+            latencies.append((time.time_ns() - int(m.value())) / 1e6)
     consumer.close()
-    return latencies
+    out.put(latencies)
 
 
 def pace(send: Callable[[list[bytes]], object], total: int, idle: Callable[[float], object]) -> None:
@@ -318,16 +342,9 @@ def redis_latency(port: int, seconds: float) -> list[float]:
     import redis
 
     writer = redis.Redis(port=port)
-    reader_conn = redis.Redis(port=port)
     writer.xgroup_create("lat", "g", id="$", mkstream=True)
     total = int(seconds * RATE)
-    latencies: list[float] = []
-
-    def consume() -> None:
-        while len(latencies) < total:
-            resp = reader_conn.xreadgroup("g", "c", {"lat": ">"}, count=1000, block=500, noack=True)
-            for _id, fields in resp[0][1] if resp else []:
-                latencies.append((time.time_ns() - int(fields[b"t"])) / 1e6)
+    reader = start_reader(_redis_reader, port, total, seconds)
 
     def send(stamps: list[bytes]) -> None:
         pipe = writer.pipeline(transaction=False)  # the records due this tick, one round trip
@@ -335,11 +352,23 @@ def redis_latency(port: int, seconds: float) -> list[float]:
             pipe.xadd("lat", {"t": stamp})
         pipe.execute()
 
-    reader = threading.Thread(target=consume, daemon=True)
-    reader.start()
     pace(send, total, lambda _t: None)
-    reader.join(30)
-    return latencies
+    return reader.latencies(seconds)
+
+
+def _redis_reader(port: int, total: int, seconds: float, ready: Any, out: Any) -> None:
+    import redis
+
+    conn = redis.Redis(port=port)
+    conn.ping()
+    ready.set()
+    latencies: list[float] = []
+    deadline = time.monotonic() + seconds + 30
+    while len(latencies) < total and time.monotonic() < deadline:
+        resp = conn.xreadgroup("g", "c", {"lat": ">"}, count=1000, block=500, noack=True)
+        for _id, fields in resp[0][1] if resp else []:
+            latencies.append((time.time_ns() - int(fields[b"t"])) / 1e6)
+    out.put(latencies)
 
 
 # ---------------------------------------------------------------- NATS JetStream
