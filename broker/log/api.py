@@ -7,7 +7,9 @@ all of the logic here and one test suite (``tests/broker/log/test_store_contract
 A ``PartitionLog`` stores Kafka RecordBatch v2 bytes as they came, after checking header and CRC
 and rewriting the base offset. ``append`` returns once the batch is as durable as the topic's flush
 policy promises (``append_nowait`` + ``wait_durable`` split the same work in two, for callers that
-must assign offsets in order but wait together); ``read`` hands back whole stored batches for Fetch to send untouched.
+must assign offsets in order but wait together: ``write_mark`` taken right after ``append_nowait``
+names exactly those writes, so the wait never grows to cover later ones); ``read`` hands back whole
+stored batches for Fetch to send untouched.
 """
 
 from __future__ import annotations
@@ -84,8 +86,14 @@ class PartitionLog(ABC):
         """Store batches whose base offsets are already assigned (synchronous, no await)."""
 
     @abstractmethod
-    async def _make_durable(self) -> None:
-        """Return once everything written so far is as durable as the flush policy says."""
+    async def _make_durable(self, mark: int | None) -> None:
+        """Return once the writes up to ``mark`` (None: everything written so far) are as durable as
+        the flush policy says."""
+
+    def write_mark(self) -> int:
+        """A token for everything written so far, for ``wait_durable(mark)``: stores that need no
+        waiting return 0."""
+        return 0
 
     @abstractmethod
     def read(self, offset: int, max_bytes: int) -> bytes:
@@ -148,7 +156,7 @@ class PartitionLog(ABC):
         concurrent appends never interleave; they then share one fsync (group commit).
         """
         result = self.append_nowait(data)
-        await self._make_durable()
+        await self._make_durable(self.write_mark())
         return result
 
     def _check_range(self, offset: int) -> None:
@@ -159,11 +167,15 @@ class PartitionLog(ABC):
                 f"for {self.topic}-{self.partition}"
             )
 
-    async def wait_durable(self) -> None:
-        """Return once everything written so far (by ``append_nowait`` or ``append``) is as durable
-        as the topic's flush policy promises: on disk for ``always``; for ``interval`` and ``os``, which
-        promise nothing per write, at once. Concurrent waiters share one fsync (group commit)."""
-        await self._make_durable()
+    async def wait_durable(self, mark: int | None = None) -> None:
+        """Return once the writes up to ``mark`` (from ``write_mark``; None: everything written so far)
+        are as durable as the topic's flush policy promises: on disk for ``always``; for ``interval``
+        and ``os``, which promise nothing per write, at once. Concurrent waiters share one fsync
+        (group commit).
+
+        Why the mark: a caller that appends now and waits later (pipelined Produce requests answer in
+        order) would otherwise wait for the writes made in between too, one more fsync round each."""
+        await self._make_durable(mark)
 
     def append_nowait(self, data: bytes | bytearray | memoryview) -> AppendResult:
         """Validate, assign offsets and write, without waiting for durability."""

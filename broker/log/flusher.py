@@ -4,7 +4,8 @@ Rules (one ``Flusher`` per partition):
 - Every write (or other change that needs an fsync: a roll, a deleted segment) calls ``note_write()``,
   which bumps the *written* generation. A sync records the generation it started at and, once the
   fsync returns, marks everything up to it *durable*.
-- ``always``: ``wait_durable()`` returns once the generation current at the call is durable. If no
+- ``always``: ``wait_durable()`` returns once the generation current at the call (or the one given,
+  read earlier from ``written``) is durable. If no
   sync is running, one starts; if one is running, the caller waits for it to end and then for the
   next one, which covers every write made meanwhile. Concurrent appends thus share one fsync
   (group commit) and an fsync never runs twice at once for a partition.
@@ -55,6 +56,11 @@ class Flusher:
     def pending(self) -> bool:
         return self._durable < self._written
 
+    @property
+    def written(self) -> int:
+        """The current write generation: ``wait_durable(written)`` waits for exactly these writes."""
+        return self._written
+
     def note_write(self) -> None:
         self._written += 1
         if self.policy is FlushPolicy.INTERVAL and self._timer is None:
@@ -64,9 +70,10 @@ class Flusher:
                 return  # no loop (synchronous use): flush() or close() will sync
             self._timer = loop.call_later(self.interval_s, self._on_timer)
 
-    async def wait_durable(self) -> None:
-        """Return once every write noted before this call is on disk."""
-        target = self._written
+    async def wait_durable(self, target: int | None = None) -> None:
+        """Return once every write noted before this call (or up to generation ``target``) is on disk."""
+        if target is None:
+            target = self._written
         while self._durable < target:
             task = self._task if self._task is not None else self._start()
             await asyncio.shield(task)

@@ -52,7 +52,7 @@ class MemoryPartitionLog(PartitionLog):
             self._end = header.last_offset + 1
             self._bytes += len(data)
 
-    async def _make_durable(self) -> None:
+    async def _make_durable(self, mark: int | None) -> None:
         return None
 
     def read(self, offset: int, max_bytes: int) -> bytes:

@@ -191,9 +191,12 @@ class SegmentPartitionLog(PartitionLog):
         self.flusher.kick()  # like Kafka: a rolled segment is flushed in the background whatever the policy
         log.debug("rolled segment", extra={"partition": f"{self.topic}-{self.partition}", "base": new.base_offset})
 
-    async def _make_durable(self) -> None:
+    def write_mark(self) -> int:
+        return self.flusher.written
+
+    async def _make_durable(self, mark: int | None) -> None:
         if self.config.flush is FlushPolicy.ALWAYS:
-            await self.flusher.wait_durable()
+            await self.flusher.wait_durable(mark)
 
     async def _sync(self) -> None:
         """One fsync round: every descriptor with unsynced changes, in a worker thread."""

@@ -24,10 +24,11 @@ __all__ = ["handle_init_producer_id", "handle_produce"]
 log = logging.getLogger("broker.server.kafka")
 
 
-async def _durable(logs: list[PartitionLog]) -> None:
-    for plog in logs:
-        # The flush policy's wait, without appending again (the append happened synchronously).
-        await plog.wait_durable()
+async def _durable(marks: list[tuple[PartitionLog, int]]) -> None:
+    for plog, mark in marks:
+        # The flush policy's wait for this request's own writes (appended synchronously at dispatch):
+        # not for those of requests dispatched since, which would cost each response another fsync.
+        await plog.wait_durable(mark)
 
 
 def _append_one(
@@ -98,12 +99,13 @@ def handle_produce(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> Await
                 touched[id(plog)] = plog
         topics.append(ProduceTopicResponse(name, tuple(responses)))
     response = ProduceResponse(tuple(topics))
+    marks = [(plog, plog.write_mark()) for plog in touched.values()]
 
     async def finish() -> ProduceResponse | None:
         if acks == 0:
             ctx.stats.count_response(response)  # nobody hears about these errors but the metrics
             return None
-        await _durable(list(touched.values()))
+        await _durable(marks)
         return response
 
     return finish()

@@ -231,6 +231,50 @@ async def test_appends_during_an_fsync_wait_for_the_next_one(tmp_path: Path, mon
     await store.close()
 
 
+async def test_a_marked_wait_ends_with_the_fsync_that_covers_its_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pipelined Produce: a request's writes are marked at dispatch and its answer waits later, after
+    newer requests wrote too. Its wait must end with the fsync covering its own writes, not need one
+    more for theirs."""
+    turns = threading.Semaphore(0)  # one release lets one fsync round finish
+    calls: list[int] = []
+    real: Callable[[list[tuple[int, bool]]], None] = segment_module._fsync_all
+
+    def gated(targets: list[tuple[int, bool]]) -> None:
+        calls.append(len(targets))
+        turns.acquire(timeout=10)
+        real(targets)
+
+    async def until_fsync_calls(n: int) -> None:
+        while len(calls) < n:
+            await asyncio.sleep(0.001)
+
+    monkeypatch.setattr(segment_module, "_fsync_all", gated)
+    store = await open_store(tmp_path)
+    store.create_topic("t", 1, TopicConfig(flush=FlushPolicy.ALWAYS))
+    log = seg_log(store)
+    log.append_nowait(encode_batch([RecordSpec(b"a")]))
+    wait_a = asyncio.create_task(log.wait_durable(log.write_mark()))
+    await until_fsync_calls(1)
+    log.append_nowait(encode_batch([RecordSpec(b"b")]))  # written while fsync 1 runs
+    mark_b = log.write_mark()
+    turns.release()
+    await wait_a
+    log.flusher.kick()  # fsync 2 starts: it covers b
+    await until_fsync_calls(2)
+    log.append_nowait(encode_batch([RecordSpec(b"c")]))  # written while fsync 2 runs
+    wait_b = asyncio.create_task(log.wait_durable(mark_b))  # asked only now, after c was written
+    turns.release()
+    await asyncio.wait_for(wait_b, 5)
+    assert log.flusher.syncs == 2 and len(calls) == 2  # b's wait did not start a third round for c
+    assert log.flusher.pending  # c is still unsynced
+    turns.release()
+    await log.wait_durable()
+    assert not log.flusher.pending and log.flusher.syncs == 3
+    await store.close()
+
+
 async def test_flush_interval_syncs_in_the_background(tmp_path: Path) -> None:
     store = await open_store(tmp_path)
     store.create_topic("t", 1, TopicConfig(flush=FlushPolicy.INTERVAL, flush_interval_ms=30))
