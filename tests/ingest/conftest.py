@@ -14,7 +14,7 @@ class SlowPartitionLog(MemoryPartitionLog):
 
     delay = 0.0
 
-    async def _make_durable(self) -> None:
+    async def _make_durable(self, mark: int | None) -> None:
         await asyncio.sleep(self.delay)
 
 
@@ -56,7 +56,7 @@ class GatedPartitionLog(MemoryPartitionLog):
     gate: asyncio.Event
     delay = 0.0
 
-    async def _make_durable(self) -> None:
+    async def _make_durable(self, mark: int | None) -> None:
         await self.gate.wait()
         if self.delay:
             await asyncio.sleep(self.delay)
