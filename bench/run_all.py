@@ -41,6 +41,7 @@ MODULES = (
     "bench_mqtt",
     "bench_kafka",
     "bench_kafka_tail",
+    "bench_sendfile",
     "bench_clients",
     "bench_pipeline",
 )
@@ -55,6 +56,7 @@ QUICK_ARGS: dict[str, tuple[str, ...]] = {
     "bench_mqtt": ("--messages", "2000", "--runs", "1", "--publishers", "2", "--connections", "200"),
     "bench_kafka": ("--quick",),
     "bench_kafka_tail": ("--seconds", "2", "--runs", "1"),
+    "bench_sendfile": ("--gib", "0.1", "--runs", "1"),
     "bench_clients": ("--records", "2000", "--sse-samples", "20"),
     "bench_pipeline": ("--rate", "500", "--sensors", "20", "--connections", "2", "--warmup", "3",
                        "--duration", "5"),
