@@ -163,7 +163,7 @@ def test_group_survives_a_killed_member_and_a_broker_restart(
             member.wait()
     after = _consumed([resumed])
     assert {v for _, _, v in after} == {f"v:{i}" for i in range(N, N + 600)}  # nothing old re-read
-    first = {}
+    first: dict[int, int] = {}
     for p, o, _ in after:
         first.setdefault(p, o)
     assert first == {p: committed[p] for p in first}
