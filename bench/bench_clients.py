@@ -127,13 +127,13 @@ def librdkafka(bootstrap: str, records: int) -> tuple[float, float]:
                            "enable.auto.commit": False})
     consumer.subscribe([topic])
     got = 0
-    start = None
+    consume_start: float | None = None
     while got < records + 1:
         msgs = consumer.consume(5000, 1.0)
-        if msgs and start is None:
-            start = time.perf_counter()
+        if msgs and consume_start is None:
+            consume_start = time.perf_counter()
         got += sum(1 for m in msgs if m.error() is None)
-    consume = records / (time.perf_counter() - (start or time.perf_counter()))
+    consume = records / (time.perf_counter() - (consume_start or time.perf_counter()))
     consumer.close()
     return produce, consume
 

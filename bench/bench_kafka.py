@@ -281,7 +281,9 @@ def _kafka_reader(bootstrap: str, topic: str, total: int, seconds: float, ready:
     while len(latencies) < total and time.monotonic() < deadline:
         m = consumer.poll(0.1)  # one at a time: consume(n) would wait for n records to gather
         if m is not None and m.error() is None and m.value() != b"warm-up":
-            latencies.append((time.time_ns() - int(m.value())) / 1e6)
+            sent_ns = m.value()
+            assert sent_ns is not None  # every record the load generator sends carries its send time
+            latencies.append((time.time_ns() - int(sent_ns)) / 1e6)
     consumer.close()
     out.put(latencies)
 
@@ -328,7 +330,8 @@ def redis_xreadgroup(port: int, stream: str, n: int, ack: bool) -> float:
     got = 0
     started = time.perf_counter()
     while got < n:
-        resp = r.xreadgroup(group, "c1", {stream: ">"}, count=1000, noack=not ack)
+        # redis-py types every command's result as Awaitable[Any] | Any (sync and async clients alike)
+        resp: Any = r.xreadgroup(group, "c1", {stream: ">"}, count=1000, noack=not ack)
         if not resp:
             break
         entries = resp[0][1]
@@ -365,7 +368,8 @@ def _redis_reader(port: int, total: int, seconds: float, ready: Any, out: Any) -
     latencies: list[float] = []
     deadline = time.monotonic() + seconds + 30
     while len(latencies) < total and time.monotonic() < deadline:
-        resp = conn.xreadgroup("g", "c", {"lat": ">"}, count=1000, block=500, noack=True)
+        # redis-py types every command's result as Awaitable[Any] | Any (sync and async clients alike)
+        resp: Any = conn.xreadgroup("g", "c", {"lat": ">"}, count=1000, block=500, noack=True)
         for _id, fields in resp[0][1] if resp else []:
             latencies.append((time.time_ns() - int(fields[b"t"])) / 1e6)
     out.put(latencies)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Callable
+from typing import Any
 
 from kafka.protocol.consumer.fetch import FetchRequest as KpFetchRequest
 from kafka.protocol.consumer.fetch import FetchResponse as KpFetchResponse
@@ -113,7 +114,8 @@ def main() -> None:
     assert kio_encode_fetch() == fetch.encode_fetch_response(fresp, 11) == kp_encode_fetch()
     assert b"".join(fetch.encode_fetch_response_parts(fresp, 11)) == kio_encode_fetch()
     assert kio_encode_produce_resp() == produce.encode_produce_response(presp, 8) == kp_encode_produce_resp()
-    assert kio_preq(preq_bytes, 0)[0].topic_data[0].partition_data[5].records == batch16k
+    kio_preq_body: Any = kio_preq(preq_bytes, 0)[0]  # kio can only type a run-time-picked schema as its Protocol
+    assert kio_preq_body.topic_data[0].partition_data[5].records == batch16k
     assert KpProduceRequest.decode(preq_bytes, version=8).topic_data[0].partition_data[5].records == batch16k
 
     cases: list[tuple[str, dict[str, Callable[[], object]]]] = [

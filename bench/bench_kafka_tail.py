@@ -84,7 +84,7 @@ def broker_main(root: Path, port_file: Path, seconds: float, flush: str) -> None
         elif time.perf_counter() - gc_started[0] > SLOW_S:
             slow.append((f"gc gen {info['generation']}", gc_started[0] - t0, time.perf_counter() - gc_started[0]))
 
-    segment.write_all = timed_write_all  # type: ignore[assignment]
+    segment.write_all = timed_write_all
     segment._fsync_all = timed_fsync_all
     segment.SegmentLogStore._store_points = timed_store_points  # type: ignore[method-assign]
     gc.callbacks.append(on_gc)

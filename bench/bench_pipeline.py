@@ -163,7 +163,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 stored_end_ms = now_ms
             if msg is None or msg.error() is not None:
                 continue
-            value = json.loads(msg.value())
+            raw = msg.value()
+            assert raw is not None  # every output record carries a JSON value
+            value = json.loads(raw)
             if value["emit"] != "first" or value["window_end"] <= measure_from_ms:
                 continue
             if value["window_end"] > t0_ms + seconds * 1000:

@@ -218,7 +218,7 @@ def run_bytewax(rows: list[Row]) -> tuple[float, dict[tuple[int, str], float]]:
     inp = op.input("in", flow, TestingSource([(k, v) for k, v, _ in rows], batch_size=2_000))
     values = op.map("parse", inp, lambda kv: json.loads(kv[1]))
     keyed = op.key_on("key", values, lambda v: v["sensor"])
-    clock = win.EventClock(lambda v: datetime.fromtimestamp(v["ts"] / 1000, tz=UTC),
+    clock: win.EventClock[dict[str, Any]] = win.EventClock(lambda v: datetime.fromtimestamp(v["ts"] / 1000, tz=UTC),
                            wait_for_system_duration=timedelta(seconds=5))
     windower = win.TumblingWindower(length=timedelta(milliseconds=WINDOW_MS),
                                     align_to=datetime.fromtimestamp(0, tz=UTC))

@@ -23,7 +23,7 @@ def main() -> None:
     n = args.batches
     headers = (("source", b"tcp:default"), ("device", b"sensor_1"))
     specs = [RecordSpec(b"x" * 100, key=b"sensor_%d" % i, headers=headers, timestamp=TS + i) for i in range(100)]
-    tuples = [(s.value, s.key, s.headers, s.timestamp) for s in specs]
+    tuples = [(s.value, s.key, s.headers, TS + i) for i, s in enumerate(specs)]  # the specs' timestamps
 
     def kafka_python_encode() -> bytes:
         builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)

@@ -1,7 +1,12 @@
 """Device helpers: sensors that send readings to Sluice's TCP and MQTT front doors."""
 
+from typing import TYPE_CHECKING
+
 from clients.devices.base import BufferedDevice, DeviceStats, Overflow, encode_payload
 from clients.devices.tcp import AckProtocolError, TcpDevice, parse_answer
+
+if TYPE_CHECKING:  # imported lazily at run time (below); type checkers see the real class
+    from clients.devices.mqtt import MqttDevice
 
 __all__ = [
     "AckProtocolError",

@@ -27,7 +27,7 @@ import random
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from clients.errors import BufferFullError, ClientClosedError
 
@@ -159,7 +159,7 @@ class BufferedDevice(ABC):
             self._task = None
         await self._drop_connection()
 
-    async def __aenter__(self) -> BufferedDevice:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

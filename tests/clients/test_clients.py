@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from clients import (
     AsyncProducer,
     BrokerUnreachableError,
     Consumer,
+    ConsumerRecord,
     Producer,
     TopicExistsError,
     TopicPartition,
@@ -39,14 +41,14 @@ async def test_round_trip_json_keys_headers(bootstrap: str, topic: str) -> None:
             for i in range(30)
         ]
     assert len({m.partition for m in sent}) > 1
-    got = []
+    got: list[ConsumerRecord[Any]] = []
     async with AsyncConsumer(topic, bootstrap=bootstrap) as consumer:
         while len(got) < 30:
             got.extend(await consumer.getmany(timeout_ms=2000))
     assert sorted(r.value["temp"] for r in got) == list(range(65, 95))
     for r in got:
         assert r.key == r.value["sensor"] and r.header("unit") == b"F"
-    by_key: dict[str, list[int]] = {}
+    by_key: dict[object, list[int]] = {}
     for r in sorted(got, key=lambda r: (r.partition, r.offset)):
         by_key.setdefault(r.key, []).append(r.value["temp"])
     assert all(v == sorted(v) for v in by_key.values())  # order holds per key (one partition per key)
@@ -55,11 +57,15 @@ async def test_round_trip_json_keys_headers(bootstrap: str, topic: str) -> None:
 @pytest.mark.parametrize("serializer", ["msgpack", "raw", "string"])
 async def test_serializers(bootstrap: str, topic: str, serializer: str) -> None:
     await make_topic(bootstrap, topic)
-    values = {"msgpack": [{"a": 1, "b": [1, 2]}, [3], "x"], "raw": [b"\x00\xff", b"abc"], "string": ["héllo", "w"]}
+    values: dict[str, list[Any]] = {
+        "msgpack": [{"a": 1, "b": [1, 2]}, [3], "x"],
+        "raw": [b"\x00\xff", b"abc"],
+        "string": ["héllo", "w"],
+    }
     async with AsyncProducer(bootstrap, value_serializer=serializer) as producer:
         await producer.send_many(topic, values[serializer])
     async with AsyncConsumer(topic, bootstrap=bootstrap, value_deserializer=serializer) as consumer:
-        got = []
+        got: list[ConsumerRecord[Any]] = []
         while len(got) < len(values[serializer]):
             got.extend(await consumer.getmany(timeout_ms=2000))
     assert [r.value for r in got] == values[serializer]
@@ -87,7 +93,7 @@ async def test_seek_by_time(bootstrap: str, topic: str) -> None:
             await producer.send(topic, {"i": i}, timestamp_ms=base + i * 1000)
     async with AsyncConsumer(topic, bootstrap=bootstrap) as consumer:
         await consumer.seek_to_timestamp(base + 6_000)
-        got = []
+        got: list[ConsumerRecord[Any]] = []
         while len(got) < 4:
             got.extend(await consumer.getmany(timeout_ms=2000))
     assert [r.value["i"] for r in got] == [6, 7, 8, 9]
@@ -139,7 +145,7 @@ async def test_pause_and_resume(bootstrap: str, topic: str) -> None:
                 await producer.send(topic, p, partition=p)
     async with AsyncConsumer(topic, bootstrap=bootstrap) as consumer:
         consumer.pause(TopicPartition(topic, 1))
-        got = []
+        got: list[ConsumerRecord[Any]] = []
         for _ in range(5):
             got.extend(await consumer.getmany(timeout_ms=300))
         assert got and {r.partition for r in got} == {0}
@@ -173,7 +179,7 @@ def test_sync_api(bootstrap: str, topic: str) -> None:
         assert md.offset == 0 and md.topic == topic
         producer.send_many(topic, [{"temp": 71}, {"temp": 72}])
     with Consumer(topic, bootstrap=bootstrap) as consumer:
-        got = []
+        got: list[ConsumerRecord[Any]] = []
         while len(got) < 3:
             got.extend(consumer.poll(timeout_ms=2000))
         consumer.seek(TopicPartition(topic, 0), 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiomqtt
@@ -149,10 +149,10 @@ async def test_overflow_policies() -> None:
 
 
 @pytest.fixture
-def mosquitto(tmp_path: Path) -> Mosquitto:
+def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
     broker = Mosquitto(tmp_path)
     broker.start()
-    yield broker  # type: ignore[misc]
+    yield broker
     broker.cleanup()
 
 
@@ -162,7 +162,7 @@ async def collect(port: int, topic: str, n: int, ready: asyncio.Event) -> list[b
         await sub.subscribe(topic, qos=1)
         ready.set()
         async for message in sub.messages:
-            got.append(bytes(message.payload))  # type: ignore[arg-type]
+            got.append(bytes(message.payload))
             if len(got) == n:
                 return got
     return got
@@ -203,7 +203,7 @@ async def test_mqtt_device_buffers_across_a_broker_restart(mosquitto: Mosquitto)
         await w.subscribe("sensors/s2", qos=1)
         async with asyncio.timeout(10):
             async for message in w.messages:
-                got.append(json.loads(bytes(message.payload))["n"])  # type: ignore[arg-type]
+                got.append(json.loads(bytes(message.payload))["n"])
                 if len(set(got)) == 5:
                     break
     assert sorted(set(got)) == list(range(5))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from broker.log.api import LogStore, PartitionLog, TopicInfo
+from broker.log.api import AppendResult, LogStore, PartitionLog, TopicInfo
 from broker.log.memory import MemoryLogStore, MemoryPartitionLog
 from broker.protocol.records import Record, decode_all
 
@@ -31,7 +31,7 @@ class SlowLogStore(MemoryLogStore):
         log.delay = self.delay
         return log
 
-    async def append(self, topic: str, partition: int, batch: bytes | bytearray | memoryview):  # type: ignore[no-untyped-def]
+    async def append(self, topic: str, partition: int, batch: bytes | bytearray | memoryview) -> AppendResult:
         self.appends += 1
         return await super().append(topic, partition, batch)
 

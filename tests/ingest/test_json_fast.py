@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ingest.errors import FormatError
-from ingest.formats import _parse_json_stdlib, parse_json
+from ingest.formats import Parsed, _parse_json_stdlib, parse_json
 
 scalars = st.one_of(
     st.none(),
@@ -26,9 +27,9 @@ documents = st.recursive(
 )
 
 
-def _outcome(parse: object, payload: bytes) -> tuple[str, str]:
+def _outcome(parse: Callable[[bytes], Parsed], payload: bytes) -> tuple[str, str]:
     try:
-        parsed = parse(payload)  # type: ignore[operator]
+        parsed = parse(payload)
     except FormatError as exc:
         return "error", str(exc)
     # json.dumps keeps key order and tells 1 from 1.0; NaN/Infinity are written as such

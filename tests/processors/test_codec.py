@@ -22,7 +22,9 @@ specs = st.builds(RecordSpec, value=blobs, key=blobs, headers=headers,
 @given(batches=st.lists(st.lists(specs, min_size=1, max_size=20), min_size=1, max_size=4),
        compression=st.sampled_from([Compression.NONE, Compression.NONE, Compression.GZIP, Compression.ZSTD]),
        skip=st.integers(min_value=0, max_value=30))
-def test_fast_decoder_matches_the_broker_decoder(batches, compression, skip) -> None:
+def test_fast_decoder_matches_the_broker_decoder(
+    batches: list[list[RecordSpec]], compression: Compression, skip: int
+) -> None:
     data = b""
     base = 0
     for specs_ in batches:

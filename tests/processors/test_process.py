@@ -98,4 +98,4 @@ def test_a_failing_user_function_dead_letters_the_item_and_keeps_going() -> None
     h.send_batch([{"n": 1, "ts": T0}, {"n": 0, "ts": T0}, {"n": 2, "ts": T0}])
     assert [o["inv"] for o in h.outputs("out")] == [1.0, 0.5]
     dead = [r for r in h.sent if r.topic == "t.dead-letter"]
-    assert len(dead) == 1 and b"ZeroDivisionError" in dict(dead[0].headers)["sluice-error"]
+    assert len(dead) == 1 and b"ZeroDivisionError" in (dict(dead[0].headers)["sluice-error"] or b"")

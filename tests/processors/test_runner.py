@@ -9,7 +9,7 @@ import os
 import struct
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import crc32c
 import pytest
@@ -17,11 +17,12 @@ import pytest
 from broker.log.memory import MemoryLogStore
 from broker.protocol.records import RecordSpec, decode_all, encode_batch
 from processors.aggregations import Mean
-from processors.checkpoint import LogCheckpointStore
+from processors.checkpoint import Checkpoint, LogCheckpointStore
+from processors.executor import RecordLike, TopicPartition
 from processors.pipeline import Pipeline
 from processors.runner import Runner, RunnerConfig
 from processors.runners import AttachedRunner
-from processors.sources import LogSource
+from processors.sources import AssignmentListener, LogSource
 from processors.testing import FakeClock, MemorySink, decode_output
 from processors.watermarks import AllIdlePolicy, BoundedOutOfOrderness
 from processors.windows import Tumbling
@@ -174,14 +175,15 @@ async def test_a_slow_sink_pauses_fetching_and_a_burst_stays_in_the_log(store: M
     sink = MemorySink()
     sink.gate = asyncio.Event()  # the sink is stuck
     config = RunnerConfig(max_batch_records=2_000, queue_batches=4)
-    runner = Runner(stream.pipeline, LogSource(store, ("burst",)), sink, LogCheckpointStore(store, "burst"),
+    source = LogSource(store, ("burst",))
+    runner = Runner(stream.pipeline, source, sink, LogCheckpointStore(store, "burst"),
                     clock=FakeClock(), config=config)
     tracemalloc.start()
     try:
         await runner.start()
         await wait_until(lambda: runner.out_q.full() and runner.in_q.full())
         await asyncio.sleep(0.2)  # give a runaway reader the chance to show itself
-        read = runner.source.positions[("burst", 0)]  # type: ignore[attr-defined]
+        read = source.positions[("burst", 0)]
         # the fetcher hands over whole stored batches (5 000 records here, more than max_batch_records)
         in_flight_bound = (2 * config.queue_batches + 3) * per_batch
         assert read <= in_flight_bound, f"read {read} records with the sink blocked"
@@ -214,18 +216,20 @@ async def test_records_fetched_before_the_assignment_is_restored_are_not_lost() 
             super().__init__()
             self.gate = asyncio.Event()
 
-        async def load(self, tps=None):  # type: ignore[no-untyped-def]
+        async def load(self, tps: Collection[TopicPartition] | None = None) -> list[Checkpoint]:
             await self.gate.wait()
             return await super().load(tps)
 
     class BackgroundAssign(MemorySource):
-        async def start(self, on_assigned, on_revoked) -> None:  # type: ignore[no-untyped-def]
+        async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
             tps = [(self.topic, p) for p in self.data]
             self.positions = dict.fromkeys(tps, 0)
-            self.assigning = asyncio.create_task(on_assigned(tps))
+            # typed as returning an Awaitable; ensure_future wraps the coroutine in a Task like create_task
+            self.assigning: asyncio.Future[None] = asyncio.ensure_future(on_assigned(tps))
             self.delivered = 0
 
-        async def fetch(self, max_records, timeout, paused):  # type: ignore[no-untyped-def]
+        async def fetch(self, max_records: int, timeout: float, paused: set[TopicPartition]
+                        ) -> list[tuple[TopicPartition, list[RecordLike]]]:
             out = await super().fetch(max_records, timeout, paused)
             self.delivered += sum(len(rows) for _, rows in out)
             return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Hashable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,12 +24,14 @@ from tests.processors.workloads import T0
     epsilon=st.sampled_from([0.001, 0.01, 0.02, 0.05]),
     support=st.sampled_from([0.06, 0.1, 0.2, 0.5]),
 )
-def test_lossy_counting_has_no_false_negatives_and_bounded_undercount(items, epsilon, support) -> None:
+def test_lossy_counting_has_no_false_negatives_and_bounded_undercount(
+    items: list[int], epsilon: float, support: float
+) -> None:
     lc = LossyCounter(epsilon, support)
     for x in items:
         lc.add(x)
     n = len(items)
-    truth = Counter(items)
+    truth: Counter[Hashable] = Counter(items)
     reported = dict(lc.heavy_hitters())
     for item, count in truth.items():
         if count >= support * n:

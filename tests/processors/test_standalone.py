@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +127,7 @@ async def wait_for_windows(bootstrap: str, topic: str, expected: int, timeout: f
 
 
 @pytest.fixture
-def sluice(tmp_path: Path):
+def sluice(tmp_path: Path) -> Iterator[SluiceProcess]:
     server = SluiceProcess(tmp_path / "data", partitions=PARTITIONS)
     server.start()
     yield server

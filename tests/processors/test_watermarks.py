@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from processors.aggregations import Mean
-from processors.pipeline import Pipeline
+from processors.pipeline import Pipeline, Stream
 from processors.testing import Harness
 from processors.time import NO_TIME
 from processors.watermarks import AllIdlePolicy, BoundedOutOfOrderness, WatermarkAlignment, WatermarkTracker
@@ -11,7 +11,7 @@ from processors.windows import Tumbling
 from tests.processors.workloads import T0, sensor_readings
 
 
-def pipeline(all_idle: AllIdlePolicy | None = None, idle_timeout: int | None = 30_000):
+def pipeline(all_idle: AllIdlePolicy | None = None, idle_timeout: int | None = 30_000) -> Stream:
     stream = Pipeline.source("sensors", group="avg", event_time=lambda v: v["ts"],
                              watermarks=BoundedOutOfOrderness(5_000, idle_timeout=idle_timeout), all_idle=all_idle)
     stream.key_by(lambda v: v["sensor"]).window(Tumbling(10_000)).aggregate(Mean("temp")).sink("avg")

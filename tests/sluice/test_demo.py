@@ -173,7 +173,7 @@ def test_window_results_match_a_batch_computation_over_the_input(run: Run) -> No
 def test_idle_devices_do_not_hold_back_other_windows(run: Run) -> None:
     idle = {f"sensor_{base + i}" for base in (0, 100, 200) for i in range(SENSORS) if i % 4 == 2}
     last_idle = max(m.value["ts"] for m in run.inputs if m.value["sensor"] in idle)
-    readings = defaultdict(int)
+    readings: defaultdict[str, int] = defaultdict(int)
     for m in run.inputs:
         readings[m.value["sensor"]] += 1
     assert all(readings[s] == 3 for s in idle)  # the idle profile: three readings, then silence
@@ -237,7 +237,7 @@ def test_demo_command_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        lines = []
+        lines: list[str] = []
         deadline = time.monotonic() + 60
         while not lines or lines[-1] != "Ctrl-C stops everything.":
             line = proc.stdout.readline()

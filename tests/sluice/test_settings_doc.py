@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from pydantic import BaseModel
 
 from sluice.config import Settings
@@ -42,7 +43,7 @@ def test_the_generated_table_is_current() -> None:
     assert block == markdown_table(), "stale: run `python -m sluice.settings_doc --write README.md`"
 
 
-def test_environment_names_are_the_ones_pydantic_reads(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_environment_names_are_the_ones_pydantic_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     for row in rows():
         if row.env is None or row.default == "(required)" or row.type.startswith("list of"):
             continue

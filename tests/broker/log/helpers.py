@@ -49,7 +49,7 @@ class Model:
 
     def values_from(self, offset: int) -> list[tuple[int, bytes]]:
         """(offset, value) of every record from the start of the batch holding ``offset``."""
-        out = []
+        out: list[tuple[int, bytes]] = []
         for base, _last, _ts, values in self.batches:
             if _last >= offset:
                 out.extend((base + i, v) for i, v in enumerate(values))

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,7 +91,7 @@ def sluice_factory(tmp_path: Path) -> Iterator[type[SluiceProcess]]:
 
 
 def check_records(
-    received: list[tuple[int, int, bytes | None, bytes | None]], expected_values: set[bytes], partitions: int
+    received: Sequence[tuple[int, int, bytes | None, bytes | None]], expected_values: set[bytes], partitions: int
 ) -> None:
     """Every value arrived, offsets increase per partition, each key sits in its murmur2 partition."""
     values = [v for _, _, _, v in received]
@@ -104,7 +104,7 @@ def check_records(
             assert partition == partition_for_key(key, partitions), f"key {key!r} in partition {partition}"
 
 
-def values_in_key_order(received: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
+def values_in_key_order(received: Sequence[tuple[int, int, bytes | None, bytes | None]]) -> None:
     """Records of one key come back in produce order (values carry a per-key sequence number)."""
     seen: dict[bytes, int] = {}
     for _p, _o, key, value in received:

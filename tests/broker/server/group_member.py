@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
 
 
 def main() -> None:
@@ -22,7 +22,7 @@ def main() -> None:
         "partition.assignment.strategy": "range", "topic.metadata.refresh.interval.ms": 1000,
     })
 
-    def on_assign(c: Consumer, partitions: list) -> None:  # type: ignore[type-arg]
+    def on_assign(c: Consumer, partitions: list[TopicPartition]) -> None:
         out.write("assigned " + ",".join(str(p.partition) for p in partitions) + "\n")
 
     consumer.subscribe([topic], on_assign=on_assign)
@@ -31,7 +31,9 @@ def main() -> None:
             messages = consumer.consume(200, timeout=0.2)
             good = [m for m in messages if m.error() is None]
             for m in good:
-                out.write(f"{m.partition()} {m.offset()} {m.value().decode()}\n")
+                value = m.value()
+                assert value is not None  # every record the group tests produce has a value
+                out.write(f"{m.partition()} {m.offset()} {value.decode()}\n")
             if good:
                 consumer.commit(asynchronous=False)
                 time.sleep(0.02)  # a slow worker, so that the group is mid-stream when one dies

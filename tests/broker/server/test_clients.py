@@ -84,7 +84,9 @@ def test_confluent_kafka_idempotent_producer_and_group_consumer(
         while len(received) < N and time.monotonic() < deadline:
             for msg in consumer.consume(10000, timeout=0.5):
                 assert msg.error() is None, msg.error()
-                received.append((msg.partition(), msg.offset(), msg.key(), msg.value()))
+                partition, offset = msg.partition(), msg.offset()
+                assert partition is not None and offset is not None  # set on every consumed message
+                received.append((partition, offset, msg.key(), msg.value()))
     finally:
         consumer.close()
     assert len(received) == N

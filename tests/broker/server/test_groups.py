@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -70,9 +71,9 @@ def _consumed(paths: list[Path]) -> list[tuple[int, int, str]]:
     return out
 
 
-def _wait(predicate: object, timeout: float, what: str) -> None:
+def _wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
+    while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
 
@@ -163,7 +164,7 @@ def test_group_survives_a_killed_member_and_a_broker_restart(
             member.wait()
     after = _consumed([resumed])
     assert {v for _, _, v in after} == {f"v:{i}" for i in range(N, N + 600)}  # nothing old re-read
-    first = {}
+    first: dict[int, int] = {}
     for p, o, _ in after:
         first.setdefault(p, o)
     assert first == {p: committed[p] for p in first}

@@ -125,14 +125,14 @@ def _kcat_brokers(port: int) -> list[str]:
     return [b["name"] for b in json.loads(out.stdout)["brokers"]]
 
 
-def _confluent_roundtrip(bootstrap: str, topic: str, values: list[bytes], read_from: str) -> list[bytes]:
+def _confluent_roundtrip(bootstrap: str, topic: str, values: list[bytes], read_from: str) -> list[bytes | None]:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     for v in values:
         producer.produce(topic, v)
     assert producer.flush(30) == 0
     consumer = Consumer({"bootstrap.servers": read_from, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
-    got: list[bytes] = []
+    got: list[bytes | None] = []  # as consumed (a record without a value would show as None)
     deadline = time.monotonic() + 30
     while len(got) < len(values) and time.monotonic() < deadline:
         msg = consumer.poll(0.5)

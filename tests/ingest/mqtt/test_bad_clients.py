@@ -118,7 +118,7 @@ async def test_authentication_hook(start_server: StartServer) -> None:
 
 
 async def test_keepalive_expiry_disconnects_with_0x8d_and_publishes_the_will(server: MqttServer) -> None:
-    got: list[bytes] = []
+    got: list[bytes | bytearray] = []  # paho's MQTTMessage.payload type
     ready = threading.Event()
     watcher = paho.Client(CallbackAPIVersion.VERSION2, client_id="watcher")
     watcher.on_message = lambda c, u, m: got.append(m.payload)

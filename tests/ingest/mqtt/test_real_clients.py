@@ -120,7 +120,7 @@ async def test_subscriber_receives_what_devices_publish_with_wildcards_and_retai
 
 class Collector:
     def __init__(self) -> None:
-        self.messages: list[tuple[str, bytes, int]] = []
+        self.messages: list[tuple[str, bytes | bytearray, int]] = []  # paho types payloads so
         self.connected = threading.Event()
         self.session_present: bool | None = None
 

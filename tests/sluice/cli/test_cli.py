@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 import uuid
+from pathlib import Path
 
 import aiomqtt
 import httpx
@@ -180,7 +181,7 @@ def test_simulate_over_tcp_and_sources_shows_a_device_going_idle(server: SluiceP
     assert code == 0 and json.loads(out)["value"]["sensor"].startswith("sensor_")
 
 
-def test_simulate_over_mqtt(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_simulate_over_mqtt(tmp_path: Path) -> None:
     broker = Mosquitto(tmp_path)
     broker.start()
     try:
@@ -191,7 +192,7 @@ def test_simulate_over_mqtt(tmp_path) -> None:  # type: ignore[no-untyped-def]
                 await client.subscribe("sensors/#", qos=1)
                 ready.set()
                 async for message in client.messages:
-                    got.append(bytes(message.payload))  # type: ignore[arg-type]
+                    got.append(bytes(message.payload))
 
         async def scenario() -> tuple[int, str]:
             ready, stop = asyncio.Event(), asyncio.Event()

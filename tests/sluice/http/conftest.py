@@ -8,14 +8,14 @@ import pytest
 from fastapi import FastAPI
 
 from broker.log.memory import MemoryLogStore
-from sluice.config import Settings
+from sluice.config import HttpSettings, Settings
 from sluice.http import create_app
 from sluice.runtime import Runtime
 
 
 @pytest.fixture
 def runtime(tmp_path: Path) -> Runtime:
-    settings = Settings(data_dir=tmp_path, http={"port": 0})
+    settings = Settings(data_dir=tmp_path, http=HttpSettings(port=0))
     return Runtime(settings, MemoryLogStore(default_partitions=1))
 
 

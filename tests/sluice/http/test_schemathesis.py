@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import schemathesis
+from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
@@ -17,7 +18,7 @@ from sluice.http import create_app
 from sluice.runtime import Runtime
 
 
-def _app():  # type: ignore[no-untyped-def]
+def _app() -> FastAPI:
     runtime = Runtime(Settings(data_dir=Path(tempfile.mkdtemp(prefix="sluice-st-"))), MemoryLogStore())
     runtime.store.create_topic("sensors", partitions=2)
     runtime.store.partition("sensors", 0).append_nowait(
@@ -28,7 +29,7 @@ def _app():  # type: ignore[no-untyped-def]
     return app
 
 
-schema = schemathesis.openapi.from_asgi("/openapi.json", _app())
+schema: schemathesis.BaseSchema = schemathesis.openapi.from_asgi("/openapi.json", _app())
 # The SSE stream is endless by design (it ends when the client leaves); it is tested with a real client.
 schema = schema.exclude(path="/topics/{topic}/stream")
 

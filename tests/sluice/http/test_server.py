@@ -13,14 +13,14 @@ import pytest
 
 from broker.log.memory import MemoryLogStore
 from broker.protocol.records import RecordSpec
-from sluice.config import Settings
+from sluice.config import HttpSettings, Settings
 from sluice.http.server import HttpComponent
 from sluice.runtime import Runtime
 
 
 @pytest.fixture
-async def served(tmp_path: Path):  # type: ignore[no-untyped-def]
-    runtime = Runtime(Settings(data_dir=tmp_path, http={"port": 0}), MemoryLogStore())
+async def served(tmp_path: Path) -> AsyncIterator[tuple[Runtime, str]]:
+    runtime = Runtime(Settings(data_dir=tmp_path, http=HttpSettings(port=0)), MemoryLogStore())
     component = HttpComponent(runtime)
     await component.start()
     try:
@@ -98,7 +98,7 @@ async def test_sse_from_offset_with_limit_ends_the_stream(served: tuple[Runtime,
 
 
 async def test_stop_ends_open_streams(tmp_path: Path) -> None:
-    runtime = Runtime(Settings(data_dir=tmp_path, http={"port": 0}), MemoryLogStore())
+    runtime = Runtime(Settings(data_dir=tmp_path, http=HttpSettings(port=0)), MemoryLogStore())
     runtime.store.create_topic("idle")
     component = HttpComponent(runtime)
     await component.start()
@@ -114,6 +114,6 @@ async def test_stop_ends_open_streams(tmp_path: Path) -> None:
 async def test_busy_port_fails_start_in_one_sentence(served: tuple[Runtime, str], tmp_path: Path) -> None:
     _, base = served
     port = int(base.rsplit(":", 1)[1])
-    other = HttpComponent(Runtime(Settings(data_dir=tmp_path, http={"port": port}), MemoryLogStore()))
+    other = HttpComponent(Runtime(Settings(data_dir=tmp_path, http=HttpSettings(port=port)), MemoryLogStore()))
     with pytest.raises(OSError, match=f"HTTP API cannot bind 127.0.0.1:{port}"):
         await other.start()

@@ -98,6 +98,7 @@ async def test_response_round_trips(case: tuple[int, int]) -> None:
             assert encode_response(header, decoded) == frame
             # The same bytes read by kio's schema-generated reader give the same values.
             pos = 4
+            kio_body: Any  # the schema class is picked by key and version at run time (kio types it as a Protocol)
             kio_body, end = entity_reader(load_response_schema(key, version))(frame[4:], pos)
             assert pos + end == len(frame) - 4
             if key == ApiKey.FETCH:
@@ -122,6 +123,7 @@ def test_produce_response_encoder_matches_kafka_schema(version: int) -> None:
         produce_codec.ProducePartitionResponse(1, 2, -1, -1, -1, error_message="bad crc" if version >= 8 else None),
     )),), throttle_time_ms=5)
     raw = produce_codec.encode_produce_response(resp, version)
+    kio_resp: Any  # schema class picked by version at run time: kio can only type it as the Payload protocol
     kio_resp, end = entity_reader(load_response_schema(0, version))(raw, 0)
     assert end == len(raw)
     parts = kio_resp.responses[0].partition_responses
@@ -135,6 +137,7 @@ def test_fetch_codecs_match_kafka_schema(version: int) -> None:
         fetch_codec.FetchPartition(0, 42, 1 << 20, -1 if version < 9 else 3, -1 if version < 5 else 0),)),),
         rack_id="")
     raw = fetch_codec.encode_fetch_request(req, version)
+    kio_req: Any  # schema class picked by version at run time: kio can only type it as the Payload protocol
     kio_req, end = entity_reader(load_request_schema(1, version))(raw, 0)
     assert end == len(raw) and kio_req.topics[0].partitions[0].fetch_offset == 42
     assert fetch_codec.decode_fetch_request(raw, 0, version) == req
@@ -143,6 +146,7 @@ def test_fetch_codecs_match_kafka_schema(version: int) -> None:
         fetch_codec.FetchPartitionResponse(1, 1, 4, 4, 0 if version >= 5 else -1, b""),
     )),))
     raw = fetch_codec.encode_fetch_response(resp, version)
+    kio_resp: Any  # schema class picked by version at run time: kio can only type it as the Payload protocol
     kio_resp, end = entity_reader(load_response_schema(1, version))(raw, 0)
     assert end == len(raw)
     parts = kio_resp.responses[0].partitions
