@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Protocol, Unpack
 
 import pytest
 
@@ -11,19 +12,22 @@ from broker.log.api import LogStore
 from broker.log.config import TopicConfig
 from broker.log.memory import MemoryLogStore
 from broker.log.segment import SegmentLogStore
-
-StoreFactory = Callable[..., LogStore]
-
-
-def _memory(tmp_path: Path, **kwargs: object) -> LogStore:
-    return MemoryLogStore(**kwargs)  # type: ignore[arg-type]
+from tests.broker.log.helpers import LogStoreOptions
 
 
-def _segment(tmp_path: Path, **kwargs: object) -> LogStore:
-    return SegmentLogStore(tmp_path / "logs", **kwargs)  # type: ignore[arg-type]
+class StoreFactory(Protocol):
+    def __call__(self, tmp_path: Path, **kwargs: Unpack[LogStoreOptions]) -> LogStore: ...
 
 
-STORE_FACTORIES: dict[str, Callable[..., LogStore]] = {"memory": _memory, "segment": _segment}
+def _memory(tmp_path: Path, **kwargs: Unpack[LogStoreOptions]) -> LogStore:
+    return MemoryLogStore(**kwargs)
+
+
+def _segment(tmp_path: Path, **kwargs: Unpack[LogStoreOptions]) -> LogStore:
+    return SegmentLogStore(tmp_path / "logs", **kwargs)
+
+
+STORE_FACTORIES: dict[str, StoreFactory] = {"memory": _memory, "segment": _segment}
 
 
 @pytest.fixture(params=sorted(STORE_FACTORIES))

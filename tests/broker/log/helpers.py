@@ -3,14 +3,42 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 from broker.log.api import PartitionLog
+from broker.log.config import TopicConfig
 from broker.log.segment import SegmentLogStore
 from broker.protocol.records import Record, RecordSpec, decode_all, encode_batch
 
-__all__ = ["FakeClock", "Model", "all_records", "index_files", "open_store", "random_batch"]
+__all__ = [
+    "FakeClock",
+    "LogStoreOptions",
+    "Model",
+    "SegmentStoreOptions",
+    "all_records",
+    "index_files",
+    "open_store",
+    "random_batch",
+]
+
+
+class LogStoreOptions(TypedDict, total=False):
+    """The keyword parameters of ``LogStore.__init__`` (shared by every store)."""
+
+    default_config: TopicConfig | None
+    default_partitions: int
+    auto_create_topics: bool
+
+
+class SegmentStoreOptions(LogStoreOptions, total=False):
+    """The keyword parameters of ``SegmentLogStore.__init__``."""
+
+    clock: Callable[[], float]
+    checkpoint_interval_s: float
+    sync_threads: int
 
 
 class FakeClock:
@@ -23,8 +51,8 @@ class FakeClock:
         return self.now
 
 
-async def open_store(root: Path, **kwargs: object) -> SegmentLogStore:
-    store = SegmentLogStore(root, **kwargs)  # type: ignore[arg-type]
+async def open_store(root: Path, **kwargs: Unpack[SegmentStoreOptions]) -> SegmentLogStore:
+    store = SegmentLogStore(root, **kwargs)
     await store.start()
     return store
 
