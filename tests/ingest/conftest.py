@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Unpack
 
 from broker.log.api import AppendResult, LogStore, PartitionLog, TopicInfo
 from broker.log.memory import MemoryLogStore, MemoryPartitionLog
 from broker.protocol.records import Record, decode_all
+from tests.broker.log.helpers import LogStoreOptions
 
 
 class SlowPartitionLog(MemoryPartitionLog):
@@ -21,8 +23,8 @@ class SlowPartitionLog(MemoryPartitionLog):
 class SlowLogStore(MemoryLogStore):
     """The real in-memory store with a slow disk under it."""
 
-    def __init__(self, delay: float, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, delay: float, **kwargs: Unpack[LogStoreOptions]) -> None:
+        super().__init__(**kwargs)
         self.delay = delay
         self.appends = 0
 
@@ -63,8 +65,8 @@ class GatedPartitionLog(MemoryPartitionLog):
 
 
 class GatedLogStore(MemoryLogStore):
-    def __init__(self, delay: float = 0.0, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, delay: float = 0.0, **kwargs: Unpack[LogStoreOptions]) -> None:
+        super().__init__(**kwargs)
         self.gate = asyncio.Event()
         self.delay = delay
 

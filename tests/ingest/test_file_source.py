@@ -7,6 +7,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 from broker.log.api import LogStore
 from broker.log.memory import MemoryLogStore
@@ -17,11 +18,24 @@ from ingest.sink import IngestSink
 from tests.ingest.conftest import records
 
 
-def _source(store: LogStore, tmp_path: Path, path: Path, *, rules: bool = True, **config: object) -> FileSource:
+class FileOptions(TypedDict, total=False):
+    """The fields of ``FileSourceConfig`` a test may set (name and path are fixed by ``_source``)."""
+
+    format: str
+    mode: str
+    start: str
+    poll_interval_s: float
+    max_line_bytes: int
+    read_bytes: int
+
+
+def _source(
+    store: LogStore, tmp_path: Path, path: Path, *, rules: bool = True, **config: Unpack[FileOptions]
+) -> FileSource:
     rule = RouteRule("f", "readings", source_kind="file", key=KeySpec("field", "device_id"),
                      time=TimeSpec("ts", "epoch_ms"))
     sink = IngestSink(store, Router([rule] if rules else [], RouteDefaults()), HealthRegistry())
-    cfg = FileSourceConfig(name="readings", path=path, **config)  # type: ignore[arg-type]
+    cfg = FileSourceConfig(name="readings", path=path, **config)
     return FileSource(cfg, sink, sink.health, PositionStore(tmp_path / "state"))
 
 

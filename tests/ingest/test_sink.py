@@ -11,14 +11,14 @@ from broker.log.memory import MemoryLogStore
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
 from ingest.routing import RawMessage, RouteDefaults, Router, RouteRule, SourceRef
-from ingest.sink import IngestSink
+from ingest.sink import DEFAULT_MAX_PENDING_BYTES, IngestSink
 from tests.ingest.conftest import SlowLogStore, records
 
 TCP = SourceRef("tcp", "default", "json")
 
 
-def _sink(store: MemoryLogStore, **kwargs: object) -> IngestSink:
-    return IngestSink(store, Router([], RouteDefaults()), HealthRegistry(), **kwargs)  # type: ignore[arg-type]
+def _sink(store: MemoryLogStore, *, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> IngestSink:
+    return IngestSink(store, Router([], RouteDefaults()), HealthRegistry(), max_pending_bytes=max_pending_bytes)
 
 
 async def test_records_land_in_murmur2_partition_of_their_key() -> None:

@@ -8,8 +8,9 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import Protocol, TypedDict, Unpack
 
 import pytest
 
@@ -18,22 +19,43 @@ from broker.log.memory import MemoryLogStore
 from broker.protocol.records import Record
 from ingest.health import HealthRegistry
 from ingest.routing import RouteDefaults, Router
-from ingest.sink import IngestSink
+from ingest.sink import DEFAULT_MAX_PENDING_BYTES, IngestSink
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
 from tests.ingest.conftest import records
 
-Start = Callable[..., Awaitable[tuple[TcpLineListener, LogStore]]]
+
+class ListenerOptions(TypedDict, total=False):
+    """The fields of ``TcpListenerConfig`` a test may set (the port is always 0: a free one)."""
+
+    name: str
+    host: str
+    format: str
+    ack: bool
+    max_line_bytes: int
+    idle_timeout_s: float
+    read_bytes: int
+    backlog: int
+
+
+class Start(Protocol):
+    def __call__(
+        self, store: LogStore | None = None, *, max_pending_bytes: int = ..., **config: Unpack[ListenerOptions]
+    ) -> Awaitable[tuple[TcpLineListener, LogStore]]: ...
 
 
 @pytest.fixture
 async def start_listener() -> AsyncIterator[Start]:
     started: list[TcpLineListener] = []
 
-    async def start(store: LogStore | None = None, **config: object) -> tuple[TcpLineListener, LogStore]:
+    async def start(
+        store: LogStore | None = None,
+        *,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        **config: Unpack[ListenerOptions],
+    ) -> tuple[TcpLineListener, LogStore]:
         store = store or MemoryLogStore(default_partitions=4)
-        max_pending = int(config.pop("max_pending_bytes", 64 * 1024 * 1024))  # type: ignore[call-overload]
-        sink = IngestSink(store, Router([], RouteDefaults()), HealthRegistry(), max_pending_bytes=max_pending)
-        listener = TcpLineListener(TcpListenerConfig(port=0, **config), sink, sink.health)  # type: ignore[arg-type]
+        sink = IngestSink(store, Router([], RouteDefaults()), HealthRegistry(), max_pending_bytes=max_pending_bytes)
+        listener = TcpLineListener(TcpListenerConfig(port=0, **config), sink, sink.health)
         await listener.start()
         started.append(listener)
         return listener, store
