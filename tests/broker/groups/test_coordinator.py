@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import TypedDict, Unpack
 
 import pytest
 
@@ -67,8 +68,18 @@ async def join(
     )
 
 
-def start_join(coord: GroupCoordinator, member_id: str = "", **kw: object) -> asyncio.Task[JoinResult]:
-    return asyncio.ensure_future(join(coord, member_id, **kw))  # type: ignore[arg-type]
+class JoinOptions(TypedDict, total=False):
+    """The keyword parameters of ``join``."""
+
+    client_id: str
+    protocols: list[tuple[str, bytes]] | None
+    require_known: bool
+    session_ms: int
+    rebalance_ms: int
+
+
+def start_join(coord: GroupCoordinator, member_id: str = "", **kw: Unpack[JoinOptions]) -> asyncio.Task[JoinResult]:
+    return asyncio.ensure_future(join(coord, member_id, **kw))
 
 
 async def settle() -> None:

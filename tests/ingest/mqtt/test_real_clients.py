@@ -5,6 +5,7 @@ subscribers receive what devices publish; persistent sessions get their QoS 1 me
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import time
@@ -24,6 +25,11 @@ BASE_TS = 1_700_000_000_000
 
 def reading(device: str, i: int) -> bytes:
     return json.dumps({"device_id": device, "ts": BASE_TS + i * 1000, "celsius": 20 + i}).encode()
+
+
+def has_temperatures(server: MqttServer, device: str, n: int) -> bool:
+    """Exactly n of the device's readings are stored in topic "temperatures"."""
+    return len([r for r in records(server.store, "temperatures") if r.key == device.encode()]) == n
 
 
 def check_temperatures(server: MqttServer, device: str, n: int) -> None:
@@ -79,8 +85,7 @@ async def test_paho_every_qos(server: MqttServer, version: str) -> None:
     for qos in (0, 1, 2):
         device = f"paho-{version}-q{qos}"
         await asyncio.to_thread(paho_publish, server.port, version, qos, device, 4)
-        await wait_until(lambda d=device: len([r for r in records(server.store, "temperatures")  # type: ignore[misc]
-                                               if r.key == d.encode()]) == 4, what="records")
+        await wait_until(functools.partial(has_temperatures, server, device, 4), what="records")
         check_temperatures(server, device, 4)
 
 
