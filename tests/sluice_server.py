@@ -9,8 +9,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
-__all__ = ["SluiceProcess"]
+__all__ = ["Endpoint", "SluiceProcess"]
+
+
+class Endpoint(TypedDict):
+    """One entry of ``<data_dir>/endpoints.json`` (written by ``Runtime.write_endpoints``)."""
+
+    host: str
+    port: int
 
 
 class SluiceProcess:
@@ -19,7 +27,7 @@ class SluiceProcess:
         self.env = env or {}
         self.args = args or []
         self.proc: subprocess.Popen[str] | None = None
-        self.endpoints: dict[str, dict[str, object]] = {}
+        self.endpoints: dict[str, Endpoint] = {}
         self.log = data_dir.parent / f"{data_dir.name}.log"
 
     def start(self, timeout: float = 30.0) -> SluiceProcess:

@@ -125,7 +125,7 @@ def test_kafka_traffic_is_counted(server: SluiceProcess) -> None:
 
 
 def test_mqtt_listener_is_counted_and_shown(server: SluiceProcess) -> None:
-    port = int(server.endpoints["mqtt"]["port"])  # type: ignore[call-overload]
+    port = server.endpoints["mqtt"]["port"]
     payloads = [json.dumps({"device_id": "m1", "t": i}).encode() for i in range(25)]
     before = scrape(server)
     client = paho_publish(port, "sensors/m1/temperature", payloads, "metrics-m1", stay=True)

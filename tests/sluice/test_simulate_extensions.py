@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 import pytest
 
@@ -25,11 +26,21 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProcess]:
     proc.stop()
 
 
+class Reading(TypedDict):
+    """One simulated reading as `sluice simulate` publishes it (``Sensor.reading`` in sluice/cli_simulate.py)."""
+
+    device_id: str
+    sensor: str
+    temp: float
+    ts: int
+    jump: NotRequired[bool]
+
+
 def _sluice(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sluice.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def _read(bootstrap: str, topic: str) -> list[tuple[str, dict[str, object]]]:
+def _read(bootstrap: str, topic: str) -> list[tuple[str, Reading]]:
     out = subprocess.run(["kcat", "-b", bootstrap, "-C", "-t", topic, "-o", "beginning", "-e", "-q", "-f", "%k\t%s\n"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -44,7 +55,7 @@ def test_kafka_transport_with_jumps(server: SluiceProcess) -> None:
     report = json.loads(result.stdout)
     assert report["transport"] == "kafka" and report["address"] == server.bootstrap
     records = _read(server.bootstrap, "sim-k")
-    by_sensor: dict[str, list[dict[str, object]]] = defaultdict(list)
+    by_sensor: dict[str, list[Reading]] = defaultdict(list)
     for key, value in records:
         assert key == value["sensor"]
         by_sensor[key].append(value)
@@ -55,7 +66,7 @@ def test_kafka_transport_with_jumps(server: SluiceProcess) -> None:
         jumps = [i for i, r in enumerate(readings) if r.get("jump")]
         assert jumps == list(range(4, len(readings), 5)) and len(jumps) == row["jumps"]
         for i in jumps:  # a jump is 1.5x the previous absolute temperature + 10: always above 1.1x
-            prev, temp = float(readings[i - 1]["temp"]), float(readings[i]["temp"])  # type: ignore[arg-type]
+            prev, temp = float(readings[i - 1]["temp"]), float(readings[i]["temp"])
             assert temp == pytest.approx(abs(prev) * 1.5 + 10, abs=0.002)
 
 
