@@ -411,6 +411,7 @@ async def nats_throughput(port: int, n: int, size: int) -> tuple[float, float]:
 
 async def nats_latency(port: int, seconds: float) -> list[float]:
     import nats
+    from nats.aio.msg import Msg
 
     nc = await nats.connect(f"nats://127.0.0.1:{port}")
     js = nc.jetstream()
@@ -419,8 +420,8 @@ async def nats_latency(port: int, seconds: float) -> list[float]:
     total = int(seconds * RATE)
     done = asyncio.Event()
 
-    async def on_msg(msg: object) -> None:
-        latencies.append((time.time_ns() - int(msg.data)) / 1e6)  # type: ignore[attr-defined]
+    async def on_msg(msg: Msg) -> None:
+        latencies.append((time.time_ns() - int(msg.data)) / 1e6)
         if len(latencies) >= total:
             done.set()
 
