@@ -152,30 +152,35 @@ def high_watermark(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
+def run_producers(commands: list[list[str]], bootstrap: str, topic: str, expected: int) -> tuple[float, float]:
+    """Run the C producers at once; records/s from start until the last one exits, the record count
+    verified from the broker's high watermark, and their CPU µs per record (children's rusage). Any
+    non-zero exit or anything on stderr fails the run."""
+    before = high_watermark(bootstrap, topic)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in commands]
+    errors = [p.communicate(timeout=600)[1].decode(errors="replace").strip() for p in procs]
+    elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    if any(p.returncode for p in procs) or any(errors):
+        raise RuntimeError(f"{commands[0][0]} failed: {[p.returncode for p in procs]} {errors}")
+    stored = high_watermark(bootstrap, topic) - before
+    if stored != expected:
+        raise RuntimeError(f"{commands[0][0]} produced {expected} records but the broker stored {stored}")
+    return stored / elapsed, cpu / stored * 1e6
+
+
 def kcat_produce(bootstrap: str, topic: str, files: list[Path], per_file: int, acks: str) -> tuple[float, float]:
-    """One ``kcat -P`` per file, all at once; records/s from start until the last one exits, the
-    record count verified from the broker's high watermark. Also returns the kcat processes' CPU
-    µs per record (from the children's rusage)."""
+    """One ``kcat -P`` per file, all at once (see ``run_producers``)."""
     args = ["kcat", "-P", "-b", bootstrap, "-t", topic, "-p", "0", "-X", "linger.ms=5",
             "-X", "batch.num.messages=10000", "-X", "queue.buffering.max.messages=1000000",
             "-X", "queue.buffering.max.kbytes=1048576", "-X", f"acks={acks}"]
     if acks == "all":
         args += ["-X", "enable.idempotence=true"]
     subprocess.run(args, input=b"warm-up\n", check=True, timeout=60)  # creates the topic, untimed
-    before = high_watermark(bootstrap, topic)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    procs = [subprocess.Popen([*args, "-l", str(f)], stderr=subprocess.PIPE) for f in files]
-    errors = [p.communicate(timeout=600)[1].decode(errors="replace").strip() for p in procs]
-    elapsed = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    kcat_cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
-    if any(p.returncode for p in procs) or any(errors):
-        raise RuntimeError(f"kcat failed: {[p.returncode for p in procs]} {errors}")
-    stored = high_watermark(bootstrap, topic) - before
-    if stored != per_file * len(files):
-        raise RuntimeError(f"kcat produced {per_file * len(files)} records but the broker stored {stored}")
-    return stored / elapsed, kcat_cpu / stored * 1e6
+    return run_producers([[*args, "-l", str(f)] for f in files], bootstrap, topic, per_file * len(files))
 
 
 def build_loadgen(build_dir: Path) -> Path:
@@ -193,27 +198,12 @@ def build_loadgen(build_dir: Path) -> Path:
 def loadgen_produce(
     exe: Path, bootstrap: str, topic: str, per_proc: int, size: int, acks: str, idempotence: bool
 ) -> tuple[float, float]:
-    """``LOADGEN_PROCS`` kafka_produce processes at once; records/s from start until the last one
-    exits, the count verified from the broker's high watermark; also the load generator's CPU µs
-    per record (from the children's rusage)."""
+    """``LOADGEN_PROCS`` kafka_produce processes at once (see ``run_producers``)."""
     settings = ["linger.ms=5", "batch.num.messages=10000", f"acks={acks}", f"enable.idempotence={idempotence}".lower()]
     subprocess.run([str(exe), bootstrap, topic, "0", "1", str(size), *settings],
                    check=True, capture_output=True, timeout=60)  # creates the topic, untimed
-    before = high_watermark(bootstrap, topic)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    args = [str(exe), bootstrap, topic, "0", str(per_proc), str(size), *settings]
-    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(LOADGEN_PROCS)]
-    outputs = [p.communicate(timeout=600) for p in procs]
-    elapsed = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"kafka_produce failed: {[err.decode(errors='replace') for _, err in outputs]}")
-    stored = high_watermark(bootstrap, topic) - before
-    if stored != per_proc * LOADGEN_PROCS:
-        raise RuntimeError(f"kafka_produce sent {per_proc * LOADGEN_PROCS} records but the broker stored {stored}")
-    return stored / elapsed, cpu / stored * 1e6
+    command = [str(exe), bootstrap, topic, "0", str(per_proc), str(size), *settings]
+    return run_producers([command] * LOADGEN_PROCS, bootstrap, topic, per_proc * LOADGEN_PROCS)
 
 
 def kafka_consume(bootstrap: str, topic: str, n: int) -> float:
@@ -236,7 +226,7 @@ def kafka_latency(bootstrap: str, topic: str, seconds: float, acks: str, linger_
     producer.produce(topic, b"warm-up")
     producer.flush(10)
     total = int(seconds * RATE)
-    reader = start_reader(_kafka_reader, bootstrap, topic, total, seconds)
+    reader = LatencyReader(_kafka_reader, (bootstrap, topic, total, seconds))
 
     def send(stamps: list[bytes]) -> None:
         for stamp in stamps:
@@ -264,10 +254,6 @@ class LatencyReader:
         latencies: list[float] = self._out.get(timeout=seconds + 60)
         self._proc.join(10)
         return latencies
-
-
-def start_reader(target: Callable[..., None], *args: object) -> LatencyReader:
-    return LatencyReader(target, args)
 
 
 def _kafka_reader(bootstrap: str, topic: str, total: int, seconds: float, ready: Any, out: Any) -> None:
@@ -347,7 +333,7 @@ def redis_latency(port: int, seconds: float) -> list[float]:
     writer = redis.Redis(port=port)
     writer.xgroup_create("lat", "g", id="$", mkstream=True)
     total = int(seconds * RATE)
-    reader = start_reader(_redis_reader, port, total, seconds)
+    reader = LatencyReader(_redis_reader, (port, total, seconds))
 
     def send(stamps: list[bytes]) -> None:
         pipe = writer.pipeline(transaction=False)  # the records due this tick, one round trip
@@ -451,6 +437,18 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def acks_label(acks: str) -> str:
+    """A row's producer settings: acks=all runs with idempotence (the one plain acks=all row says so)."""
+    return "acks=all + idempotence" if acks == "all" else f"acks={acks}"
+
+
+def nats_server(root: Path, name: str) -> tuple[list[str], int]:
+    """The nats-server command line: JetStream with its file store in ``root / name``."""
+    port = free_port()
+    (root / name).mkdir()
+    return ["nats-server", "-js", "-p", str(port), "-a", "127.0.0.1", "-sd", str(root / name)], port
+
+
 def redis_server(root: Path, name: str, durable: bool) -> tuple[list[str], int]:
     """The redis-server command line: no persistence (Redis's default), or AOF with an fsync before
     every reply (``appendfsync always``, the durable peer of acks=all + flush=always)."""
@@ -475,8 +473,7 @@ def latency_phase(root: Path, seconds: float) -> dict[str, list[float]]:
         for linger in (0, 1):
             os.sync()
             with sluice(root / f"sluice-{flush}-{linger}", flush) as (bootstrap, _pid):
-                idem = " + idempotence" if acks == "all" else ""
-                record(f"sluice acks={acks}{idem} flush={flush} linger.ms={linger}",
+                record(f"sluice {acks_label(acks)} flush={flush} linger.ms={linger}",
                        kafka_latency(bootstrap, "latency", seconds, acks, linger))
     for durable in (False, True):
         os.sync()
@@ -484,10 +481,8 @@ def latency_phase(root: Path, seconds: float) -> dict[str, list[float]]:
         with process(command, redis_port):
             record("redis AOF fsync always" if durable else "redis", redis_latency(redis_port, seconds))
     os.sync()
-    nats_port = free_port()
-    (root / "nats").mkdir()
-    with process(["nats-server", "-js", "-p", str(nats_port), "-a", "127.0.0.1", "-sd", str(root / "nats")],
-                 nats_port):
+    command, nats_port = nats_server(root, "nats")
+    with process(command, nats_port):
         record("nats", asyncio.run(nats_latency(nats_port, seconds)))
     return lat
 
@@ -520,20 +515,19 @@ def main() -> None:
                 for size, total in c_total.items():
                     # acks=all runs twice with kafka_produce: plain, and with idempotence (librdkafka then
                     # keeps at most 5 requests in flight and spends more CPU per record); kcat with it.
-                    idem = " + idempotence" if acks == "all" else ""
                     runs = [
-                        (f"acks={acks}{idem}", f"kafka_produce x{LOADGEN_PROCS}", partial(
+                        (acks_label(acks), f"kafka_produce x{LOADGEN_PROCS}", partial(
                             loadgen_produce, loadgen, bootstrap, f"lg{size}", total // LOADGEN_PROCS, size, acks,
                             acks == "all")),
-                        (f"acks={acks}{idem}", f"kcat x{KCAT_PROCS}", partial(
+                        (acks_label(acks), f"kcat x{KCAT_PROCS}", partial(
                             kcat_produce, bootstrap, f"kcat{size}", kcat_files[size], total // KCAT_PROCS, acks)),
                     ]
                     if acks == "all":
                         runs.insert(0, ("acks=all", f"kafka_produce x{LOADGEN_PROCS}", partial(
                             loadgen_produce, loadgen, bootstrap, f"lg{size}-plain", total // LOADGEN_PROCS, size,
                             acks, False)))
-                    for acks_label, label, run in runs:
-                        name = f"sluice produce {size}B {acks_label} flush={flush} ({label})"
+                    for settings, label, run in runs:
+                        name = f"sluice produce {size}B {settings} flush={flush} ({label})"
                         cpu = cpu_seconds(pid)
                         results[name], client_cpu[name] = run()
                         broker_cpu[name] = (cpu_seconds(pid) - cpu) / total * 1e6
@@ -541,8 +535,7 @@ def main() -> None:
                               f"load generator CPU {client_cpu[name]:.2f} µs/record", flush=True)
                 for size, n in ((100, n_small), (1024, n_large)):
                     topic = f"p{size}"
-                    idem = " + idempotence" if acks == "all" else ""
-                    name = f"sluice produce {size}B acks={acks}{idem} flush={flush} (Python produce() loop)"
+                    name = f"sluice produce {size}B {acks_label(acks)} flush={flush} (Python produce() loop)"
                     cpu = cpu_seconds(pid)
                     results[name] = kafka_produce(bootstrap, topic, n, size, acks)
                     broker_cpu[name] = (cpu_seconds(pid) - cpu) / n * 1e6
@@ -566,10 +559,8 @@ def main() -> None:
                             results[f"redis XREADGROUP {size}B {variant}"] = redis_xreadgroup(
                                 redis_port, f"bench-{size}", n, ack)
                 print({k: f"{v:,.0f}" for k, v in results.items() if k.startswith(label)}, flush=True)
-        nats_port = free_port()
-        (root / "nats").mkdir()
-        with process(["nats-server", "-js", "-p", str(nats_port), "-a", "127.0.0.1", "-sd", str(root / "nats")],
-                     nats_port):
+        command, nats_port = nats_server(root, "nats")
+        with process(command, nats_port):
             for size, n in ((100, n_small), (1024, n_large)):
                 p, c = asyncio.run(nats_throughput(nats_port, n, size))
                 results[f"nats publish {size}B"], results[f"nats consume {size}B"] = p, c
