@@ -329,15 +329,10 @@ class Group:
     def heartbeat(self, now: float, generation_id: int, member_id: str) -> ErrorCode:
         if self.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        member = self.members.get(member_id)
-        if member is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        if generation_id != self.generation_id:
-            return ErrorCode.ILLEGAL_GENERATION
-        member.touch(now)
-        if self.state is GroupState.PREPARING_REBALANCE:
+        error = self._touch_member(now, generation_id, member_id)
+        if error is ErrorCode.NONE and self.state is GroupState.PREPARING_REBALANCE:
             return ErrorCode.REBALANCE_IN_PROGRESS
-        return ErrorCode.NONE
+        return error
 
     def leave(self, now: float, member_ids: Sequence[str]) -> tuple[dict[str, ErrorCode], Effects]:
         effects = Effects()
@@ -364,6 +359,10 @@ class Group:
             return ErrorCode.NONE
         if self.state is GroupState.COMPLETING_REBALANCE:
             return ErrorCode.REBALANCE_IN_PROGRESS
+        return self._touch_member(now, generation_id, member_id)
+
+    def _touch_member(self, now: float, generation_id: int, member_id: str) -> ErrorCode:
+        """A known member of the current generation is alive as of ``now``; otherwise its error."""
         member = self.members.get(member_id)
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID

@@ -58,7 +58,13 @@ class CommittedOffset(NamedTuple):
 
 
 class OffsetStore(ABC):
-    """Where a group's committed offsets live. One event loop uses a store at a time."""
+    """Where a group's committed offsets live. One event loop uses a store at a time.
+
+    Both stores keep every committed offset in memory (``_state``) and answer reads from it; they
+    differ in how a commit or delete reaches it (directly, or through the durable log first)."""
+
+    def __init__(self) -> None:
+        self._state = _State()
 
     async def open(self) -> None:  # noqa: B027 - optional hook
         """Load stored state; called once before use."""
@@ -74,15 +80,15 @@ class OffsetStore(ABC):
     async def delete_group(self, group_id: str) -> None:
         """Forget every offset of the group."""
 
-    @abstractmethod
     def fetch(
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None
     ) -> dict[TopicPartition, CommittedOffset]:
         """Committed offsets of the group: all of them, or those of ``partitions`` that exist."""
+        return self._state.fetch(group_id, partitions)
 
-    @abstractmethod
     def groups(self) -> list[str]:
         """Groups with at least one committed offset."""
+        return sorted(self._state.groups)
 
 
 class _State:
@@ -108,22 +114,11 @@ class _State:
 
 
 class MemoryOffsetStore(OffsetStore):
-    def __init__(self) -> None:
-        self._state = _State()
-
     async def commit(self, group_id: str, offsets: Mapping[TopicPartition, CommittedOffset]) -> None:
         self._state.apply_commit(group_id, {tp: CommittedOffset(*v) for tp, v in offsets.items()})
 
     async def delete_group(self, group_id: str) -> None:
         self._state.apply_delete(group_id)
-
-    def fetch(
-        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
-    ) -> dict[TopicPartition, CommittedOffset]:
-        return self._state.fetch(group_id, partitions)
-
-    def groups(self) -> list[str]:
-        return sorted(self._state.groups)
 
 
 # ---------------------------------------------------------------------- record codec
@@ -237,9 +232,9 @@ def _write_all(fd: int, data: bytes) -> None:
 
 class DurableOffsetStore(OffsetStore):
     def __init__(self, directory: str | os.PathLike[str], *, compact_bytes: int = 16 * 1024 * 1024) -> None:
+        super().__init__()
         self.directory = Path(directory)
         self.compact_bytes = compact_bytes
-        self._state = _State()
         self._fd: int | None = None
         self._log_seq = 0
         self._log_bytes = 0
@@ -293,14 +288,6 @@ class DurableOffsetStore(OffsetStore):
 
     async def delete_group(self, group_id: str) -> None:
         await self._append(_KIND_DELETE, group_id, {}, bytes([_KIND_DELETE]) + _str16(group_id))
-
-    def fetch(
-        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
-    ) -> dict[TopicPartition, CommittedOffset]:
-        return self._state.fetch(group_id, partitions)
-
-    def groups(self) -> list[str]:
-        return sorted(self._state.groups)
 
     # -------------------------------------------------------------- write path
 
