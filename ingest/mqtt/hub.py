@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from ingest.mqtt.packets import MQTT_5, MQTT_311, Publish, Subscription, Will
 from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
@@ -19,12 +19,15 @@ from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
 if TYPE_CHECKING:
     from ingest.mqtt.session import MqttConnection, SessionState
 
-__all__ = ["Accepted", "Authenticator", "Hub", "HubConfig", "HubStats", "IngestPort"]
+__all__ = ["Accepted", "Authenticator", "Hub", "HubConfig", "HubStats", "IngestPort", "Refusal"]
 
 log = logging.getLogger("ingest.mqtt")
 
 # (client_id, username, password) -> accepted?
 Authenticator = Callable[[str, str | None, bytes | None], bool]
+# Why a CONNECT was refused: no credentials while anonymous clients are not allowed; credentials while there
+# is no user database to check them against; credentials the user database does not accept.
+Refusal = Literal["anonymous", "no-users", "bad-credentials"]
 
 
 # A PUBLISH accepted from a device: (the packet with its topic resolved, its packet id or 0, arrival ms).
@@ -73,6 +76,7 @@ class HubStats:
     delivered: int = 0
     dropped_deliveries: int = 0  # counted and logged, never silent
     protocol_errors: int = 0
+    refused_logins: int = 0  # CONNECTs refused for their credentials (or for having none)
     append_errors: int = 0
     wills_published: int = 0
     read_pauses: int = 0  # times a connection's socket reads were paused for backpressure
@@ -92,12 +96,20 @@ class Hub:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     # ------------------------------------------------------------------ connect / sessions
-    def authenticate(self, client_id: str, username: str | None, password: bytes | None) -> bool:
+    @property
+    def nobody_can_log_in(self) -> bool:
+        """Anonymous clients are refused and there is no user database: every CONNECT is refused."""
+        return not self.config.allow_anonymous and self.authenticator is None
+
+    def authenticate(self, client_id: str, username: str | None, password: bytes | None) -> Refusal | None:
+        """None when the client may connect, else why not (the session maps it to a CONNACK code)."""
         if username is None and password is None:
-            return self.config.allow_anonymous
+            return None if self.config.allow_anonymous else "anonymous"
         if self.authenticator is None:
-            return True
-        return bool(self.authenticator(client_id, username, password))
+            # No user database: credentials cannot be checked, so they only pass where anyone may connect
+            # (Mosquitto does the same). allow_anonymous = false without users locks everybody out.
+            return None if self.config.allow_anonymous else "no-users"
+        return None if self.authenticator(client_id, username, password) else "bad-credentials"
 
     def attach(self, connection: MqttConnection, client_id: str, clean: bool, expiry_s: float) -> tuple[
         SessionState, bool

@@ -93,6 +93,12 @@ class MqttListener:
         if self._announce is not None:
             self._announce(self.name, self.host, self.port)
         log.info("mqtt listener started", extra={"host": self.host, "port": self.port})
+        if self.hub.nobody_can_log_in:
+            log.warning(
+                "mqtt: allow_anonymous is false and no users are configured, so every client is refused "
+                "(CONNACK 0x05 / 5.0: 0x86, or 0x87 without credentials); add [mqtt.users] or allow anonymous "
+                "clients", extra={"port": self.port},
+            )
 
     async def _sweep(self) -> None:
         while True:

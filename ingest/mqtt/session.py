@@ -8,8 +8,9 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
   A protocol level we do not accept gets CONNACK 0x01 in 3.1.1 format (levels < 5) or 0x84 in 5.0 format,
   then close. An empty client id is refused (3.1.1, 0x02) unless the session is clean; under 5.0 one is
   assigned. Credentials go through the hub's authentication hook (anonymous only when allowed):
-  3.1.1 refusals are 0x04 (bad credentials) / 0x05 (not authorised), 5.0 are 0x86 / 0x87. No CONNECT
-  within the connect timeout closes the socket.
+  3.1.1 refusals are 0x04 (bad credentials) / 0x05 (not authorised), 5.0 are 0x86 / 0x87. With
+  anonymous clients refused and no user database, nobody gets in: 3.1.1 0x05, 5.0 0x86 (0x87 when
+  no credentials were sent). No CONNECT within the connect timeout closes the socket.
 * Session: clean start drops any stored session. A persistent session (3.1.1 clean session = 0, or 5.0
   Session Expiry Interval > 0) keeps, by client id, its subscriptions, the QoS 1/2 messages queued for the
   client, outbound messages in flight, and inbound QoS 2 packet ids awaiting PUBREL. On reconnect
@@ -84,6 +85,13 @@ _FOREVER = float("inf")
 _MAX_BATCH = 4096  # messages per append call
 _PUBACK = 0x40020000  # fixed header + remaining length 2; the packet id goes in the low 16 bits
 _PUBREC = 0x50020000
+# CONNACK code per ``Hub.authenticate`` refusal: (3.1.1, 5.0). Without a user database nobody is "not
+# authorised" under 3.1.1 (as Mosquitto answers); 5.0 says the credentials were not accepted.
+_LOGIN_REFUSALS: dict[str, tuple[int, int]] = {
+    "anonymous": (0x05, Reason.NOT_AUTHORIZED),
+    "no-users": (0x05, Reason.BAD_USERNAME_OR_PASSWORD),
+    "bad-credentials": (0x04, Reason.BAD_USERNAME_OR_PASSWORD),
+}
 
 
 class SessionState:
@@ -428,12 +436,10 @@ class MqttConnection(asyncio.BufferedProtocol):
         if v5 and props.authentication_method is not None:
             self._refuse(Reason.BAD_AUTHENTICATION_METHOD, level)
             return
-        if not hub.authenticate(client_id, packet.username, packet.password):
-            anonymous = packet.username is None and packet.password is None
-            if v5:
-                self._refuse(Reason.NOT_AUTHORIZED if anonymous else Reason.BAD_USERNAME_OR_PASSWORD, level)
-            else:
-                self._refuse(0x05 if anonymous else 0x04, level)
+        refusal = hub.authenticate(client_id, packet.username, packet.password)
+        if refusal is not None:
+            hub.stats.refused_logins += 1
+            self._refuse(_LOGIN_REFUSALS[refusal][1 if v5 else 0], level)
             return
         if v5 and props.receive_maximum == 0:
             self._protocol_error(ProtocolError("Receive Maximum of 0", Reason.PROTOCOL_ERROR))

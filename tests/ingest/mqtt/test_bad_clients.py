@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
 import paho.mqtt.client as paho
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from ingest.mqtt.packets import MQTT_5, MQTT_311, Connack, Disconnect, Puback, Publish, Will
@@ -115,6 +117,58 @@ async def test_authentication_hook(start_server: StartServer) -> None:
                              "-t", "t", "-m", "m")
     assert code == 0, err
     assert [r.value for r in records(server.store, "mqtt")] == [b"m"]
+
+
+def paho_connack(port: int, protocol: paho.MQTTProtocolVersion, username: str | None, password: str | None) -> int:
+    """CONNACK reason paho reports for one login attempt (3.1.1 codes as paho maps them to 5.0 values)."""
+    got: list[int] = []
+    done = threading.Event()
+
+    def on_connect(client: paho.Client, userdata: object, flags: object, reason: object, props: object) -> None:
+        got.append(int(getattr(reason, "value", 0)))
+        done.set()
+
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id="locked-out", protocol=protocol)
+    if username is not None:
+        client.username_pw_set(username, password)
+    client.on_connect = on_connect
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        assert done.wait(10), "no CONNACK"
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    return got[0]
+
+
+async def test_no_users_and_no_anonymous_means_nobody_gets_in(
+    start_server: StartServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """allow_anonymous = false with no users used to let any username in; now every login is refused."""
+    with caplog.at_level(logging.WARNING, logger="ingest.mqtt"):
+        server = await start_server(allow_anonymous=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("every client is refused" in w and "no users are configured" in w for w in warnings), warnings
+    port = str(server.port)
+    for version in ("mqttv311", "mqttv5"):
+        for creds in ([], ["-u", "anyone", "-P", "anything"]):
+            code, _, err = await run("mosquitto_pub", "-p", port, "-V", version, *creds, "-q", "1",
+                                     "-t", "t", "-m", "m")
+            assert code != 0, (version, creds)
+            expected = "not authori" if version == "mqttv311" or not creds else "bad user name or password"
+            assert expected in err.lower(), (version, creds, err)
+    # the exact codes: 3.1.1 0x05 either way; 5.0 0x86 for credentials, 0x87 without
+    raw = await RawClient.open(server.port, MQTT_311)
+    assert (await raw.connect("x", username="anyone", password=b"pw")).reason_code == 0x05
+    raw = await RawClient.open(server.port, MQTT_5)
+    assert (await raw.connect("x", username="anyone", password=b"pw")).reason_code == 0x86
+    raw = await RawClient.open(server.port, MQTT_5)
+    assert (await raw.connect("x")).reason_code == 0x87
+    assert await asyncio.to_thread(paho_connack, server.port, paho.MQTTv311, "anyone", "pw") == 0x87  # paho: 5
+    assert await asyncio.to_thread(paho_connack, server.port, paho.MQTTv5, "anyone", "pw") == 0x86
+    assert not server.store.has_topic("mqtt") and not server.hub.sessions
+    assert server.hub.stats.refused_logins == 9
 
 
 async def test_keepalive_expiry_disconnects_with_0x8d_and_publishes_the_will(server: MqttServer) -> None:
