@@ -170,6 +170,8 @@ def _parse_json_stdlib(payload: bytes) -> Parsed:
         pos = getattr(exc, "pos", None)
         where = f" at byte {pos}" if pos is not None else ""
         raise FormatError(f"invalid JSON: {msg}{where}") from None
+    except RecursionError:  # the stdlib parser recurses per nesting level (orjson stops at 1024)
+        raise FormatError("invalid JSON: nested too deeply") from None
     return Parsed("json", doc)
 
 
@@ -365,12 +367,20 @@ _RAW = Parsed("raw", None)  # raw payloads have nothing to parse; Parsed is immu
 
 
 def parse_payload(fmt: str, payload: bytes, columns: tuple[str, ...] | None = None) -> Parsed:
-    if fmt == "json":
-        return parse_json(payload)
-    if fmt == "influx":
-        return parse_influx(payload)
-    if fmt == "csv":
-        return parse_csv_row(payload, columns)
+    """``payload`` parsed as ``fmt``. Raises ``FormatError`` and nothing else: whatever a parser throws on
+    hostile input (RecursionError, MemoryError, a library's own error) is the payload's fault, and becomes
+    a reason for its dead letter instead of taking down the batch it arrived in."""
+    try:
+        if fmt == "json":
+            return parse_json(payload)
+        if fmt == "influx":
+            return parse_influx(payload)
+        if fmt == "csv":
+            return parse_csv_row(payload, columns)
+    except FormatError:
+        raise
+    except Exception as exc:
+        raise FormatError(f"cannot be parsed as {fmt} ({type(exc).__name__}: {_snippet(str(exc))})") from None
     if fmt == "raw":
         return _RAW
     raise FormatError(f"unknown payload format {fmt!r} (known: {', '.join(FORMATS)})")

@@ -439,6 +439,9 @@ class SourceRoutes:
             except PayloadError as exc:
                 device = message.device or _default_device(parsed)
                 out.append(Rejected(f"route {rule.name}: {exc}", message.payload, device))
+            except Exception as exc:  # hostile input past the parser (e.g. re-encoding a deep document)
+                reason = f"route {rule.name}: cannot use the payload ({type(exc).__name__}: {str(exc)[:80]})"
+                out.append(Rejected(reason, message.payload, message.device))
         return out
 
     def _apply(self, rule: RouteRule, message: RawMessage, parsed: Parsed, arrival: int) -> RoutedTuple:
