@@ -4,7 +4,8 @@ The hot path only adds to ints and dict entries; turning them into Prometheus se
 time in the assembly (``sluice/front_metrics.py``), so the broker imports no metrics library.
 
 - connections: open now and accepted in total, per listener name.
-- requests: by API key, counted when a request is decoded (UNSUPPORTED_VERSION answers included).
+- requests: by API key, counted when a request is decoded (UNSUPPORTED_VERSION answers included); keys
+  we do not serve share one entry, ``UNKNOWN_API`` (-1), so random keys cannot grow the series count.
 - produce: records and bytes of batches appended (duplicates of idempotent retries are not counted again).
 - fetch: record bytes handed back in Fetch responses.
 - errors: by Kafka error code, for every non-zero ``error_code`` in a response (per topic, partition or
@@ -15,10 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.protocol.kafka.codec import SUPPORTED_APIS
 from broker.protocol.kafka.fetch import FetchResponse
 from broker.protocol.kafka.produce import ProduceResponse
 
-__all__ = ["KafkaStats"]
+__all__ = ["UNKNOWN_API", "KafkaStats"]
+
+UNKNOWN_API = -1  # the ``requests`` key of every API key we do not serve (exported as api="unknown")
 
 
 class KafkaStats:
@@ -51,6 +55,8 @@ class KafkaStats:
         self.connections_open[listener] = self.connections_open.get(listener, 1) - 1
 
     def request(self, api_key: int) -> None:
+        if api_key not in SUPPORTED_APIS:
+            api_key = UNKNOWN_API
         self.requests[api_key] = self.requests.get(api_key, 0) + 1
 
     def error(self, code: int, count: int = 1) -> None:

@@ -158,15 +158,62 @@ def decode_request(frame: bytes | memoryview) -> Request:
     api_key, version, corr = peek_api(frame)
     _check_supported(api_key, version, corr)
     header, pos = decode_request_header(frame, is_flexible(api_key, version))
+    cls = load_request_schema(api_key, version)
     try:
-        body, _size = _reader(load_request_schema(api_key, version))(frame, pos)
+        body, _size = _reader(cls)(frame, pos)
     except MalformedRequestError:
         raise
     except Exception as exc:  # kio's reader raises its own types on short or bad input
         raise MalformedRequestError(
             f"cannot decode {ApiKey(api_key).name} v{version} request: {type(exc).__name__}: {exc}"
         ) from exc
+    null_field = _first_null_field(cls, body)
+    if null_field is not None:
+        raise MalformedRequestError(
+            f"cannot decode {ApiKey(api_key).name} v{version} request: "
+            f"non-nullable field {null_field} was serialized as null"
+        )
     return Request(header, body)
+
+
+# kio reads a null (-1) array, string or bytes as None whether or not the schema allows null there.
+# Kafka's generated readers refuse it ("non-nullable field X was serialized as null"), the broker turns
+# that into InvalidRequestException and closes the connection; so do we, instead of handing None to
+# a handler that iterates it. Per class: (field, nullable, nested entity class or None).
+_FieldRule = tuple[str, bool, type | None]
+
+
+@cache
+def _field_rules(cls: type) -> tuple[_FieldRule, ...]:
+    rules: list[_FieldRule] = []
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        nullable = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args
+        if nullable:
+            hint = next(a for a in args if a is not type(None))
+        inner = typing.get_args(hint)[0] if typing.get_origin(hint) is tuple else hint
+        nested = inner if isinstance(inner, type) and is_dataclass(inner) else None
+        rules.append((f.name, nullable, nested))
+    return tuple(rules)
+
+
+def _first_null_field(cls: type, entity: Any) -> str | None:
+    """The dotted name of the first non-nullable field that holds None, if any."""
+    for name, nullable, nested in _field_rules(cls):
+        value = getattr(entity, name)
+        if value is None:
+            if not nullable:
+                return name
+            continue
+        if nested is None:
+            continue
+        for item in value if isinstance(value, tuple) else (value,):
+            inner = _first_null_field(nested, item)
+            if inner is not None:
+                return f"{name}.{inner}"
+    return None
 
 
 # ---------------------------------------------------------------- building kio entities
