@@ -11,7 +11,8 @@ One root, so callers can catch everything the broker raises::
     │   ├── UnknownTopicError
     │   ├── TopicExistsError
     │   ├── InvalidTopicError       name breaks Kafka's naming rules
-    │   └── InvalidPartitionsError
+    │   ├── InvalidPartitionsError
+    │   └── InvalidConfigError      a topic config name or value Kafka would refuse (also a ValueError)
     ├── OffsetOutOfRangeError
     └── StorageError                our side: the data directory cannot be used
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 __all__ = [
     "BrokerError",
     "CorruptRecordError",
+    "InvalidConfigError",
     "InvalidPartitionsError",
     "InvalidRecordError",
     "InvalidTopicError",
@@ -72,6 +74,10 @@ class InvalidTopicError(TopicError):
 
 class InvalidPartitionsError(TopicError):
     """The partition count is not a positive number within limits."""
+
+
+class InvalidConfigError(TopicError, ValueError):
+    """A topic config name is unknown or its value is out of Kafka's range."""
 
 
 class OffsetOutOfRangeError(BrokerError):

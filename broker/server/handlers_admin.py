@@ -1,4 +1,4 @@
-"""ApiVersions, Metadata, CreateTopics, DeleteTopics, DescribeConfigs.
+"""ApiVersions, Metadata, CreateTopics, DeleteTopics (configs: ``handlers_configs``).
 
 One broker (node id 0) leads every partition, is its only replica and the controller; Metadata
 advertises the configured host and port so clients reconnect to the right place.
@@ -10,7 +10,6 @@ import logging
 from typing import Any
 
 from broker.errors import BrokerError
-from broker.log.config import KAFKA_CONFIG_NAMES
 from broker.protocol.kafka import api_versions_body
 from broker.protocol.kafka_codes import ErrorCode
 from broker.server.handlers_common import NODE_ID, BrokerContext, ConnectionInfo, error_code_for
@@ -19,19 +18,12 @@ __all__ = [
     "handle_api_versions",
     "handle_create_topics",
     "handle_delete_topics",
-    "handle_describe_configs",
     "handle_metadata",
 ]
 
 log = logging.getLogger("broker.server.kafka")
 
 _NO_AUTHORIZED_OPERATIONS = -(2**31)
-RESOURCE_TOPIC = 2
-RESOURCE_BROKER = 4
-SOURCE_DYNAMIC_TOPIC = 1
-SOURCE_DEFAULT = 5
-TYPE_STRING = 2
-TYPE_LONG = 5
 
 
 async def handle_api_versions(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
@@ -94,6 +86,8 @@ async def handle_create_topics(ctx: BrokerContext, body: Any, conn: ConnectionIn
         except ValueError as exc:
             result["error_code"] = ErrorCode.INVALID_CONFIG
             result["error_message"] = str(exc)
+            log.warning(f"CreateTopics refused: {exc}", extra={"topic": name, "error": "INVALID_CONFIG",
+                                                               "peer": conn.peer_host})
             continue
         if ctx.store.has_topic(name):
             result["error_code"] = ErrorCode.TOPIC_ALREADY_EXISTS
@@ -122,42 +116,3 @@ async def handle_delete_topics(ctx: BrokerContext, body: Any, conn: ConnectionIn
             code = error_code_for(exc)
         responses.append({"name": str(name), "error_code": code})
     return {"throttle_time": 0, "responses": responses}
-
-
-def _config_entry(name: str, value: str, default: str | None) -> dict[str, Any]:
-    source = SOURCE_DEFAULT if value == default else SOURCE_DYNAMIC_TOPIC
-    kind = TYPE_LONG if value.lstrip("-").isdigit() else TYPE_STRING
-    return {"name": name, "value": value, "read_only": False, "config_source": source, "is_default":
-            source == SOURCE_DEFAULT, "is_sensitive": False, "synonyms": [], "config_type": kind,
-            "documentation": None}
-
-
-async def handle_describe_configs(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
-    results: list[dict[str, Any]] = []
-    defaults = ctx.store.default_config.to_kafka_configs()
-    for resource in body.resources:
-        rtype = int(resource.resource_type)
-        rname = str(resource.resource_name)
-        keys = resource.configuration_keys
-        result: dict[str, Any] = {"error_code": ErrorCode.NONE, "error_message": None, "resource_type": rtype,
-                                  "resource_name": rname, "configs": []}
-        results.append(result)
-        if rtype == RESOURCE_TOPIC:
-            try:
-                configs = ctx.store.topic(rname).config.to_kafka_configs()
-            except BrokerError as exc:
-                result["error_code"] = error_code_for(exc)
-                result["error_message"] = str(exc)
-                continue
-            result["configs"] = [
-                _config_entry(k, v, defaults.get(k)) for k, v in configs.items() if keys is None or k in keys
-            ]
-        elif rtype == RESOURCE_BROKER:
-            result["configs"] = [
-                _config_entry(k, v, v) for k, v in defaults.items() if (keys is None or k in keys)
-                and k in KAFKA_CONFIG_NAMES
-            ]
-        else:
-            result["error_code"] = ErrorCode.INVALID_REQUEST
-            result["error_message"] = f"resource type {rtype} is not described by Sluice"
-    return {"throttle_time": 0, "results": results}

@@ -9,6 +9,7 @@ from typing import Any
 from broker.errors import (
     BrokerError,
     CorruptRecordError,
+    InvalidConfigError,
     InvalidPartitionsError,
     InvalidTopicError,
     OffsetOutOfRangeError,
@@ -65,6 +66,7 @@ _ERRORS: tuple[tuple[type[BrokerError], ErrorCode], ...] = (
     (TopicExistsError, ErrorCode.TOPIC_ALREADY_EXISTS),
     (InvalidTopicError, ErrorCode.INVALID_TOPIC_EXCEPTION),
     (InvalidPartitionsError, ErrorCode.INVALID_PARTITIONS),
+    (InvalidConfigError, ErrorCode.INVALID_CONFIG),
     (OffsetOutOfRangeError, ErrorCode.OFFSET_OUT_OF_RANGE),
     (StorageError, ErrorCode.KAFKA_STORAGE_ERROR),
 )

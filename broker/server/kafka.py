@@ -40,6 +40,7 @@ from broker.protocol.kafka import (
 )
 from broker.protocol.kafka_codes import ErrorCode
 from broker.server import handlers_admin as admin
+from broker.server import handlers_configs as configs
 from broker.server import handlers_fetch as fetching
 from broker.server import handlers_groups as groups
 from broker.server import handlers_produce as producing
@@ -71,7 +72,9 @@ _HANDLERS: dict[int, Handler] = {
     ApiKey.CREATE_TOPICS: lambda c, h, b, n: admin.handle_create_topics(c, b, n),
     ApiKey.DELETE_TOPICS: lambda c, h, b, n: admin.handle_delete_topics(c, b, n),
     ApiKey.INIT_PRODUCER_ID: lambda c, h, b, n: producing.handle_init_producer_id(c, b, n),
-    ApiKey.DESCRIBE_CONFIGS: lambda c, h, b, n: admin.handle_describe_configs(c, b, n),
+    ApiKey.DESCRIBE_CONFIGS: lambda c, h, b, n: configs.handle_describe_configs(c, b, n),
+    ApiKey.ALTER_CONFIGS: lambda c, h, b, n: configs.handle_alter_configs(c, b, n),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: lambda c, h, b, n: configs.handle_incremental_alter_configs(c, b, n),
 }
 
 

@@ -75,6 +75,8 @@ class ApiKey(enum.IntEnum):
     DELETE_TOPICS = 20
     INIT_PRODUCER_ID = 22
     DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
+    INCREMENTAL_ALTER_CONFIGS = 44
 
 
 API_VERSIONS_KEY = int(ApiKey.API_VERSIONS)
@@ -107,7 +109,9 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.CREATE_TOPICS, 2, 4),
         ApiSpec(ApiKey.DELETE_TOPICS, 1, 3),
         ApiSpec(ApiKey.INIT_PRODUCER_ID, 0, 1),
-        ApiSpec(ApiKey.DESCRIBE_CONFIGS, 1, 3),
+        ApiSpec(ApiKey.DESCRIBE_CONFIGS, 1, 4),
+        ApiSpec(ApiKey.ALTER_CONFIGS, 0, 2),
+        ApiSpec(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1),
     )
 }
 

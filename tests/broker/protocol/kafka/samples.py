@@ -65,4 +65,14 @@ SAMPLE_REQUESTS: dict[int, dict[str, Any]] = {
         "resources": [{"resource_type": 2, "resource_name": "samples", "configuration_keys": None}],
         "include_synonyms": False, "include_documentation": False,
     },
+    ApiKey.ALTER_CONFIGS: {
+        "resources": [{"resource_type": 2, "resource_name": "samples",
+                       "configs": [{"name": "retention.ms", "value": "60000"}]}],
+        "validate_only": True,
+    },
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: {
+        "resources": [{"resource_type": 2, "resource_name": "samples",
+                       "configs": [{"name": "cleanup.policy", "config_operation": 2, "value": "compact"}]}],
+        "validate_only": True,
+    },
 }
