@@ -8,7 +8,10 @@ durable as its topic's flush policy promises. Listeners acknowledge devices afte
 Nothing vanishes: a message that cannot be parsed or routed, or whose append the log refuses
 (topic limits, unknown topic with auto-creation off), is written to the dead-letter topic with the
 headers ``reason``, ``source``, ``device`` and (for MQTT) ``mqtt_topic``, its value the original bytes.
-If even the dead-letter append fails, ``write`` raises ``SinkError`` and the caller must not ack.
+A storage failure (``StorageError``: the disk is full or failing) is not the message's fault: it is
+never dead-lettered, and ``write`` raises ``SinkError`` so the caller does not acknowledge and the
+device keeps the data and sends it again. The same holds when even the dead-letter append fails.
+Records of other partitions that were stored before the failure may then arrive twice (at least once).
 
 Backpressure: ``write`` first reserves the payload bytes of its messages from a budget of
 ``max_pending_bytes`` (bytes accepted but not yet durable). When the budget is used up, callers wait
@@ -27,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from broker.errors import BrokerError
+from broker.errors import BrokerError, StorageError
 from broker.log.api import LogStore
 from broker.protocol.records import Headers, RecordTuple, encode_record_tuples
 from ingest.errors import SinkError
@@ -108,6 +111,7 @@ class IngestSink:
         self._writable.set()
         self.messages_written = 0
         self.dead_lettered = 0
+        self.storage_failures = 0  # writes refused because the log could not store them (never dead-lettered)
         # (topic, partition count, key) -> partition: murmur2 in Python costs more than a dict lookup
         self._partition_cache: dict[tuple[str, int, bytes], int] = {}
         # encoded record headers (source, device, MQTT topic) by value: devices repeat across writes
@@ -246,6 +250,8 @@ class IngestSink:
                 if group is None:
                     try:
                         group = self._group_for(groups, topic, key)
+                    except StorageError as exc:
+                        raise self._storage_failed(source, topic, exc) from exc
                     except BrokerError as exc:
                         letters.append(_Letter(index, f"log refused topic {topic!r}: {exc}", message.payload,
                                                routed_device))
@@ -269,7 +275,10 @@ class IngestSink:
                 *(self._append_group(group, placements) for group in groups.values())
             )
             for group, failure in zip(groups.values(), failures, strict=True):
-                if failure is None:
+                if isinstance(failure, StorageError):
+                    raise self._storage_failed(source, group.topic, failure) from failure
+            for group, failure in zip(groups.values(), failures, strict=True):
+                if not isinstance(failure, str):
                     continue
                 # The log refused the batch: every record of it becomes a dead letter.
                 for owner, device in zip(group.owners, group.devices, strict=True):
@@ -307,14 +316,25 @@ class IngestSink:
             group = groups[(topic, partition)] = _Group(topic, partition)
         return group
 
-    async def _append_group(self, group: _Group, placements: list[list[Placement]] | None) -> str | None:
-        """Append one group's records in batches; returns a failure reason or None."""
+    def _storage_failed(self, source: SourceRef, topic: str, exc: StorageError) -> SinkError:
+        self.storage_failures += 1
+        log.error("storage failure: the ingest write is not stored and not acknowledged",
+                  extra={"source": source.label, "topic": topic, "error": str(exc)})
+        return SinkError(f"storage failure, nothing acknowledged (send again): {exc}")
+
+    async def _append_group(
+        self, group: _Group, placements: list[list[Placement]] | None
+    ) -> str | StorageError | None:
+        """Append one group's records in batches; returns why the log refused them, the storage failure
+        (not the records' fault: the caller raises), or None."""
         try:
             for start, end, batch in self._batches(group.records):
                 result = await self.store.append(group.topic, group.partition, batch)
                 if placements is not None:
                     for offset, owner in enumerate(group.owners[start:end], start=result.base_offset):
                         placements[owner].append(Placement(group.topic, group.partition, offset))
+        except StorageError as exc:
+            return exc
         except BrokerError as exc:
             log.warning(
                 "log refused an ingest append; records go to the dead-letter topic",

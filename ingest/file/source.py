@@ -14,7 +14,9 @@ newline. When the path gets a new inode (rotation) or shrinks (truncation), tail
 left of the old file and continues with the new one from offset 0.
 
 Positions are saved only after the durable append, so a crash replays at most the last chunk
-(at-least-once), never skips lines. For CSV the header (the file's first line) is re-read on resume.
+(at-least-once), never skips lines. When the log cannot store a chunk (storage failure), the source
+waits ``poll_interval_s`` and reads again from the last saved position. For CSV the header (the
+file's first line) is re-read on resume.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 
 import aiofiles
 
-from ingest.errors import ConfigError, FormatError
+from ingest.errors import ConfigError, FormatError, SinkError
 from ingest.formats import parse_csv_header
 from ingest.health import HealthRegistry
 from ingest.routing import SourceRef
@@ -152,7 +154,14 @@ class FileSource:
                         return
                     await self._sleep()
                     continue
-                rotated = await self._follow()
+                try:
+                    rotated = await self._follow()
+                except SinkError as exc:
+                    # The log could not store the chunk (the sink logged why); the position was not saved,
+                    # so the next attempt re-reads from the last durable line.
+                    self.health.error(self.source, None, str(exc))
+                    await self._sleep()
+                    continue
                 if not rotated:
                     return
         except Exception:

@@ -18,6 +18,9 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
   with the same client id takes the session over (the old one gets DISCONNECT 0x8E).
 * PUBLISH in: QoS 0/1/2 messages of one connection are appended in arrival order, in batches (one batch
   per socket read). PUBACK (QoS 1) / PUBREC (QoS 2) are sent ONLY after the batch's durable append.
+  When the append fails (the disk is full or failing), nothing of the batch is acknowledged: a 5.0
+  client gets PUBACK / PUBREC 0x80 for each of its QoS 1/2 messages and stays connected; a 3.1.1
+  client (no negative acks) is disconnected, and resends what was not acknowledged when it reconnects.
   A QoS 1/2 PUBLISH whose packet id is still being appended is a retry and is dropped; a QoS 2 PUBLISH
   whose id awaits PUBREL gets its PUBREC again, and is not appended twice. PUBREL → PUBCOMP (5.0: 0x92
   if unknown). Messages are routed to subscribers (and the retained store) after the durable append.
@@ -46,6 +49,7 @@ import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
+from ingest.errors import IngestError
 from ingest.mqtt.codec import Decoder, encode, encode_publish
 from ingest.mqtt.errors import ProtocolError, UnsupportedProtocol
 from ingest.mqtt.packets import (
@@ -584,8 +588,17 @@ class MqttConnection(asyncio.BufferedProtocol):
                     await hub.port.ingest(self.client_id, batch)
                 except Exception as exc:
                     hub.stats.append_errors += 1
-                    log.exception("durable append failed; closing the client unacknowledged",
-                                  extra={"client_id": self.client_id, "messages": len(batch)})
+                    if isinstance(exc, IngestError):  # the sink has logged the storage failure itself
+                        log.info("append failed; the client is not acknowledged",
+                                 extra={"client_id": self.client_id, "messages": len(batch)})
+                    else:
+                        log.exception("durable append failed; the client is not acknowledged",
+                                      extra={"client_id": self.client_id, "messages": len(batch)})
+                    if self.version == MQTT_5 and self.state == _CONNECTED:
+                        self._queued -= len(batch)
+                        self._refuse_batch(batch, session)
+                        self._maybe_resume()
+                        continue
                     for failed in (batch, *queue):
                         for _, pid, _ in failed:
                             session.pending_in.discard(pid)
@@ -609,13 +622,25 @@ class MqttConnection(asyncio.BufferedProtocol):
                 if acks and conn is not None and conn.state == _CONNECTED and conn.transport is not None:
                     conn.transport.write(struct.pack(f">{len(acks)}I", *acks))  # 4-byte PUBACK/PUBREC each
                 hub.deliver(self.client_id, batch)
-                if self.paused and self._queued <= hub.config.receive_maximum // 2:
-                    self.paused = False
-                    hub.port.reads_paused(False)
-                    if self.transport is not None and self.state != _CLOSED:
-                        self.transport.resume_reading()
+                self._maybe_resume()
         finally:
             self.worker = None
+
+    def _refuse_batch(self, batch: list[Accepted], session: SessionState) -> None:
+        """5.0: the batch was not stored; each QoS 1/2 message gets PUBACK/PUBREC 0x80 so the client knows
+        now (a 3.1.1 client has no negative ack: its connection is closed unacknowledged instead)."""
+        for msg, pid, _ in batch:
+            if pid:
+                session.pending_in.discard(pid)
+                self.send((Puback if msg.qos == 1 else Pubrec)(pid, Reason.UNSPECIFIED_ERROR))
+
+    def _maybe_resume(self) -> None:
+        hub = self.hub
+        if self.paused and self._queued <= hub.config.receive_maximum // 2:
+            self.paused = False
+            hub.port.reads_paused(False)
+            if self.transport is not None and self.state != _CLOSED:
+                self.transport.resume_reading()
 
 
 def _expiry(seconds: int) -> float:

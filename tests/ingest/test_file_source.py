@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 from typing import TypedDict, Unpack
 
-from broker.log.api import LogStore
+from broker.errors import StorageError
+from broker.log.api import AppendResult, LogStore
 from broker.log.memory import MemoryLogStore
 from ingest.file.source import FileSource, FileSourceConfig, PositionStore
 from ingest.health import HealthRegistry
@@ -124,3 +125,36 @@ async def test_csv_file_resume_rereads_header(tmp_path: Path) -> None:
         (b"d1", 1_700_000_000_000), (b"d2", 1_700_000_000_001), (b"d3", 1_700_000_000_002)
     ]
     assert not store.has_topic("_dead_letters")
+
+
+class FailingStore(MemoryLogStore):
+    """The in-memory store on a disk that fails while ``broken`` is set (every append: StorageError)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = True
+        self.refused = asyncio.Event()
+
+    async def append(self, topic: str, partition: int, batch: bytes | bytearray | memoryview) -> AppendResult:
+        if self.broken:
+            self.refused.set()
+            raise StorageError(f"cannot append to {topic}-{partition}: No space left on device")
+        return await super().append(topic, partition, batch)
+
+
+async def test_storage_failure_is_retried_from_the_saved_position_not_dead_lettered(tmp_path: Path) -> None:
+    path = tmp_path / "readings.ndjson"
+    path.write_text(_lines(0, 50))
+    store = FailingStore()
+    src = _source(store, tmp_path, path, format="ndjson", mode="replay", poll_interval_s=0.01)
+    await src.start()
+    try:
+        await asyncio.wait_for(store.refused.wait(), 15)
+        assert PositionStore(tmp_path / "state").load("readings") is None  # nothing durable, nothing saved
+        store.broken = False
+        await asyncio.wait_for(src.finished.wait(), 15)
+    finally:
+        await src.stop()
+    assert sorted(json.loads(r.value or b"")["i"] for r in records(store, "readings")) == list(range(50))
+    assert not store.has_topic("_dead_letters")
+    assert src.sink.storage_failures >= 1
