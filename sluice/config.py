@@ -83,6 +83,11 @@ class KafkaSettings(BaseModel):
     extra_listeners: list[KafkaListenerSettings] = Field(default_factory=list)
     # Bytes at the end of each partition read on start to rebuild idempotent-producer sequence state.
     producer_state_scan_bytes: int = 8 * 1024 * 1024
+    # Kafka's connections.max.idle.ms: close a connection with no traffic for this long (0 = never).
+    connections_max_idle_ms: int = 10 * 60 * 1000
+    # Connections over a limit are closed at once, counted and logged (0 = no limit).
+    max_connections: int = 1000  # all Kafka listeners together
+    max_connections_per_address: int = 0  # per client IP address (Kafka's max.connections.per.ip)
 
     @field_validator("extra_listeners")
     @classmethod

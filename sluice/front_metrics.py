@@ -11,7 +11,9 @@ Series (``_total`` is added to counters by the exposition format):
 - ``sluice_kafka_connections{listener}`` (gauge), ``sluice_kafka_connections_accepted_total{listener}``,
   ``sluice_kafka_requests_total{api}``, ``sluice_kafka_produce_records_total``,
   ``sluice_kafka_produce_bytes_total``, ``sluice_kafka_fetch_bytes_total``,
-  ``sluice_kafka_errors_total{code,error}``, ``sluice_kafka_connections_closed_bad_input_total``.
+  ``sluice_kafka_errors_total{code,error}``, ``sluice_kafka_connections_closed_bad_input_total``,
+  ``sluice_kafka_connections_refused_total{reason}``, ``sluice_kafka_connections_closed_idle_total``,
+  ``sluice_kafka_requests_cancelled_total``.
 - ``sluice_mqtt_connections`` (gauge), ``sluice_mqtt_sessions`` (gauge), ``sluice_mqtt_subscriptions``
   (gauge), ``sluice_mqtt_retained_messages`` (gauge), and counters ``sluice_mqtt_connections_accepted``,
   ``sluice_mqtt_messages_in``, ``sluice_mqtt_bytes_in``, ``sluice_mqtt_messages_delivered``,
@@ -112,6 +114,22 @@ class KafkaCollector(Collector):
             "sluice_kafka_connections_closed_bad_input",
             "Kafka connections closed for a malformed frame or request",
             value=s.closed_bad_input,
+        )
+        refused = CounterMetricFamily(
+            "sluice_kafka_connections_refused", "Kafka connections refused by a connection limit", labels=["reason"]
+        )
+        for reason, n in sorted(s.connections_refused.items()):
+            refused.add_metric([reason], n)
+        yield refused
+        yield CounterMetricFamily(
+            "sluice_kafka_connections_closed_idle",
+            "Kafka connections closed after kafka.connections_max_idle_ms without traffic",
+            value=s.closed_idle,
+        )
+        yield CounterMetricFamily(
+            "sluice_kafka_requests_cancelled",
+            "Kafka requests still pending when their connection ended (peer gone, idle, bad input)",
+            value=s.requests_cancelled,
         )
 
 

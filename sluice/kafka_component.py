@@ -43,6 +43,9 @@ class KafkaComponent:
                 advertised_host=kafka.advertised_host,
                 advertised_port=kafka.advertised_port,
                 max_request_bytes=kafka.max_request_bytes,
+                connections_max_idle_ms=kafka.connections_max_idle_ms,
+                max_connections=kafka.max_connections,
+                max_connections_per_address=kafka.max_connections_per_address,
                 extra_listeners=tuple(
                     KafkaListenerConfig(**extra.model_dump()) for extra in kafka.extra_listeners
                 ),

@@ -1,9 +1,13 @@
 """The Kafka listener: asyncio sockets around the sans-IO codec in ``broker.protocol.kafka``.
 
-Per connection, a reader task decodes frames and dispatches requests one after another (Kafka's
-ordering: a request is handled only after the previous one was dispatched), and a writer task
-sends the responses in request order. Produce appends synchronously at dispatch and waits for
-durability in the writer, so pipelined produces keep their order and share fsyncs.
+Each accepted socket is served by a ``KafkaConnection`` (``kafka_connection.py``: reading, in-order
+dispatch and answers, cancellation when the peer leaves, the idle timeout); this module owns the
+listeners, the admission rules and the handler table.
+
+Admission: a connection beyond ``max_connections`` (all listeners together) or beyond
+``max_connections_per_address`` from one client address is closed at once, counted by reason, and
+logged (WARNING; at most one line per reason every ``_REFUSAL_LOG_INTERVAL_S``, saying how many were
+refused since the previous line). 0 means no limit.
 
 Extra listeners (``KafkaServerConfig.extra_listeners``) bind more ports serving the same broker; a
 connection is told (in Metadata and FindCoordinator) the advertised address of the listener it came in
@@ -19,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,14 +32,11 @@ from typing import Any
 from broker.log.api import LogStore
 from broker.protocol.kafka import (
     ApiKey,
-    FrameDecoder,
-    FrameError,
     MalformedRequestError,
     Request,
     RequestHeader,
     UnsupportedRequestError,
     decode_request,
-    encode_response_parts,
     encode_unsupported_version,
 )
 from broker.protocol.kafka_codes import ErrorCode
@@ -45,13 +46,13 @@ from broker.server import handlers_fetch as fetching
 from broker.server import handlers_groups as groups
 from broker.server import handlers_produce as producing
 from broker.server.handlers_common import DEFAULT_LISTENER, BrokerContext, ConnectionInfo
+from broker.server.kafka_connection import CloseConnection, KafkaConnection, Response
 
 __all__ = ["KafkaListenerConfig", "KafkaServer", "KafkaServerConfig", "handle_request"]
 
 log = logging.getLogger("broker.server.kafka")
 
-_READ_CHUNK = 256 * 1024
-_PIPELINE_DEPTH = 64  # responses queued per connection before reading pauses (backpressure)
+_REFUSAL_LOG_INTERVAL_S = 10.0
 
 Handler = Callable[[BrokerContext, RequestHeader, Any, ConnectionInfo], Awaitable[Any]]
 
@@ -105,15 +106,14 @@ class KafkaServerConfig:
     advertised_port: int | None = None  # default: the bound port
     max_request_bytes: int = 100 * 1024 * 1024
     extra_listeners: tuple[KafkaListenerConfig, ...] = ()
+    connections_max_idle_ms: int = 10 * 60 * 1000  # Kafka's connections.max.idle.ms; 0 = never
+    max_connections: int = 1000  # all listeners together; 0 = no limit
+    max_connections_per_address: int = 0  # per client IP address; 0 = no limit (Kafka's default)
 
     def __post_init__(self) -> None:
         names = [DEFAULT_LISTENER, *(extra.name for extra in self.extra_listeners)]
         if len(set(names)) != len(names):
             raise ValueError(f"Kafka listener names must be unique and not {DEFAULT_LISTENER!r}: {names[1:]}")
-
-
-class _CloseConnection(Exception):
-    """Internal: stop serving this connection (already logged)."""
 
 
 class KafkaServer:
@@ -126,6 +126,8 @@ class KafkaServer:
         self.stats = self.ctx.stats  # plain counters, read at scrape time (broker.server.stats)
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[None]] = set()
+        self._per_address: dict[str, int] = {}  # open connections by client address
+        self._refusals_logged: dict[str, tuple[float, int]] = {}  # reason -> (last logged, refused since)
         self.port = config.port
         self.listener_ports: dict[str, int] = {}  # extra listener name -> bound port
 
@@ -162,63 +164,63 @@ class KafkaServer:
 
     # -- connections ------------------------------------------------------------------------
 
+    def _refusal(self, host: str) -> str | None:
+        """Why a new connection from ``host`` is refused (the limit's setting name), or None."""
+        limit = self.config.max_connections
+        if limit > 0 and len(self._connections) >= limit:
+            return "max_connections"
+        limit = self.config.max_connections_per_address
+        if limit > 0 and self._per_address.get(host, 0) >= limit:
+            return "max_connections_per_address"
+        return None
+
+    def _log_refusal(self, reason: str, host: str) -> None:
+        now = time.monotonic()
+        logged_at, unlogged = self._refusals_logged.get(reason, (float("-inf"), 0))
+        if now - logged_at < _REFUSAL_LOG_INTERVAL_S:
+            self._refusals_logged[reason] = (logged_at, unlogged + 1)
+            return
+        limit = getattr(self.config, reason)
+        since = f" ({unlogged} more refused since the previous line)" if unlogged else ""
+        log.warning(f"refused Kafka connection from {host}: {reason} = {limit} reached{since}",
+                    extra={"peer": host, "reason": reason, "limit": limit})
+        self._refusals_logged[reason] = (now, 0)
+
     async def _on_connect(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener: str = DEFAULT_LISTENER
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
         peer = writer.get_extra_info("peername") or ("?", 0)
-        conn = ConnectionInfo(str(peer[0]), int(peer[1]), listener)
+        host = str(peer[0])
+        reason = self._refusal(host)
+        if reason is not None:
+            self.stats.refused(reason)
+            self._log_refusal(reason, host)
+            writer.transport.abort()
+            return
+        self._connections.add(task)
+        self._per_address[host] = self._per_address.get(host, 0) + 1
+        conn = ConnectionInfo(host, int(peer[1]), listener)
         self.stats.connected(listener)
-        queue: asyncio.Queue[tuple[RequestHeader | None, Any]] = asyncio.Queue(_PIPELINE_DEPTH)
-        sender = asyncio.create_task(self._send_loop(queue, writer, conn))
-        cancelled = False
+        connection = KafkaConnection(
+            reader, writer, conn, dispatch=self._dispatch, stats=self.stats,
+            max_request_bytes=self.config.max_request_bytes, max_idle_ms=self.config.connections_max_idle_ms,
+        )
         try:
-            await self._receive_loop(reader, queue, conn)
-        except (_CloseConnection, ConnectionError, asyncio.IncompleteReadError):
-            pass
+            await connection.serve()
         except asyncio.CancelledError:
-            cancelled = True  # server stopping: the connection ends here (not re-raised: nobody awaits it)
-        except Exception:
-            log.exception("Kafka connection failed; closing it", extra={"peer": conn.peer_host})
+            pass  # server stopping: the connection ends here (not re-raised: nobody awaits it)
         finally:
-            if cancelled:
-                sender.cancel()
-            else:
-                try:
-                    await queue.put((None, None))  # let queued responses go out, then stop
-                    await asyncio.wait_for(sender, 30)
-                except (Exception, asyncio.CancelledError):
-                    sender.cancel()
-            writer.close()
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await writer.wait_closed()
             self._connections.discard(task)
+            left = self._per_address.get(host, 1) - 1
+            if left > 0:
+                self._per_address[host] = left
+            else:
+                self._per_address.pop(host, None)
             self.stats.disconnected(listener)
 
-    async def _receive_loop(
-        self, reader: asyncio.StreamReader, queue: asyncio.Queue[tuple[RequestHeader | None, Any]],
-        conn: ConnectionInfo,
-    ) -> None:
-        decoder = FrameDecoder(self.config.max_request_bytes)
-        while True:
-            data = await reader.read(_READ_CHUNK)
-            if not data:
-                if decoder.pending_bytes:
-                    log.warning("closing Kafka connection: truncated frame at end of stream",
-                                extra={"peer": conn.peer_host, "pending_bytes": decoder.pending_bytes})
-                return
-            try:
-                frames = decoder.feed(data)
-            except FrameError as exc:
-                self.stats.closed_bad_input += 1
-                log.warning(f"closing Kafka connection: {exc}", extra={"peer": conn.peer_host})
-                raise _CloseConnection from exc
-            for frame in frames:
-                await queue.put(await self._dispatch(frame, conn))
-
-    async def _dispatch(self, frame: bytes, conn: ConnectionInfo) -> tuple[RequestHeader | None, Any]:
+    async def _dispatch(self, frame: bytes, conn: ConnectionInfo) -> Response:
         try:
             request = decode_request(frame)
         except UnsupportedRequestError as exc:
@@ -230,29 +232,9 @@ class KafkaServer:
         except MalformedRequestError as exc:
             self.stats.closed_bad_input += 1
             log.warning(f"closing Kafka connection: {exc}", extra={"peer": conn.peer_host})
-            raise _CloseConnection from exc
+            raise CloseConnection from exc
         header, body = request.header, request.body
         self.stats.request(header.api_key)
         if header.api_key == ApiKey.PRODUCE:
             return header, producing.handle_produce(self.ctx, body, conn)
         return header, await _HANDLERS[header.api_key](self.ctx, header, body, conn)
-
-    async def _send_loop(
-        self, queue: asyncio.Queue[tuple[RequestHeader | None, Any]], writer: asyncio.StreamWriter,
-        conn: ConnectionInfo,
-    ) -> None:
-        while True:
-            header, item = await queue.get()
-            if header is None and item is None:
-                return
-            if inspect.isawaitable(item):
-                item = await item
-            if item is None:
-                continue  # acks=0
-            if header is None:
-                writer.write(item)
-            else:
-                self.stats.count_response(item)
-                writer.writelines(encode_response_parts(header, item))
-            if writer.transport.get_write_buffer_size() > 4 * 1024 * 1024 or queue.empty():
-                await writer.drain()

@@ -3,13 +3,15 @@
 The hot path only adds to ints and dict entries; turning them into Prometheus series happens at scrape
 time in the assembly (``sluice/front_metrics.py``), so the broker imports no metrics library.
 
-- connections: open now and accepted in total, per listener name.
+- connections: open now and accepted in total, per listener name; refused by admission, per reason
+  (the limit's setting name); closed for being idle (``connections_max_idle_ms``).
 - requests: by API key, counted when a request is decoded (UNSUPPORTED_VERSION answers included); keys
   we do not serve share one entry, ``UNKNOWN_API`` (-1), so random keys cannot grow the series count.
 - produce: records and bytes of batches appended (duplicates of idempotent retries are not counted again).
 - fetch: record bytes handed back in Fetch responses.
 - errors: by Kafka error code, for every non-zero ``error_code`` in a response (per topic, partition or
   group), plus ``closed_bad_input``: connections closed for a malformed frame or request.
+- requests_cancelled: requests still pending when their connection ended (peer gone, idle, refused input).
 """
 
 from __future__ import annotations
@@ -28,13 +30,16 @@ UNKNOWN_API = -1  # the ``requests`` key of every API key we do not serve (expor
 class KafkaStats:
     __slots__ = (
         "closed_bad_input",
+        "closed_idle",
         "connections_open",
+        "connections_refused",
         "connections_total",
         "errors",
         "fetch_bytes",
         "produce_bytes",
         "produce_records",
         "requests",
+        "requests_cancelled",
     )
 
     def __init__(self) -> None:
@@ -46,10 +51,16 @@ class KafkaStats:
         self.fetch_bytes = 0
         self.errors: dict[int, int] = {}
         self.closed_bad_input = 0
+        self.closed_idle = 0
+        self.connections_refused: dict[str, int] = {}
+        self.requests_cancelled = 0
 
     def connected(self, listener: str) -> None:
         self.connections_open[listener] = self.connections_open.get(listener, 0) + 1
         self.connections_total[listener] = self.connections_total.get(listener, 0) + 1
+
+    def refused(self, reason: str) -> None:
+        self.connections_refused[reason] = self.connections_refused.get(reason, 0) + 1
 
     def disconnected(self, listener: str) -> None:
         self.connections_open[listener] = self.connections_open.get(listener, 1) - 1

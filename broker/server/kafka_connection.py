@@ -1,0 +1,219 @@
+"""One Kafka client connection: a reader, a dispatcher and a sender task around a ``FrameDecoder``.
+
+Rules:
+- The reader keeps reading while earlier requests are pending and queues whole frames, in order. It
+  pauses (backpressure) while ``PIPELINE_DEPTH`` requests or ``max_request_bytes`` bytes are queued.
+- The dispatcher handles one request at a time, in arrival order (Kafka's per-connection ordering: a
+  request is handled only after the previous one was). Produce appends at dispatch and leaves its wait
+  for durability to the sender, so pipelined produces keep their order and share fsyncs.
+- The sender writes the answers in request order (acks=0 produces have none).
+- End of stream from the peer cancels whatever is still pending (a long-poll Fetch, a JoinGroup
+  waiting for its rebalance, a Produce's wait for its fsync — its append is already done) and drops
+  the socket at once: a client that went away never pins a socket or its fd.
+- A frame that cannot be framed (negative or oversized length, truncated at end of stream) closes the
+  connection at once; a request that cannot be decoded is refused by the dispatcher: the answers to
+  the requests before it still go out, then the connection closes. Either is logged once (WARNING).
+- Idle (Kafka's ``connections.max.idle.ms``): no byte read or written for that long closes the
+  connection, whatever is pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from broker.protocol.kafka import FrameDecoder, FrameError, RequestHeader, encode_response_parts
+from broker.server.handlers_common import ConnectionInfo
+from broker.server.stats import KafkaStats
+
+__all__ = ["PIPELINE_DEPTH", "CloseConnection", "KafkaConnection"]
+
+log = logging.getLogger("broker.server.kafka")
+
+PIPELINE_DEPTH = 64  # requests read ahead of the dispatcher before reading pauses (backpressure)
+_READ_CHUNK = 256 * 1024
+_DRAIN_ABOVE = 4 * 1024 * 1024  # unsent response bytes after which the sender waits for the socket
+_CLOSE_GRACE_S = 5.0  # time for a refused client to read the answers sent before the close
+
+Response = tuple[RequestHeader | None, Any]  # (header, body or awaitable) or (None, raw frame bytes)
+Dispatch = Callable[[bytes, ConnectionInfo], Awaitable[Response]]
+
+
+class CloseConnection(Exception):
+    """Raised by the dispatch callable: stop serving this connection (the cause is already logged)."""
+
+
+_CLOSE: Any = object()  # queued by the dispatcher after a refused request: answer what came before, then close
+
+
+class KafkaConnection:
+    """Serves one accepted socket until the peer leaves, a request is refused or it sits idle."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        conn: ConnectionInfo,
+        *,
+        dispatch: Dispatch,
+        stats: KafkaStats,
+        max_request_bytes: int,
+        max_idle_ms: int,
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.conn = conn
+        self._dispatch = dispatch
+        self._stats = stats
+        self._max_request_bytes = max_request_bytes
+        self._idle_s = max_idle_ms / 1000 if max_idle_ms > 0 else None
+        self._requests: asyncio.Queue[bytes] = asyncio.Queue()
+        self._queued_bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._responses: asyncio.Queue[Response] = asyncio.Queue(PIPELINE_DEPTH)
+        self._in_flight = 0  # requests read and not yet answered (or found to need no answer)
+        self._last_activity = 0.0
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._reading: asyncio.Task[None] | None = None
+        self._graceful = False  # the sender ended after a refused request: let its answers drain
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._last_activity = loop.time()
+        reading = self._reading = asyncio.create_task(self._read_loop())
+        dispatching = asyncio.create_task(self._dispatch_loop())
+        sending = asyncio.create_task(self._send_loop())
+        if self._idle_s is not None:
+            self._idle_timer = loop.call_at(self._last_activity + self._idle_s, self._check_idle)
+        try:
+            await asyncio.wait((reading, sending), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+            tasks = (reading, dispatching, sending)
+            for task in tasks:
+                task.cancel()
+            if self._in_flight:
+                self._stats.requests_cancelled += self._in_flight
+                log.debug("Kafka connection closed with requests pending; cancelled them",
+                          extra={"peer": self.conn.peer_host, "pending": self._in_flight})
+            # Not cancellable from here on: the tasks are already cancelled, only their cleanup runs.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+            for task in tasks:
+                self._log_failure(task)
+            await self._close_socket()
+
+    # -- the three tasks -------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        decoder = FrameDecoder(self._max_request_bytes)
+        budget = max(self._max_request_bytes, _READ_CHUNK)
+        while True:
+            try:
+                data = await self.reader.read(_READ_CHUNK)
+            except ConnectionError:
+                return
+            self._last_activity = loop.time()
+            if not data:
+                if decoder.pending_bytes:
+                    log.warning("closing Kafka connection: truncated frame at end of stream",
+                                extra={"peer": self.conn.peer_host, "pending_bytes": decoder.pending_bytes})
+                return
+            try:
+                frames = decoder.feed(data)
+            except FrameError as exc:
+                self._stats.closed_bad_input += 1
+                log.warning(f"closing Kafka connection: {exc}", extra={"peer": self.conn.peer_host})
+                return
+            for frame in frames:
+                self._in_flight += 1
+                self._queued_bytes += len(frame)
+                self._requests.put_nowait(frame)
+                if self._queued_bytes >= budget or self._requests.qsize() >= PIPELINE_DEPTH:
+                    self._room.clear()
+                    await self._room.wait()
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            frame = await self._requests.get()
+            self._queued_bytes -= len(frame)
+            self._room.set()
+            try:
+                response = await self._dispatch(frame, self.conn)
+            except CloseConnection:
+                self._in_flight -= 1
+                await self._responses.put(_CLOSE)
+                return
+            except Exception:  # a handler bug: logged once here, the connection ends after earlier answers
+                log.exception("Kafka request failed; closing the connection", extra={"peer": self.conn.peer_host})
+                self._in_flight -= 1
+                await self._responses.put(_CLOSE)
+                return
+            await self._responses.put(response)
+
+    async def _send_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        writer = self.writer
+        queue = self._responses
+        while True:
+            response = await queue.get()
+            if response is _CLOSE:
+                self._graceful = True
+                return
+            header, item = response
+            if inspect.isawaitable(item):
+                item = await item
+            self._in_flight -= 1
+            if item is None:
+                continue  # acks=0
+            if header is None:
+                writer.write(item)
+            else:
+                self._stats.count_response(item)
+                writer.writelines(encode_response_parts(header, item))
+            self._last_activity = loop.time()
+            if writer.transport.get_write_buffer_size() > _DRAIN_ABOVE or queue.empty():
+                await writer.drain()
+                self._last_activity = loop.time()
+
+    # -- endings ---------------------------------------------------------------------------
+
+    def _check_idle(self) -> None:
+        assert self._idle_s is not None
+        loop = asyncio.get_running_loop()
+        due = self._last_activity + self._idle_s
+        if loop.time() < due:
+            self._idle_timer = loop.call_at(due, self._check_idle)
+            return
+        self._idle_timer = None
+        self._stats.closed_idle += 1
+        log.debug("closing idle Kafka connection",
+                  extra={"peer": self.conn.peer_host, "idle_ms": int(self._idle_s * 1000)})
+        if self._reading is not None:
+            self._reading.cancel()
+
+    def _log_failure(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None or isinstance(exc, ConnectionError):
+            return
+        log.error("Kafka connection failed; closing it", exc_info=exc, extra={"peer": self.conn.peer_host})
+
+    async def _close_socket(self) -> None:
+        writer = self.writer
+        if not self._graceful:
+            writer.transport.abort()  # the peer left, sat idle or broke framing: nothing more to send
+            return
+        writer.close()
+        try:
+            await asyncio.wait_for(writer.wait_closed(), _CLOSE_GRACE_S)
+        except (Exception, asyncio.CancelledError):
+            writer.transport.abort()
