@@ -1,0 +1,467 @@
+"""The broker under test and the campaign loop every target shares.
+
+A campaign starts a fresh ``sluice serve`` (own temporary data dir, ephemeral ports, segment storage),
+then asks its target for one input at a time. After every input it looks at the broker: has it exited
+(crash), did its log grow a traceback or an ERROR line, did the target see a hang (no answer and no close
+within the deadline). Each finding is saved as a reproducer: the bytes the connection had sent, in order,
+under ``<out>/<kind>-<n>.bin`` with a ``.json`` beside it saying what was seen. At the end every
+connection is closed, the broker gets a few seconds to let go of them, and its fds and RSS are compared
+with the figures taken before the first input; then a real client must still work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+__all__ = [
+    "BrokerProcess",
+    "Campaign",
+    "CampaignReport",
+    "Finding",
+    "Hang",
+    "ProcessFigures",
+    "Target",
+    "closes_after_eof",
+    "free_port",
+    "recv_exactly",
+    "signature",
+]
+
+_RECORD_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ", re.MULTILINE)
+_BAD_LEVEL = re.compile(r"^\S+ \S+ (ERROR|CRITICAL) ")
+_TRACEBACK = "Traceback (most recent call last)"
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def recv_exactly(sock: socket.socket, size: int) -> bytes | None:
+    """``size`` bytes, or None when the peer closed first (socket.timeout propagates)."""
+    chunks = bytearray()
+    while len(chunks) < size:
+        try:
+            chunk = sock.recv(size - len(chunks))
+        except ConnectionResetError:
+            return None
+        if not chunk:
+            return None
+        chunks += chunk
+    return bytes(chunks)
+
+
+def signature(kind: str, detail: str) -> str:
+    """What makes two findings the same bug: the exception and where it was raised, or the log message."""
+    if _TRACEBACK in detail:
+        frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', detail)
+        last = re.findall(r"^(\w[\w.]*(?:Error|Exception|Exit|Interrupt)\b[^\n]{0,80})", detail, re.MULTILINE)
+        ours = [f for f in frames if "site-packages" not in f[0] and "/lib/python3" not in f[0]] or frames
+        where = f"{Path(ours[-1][0]).name}:{ours[-1][1]} {ours[-1][2]}" if ours else "?"
+        return f"{kind}: {last[-1] if last else '?'} at {where}"
+    if kind == "error-log":
+        words = detail.split()
+        logger = words[3] if len(words) > 3 else ""
+        message = re.split(r" \w+=", detail.split(": ", 1)[-1].splitlines()[0])[0][:120]
+        return f"{kind}: {logger} {message}"
+    first = re.sub(r"[0-9]+", "N", detail.splitlines()[0] if detail else "")
+    return f"{kind}: {first[:160]}"
+
+
+def _record_complete(record: str) -> bool:
+    if not record.endswith("\n"):
+        return False
+    if _TRACEBACK not in record:
+        return True
+    last = record.rstrip("\n").rsplit("\n", 1)[-1]
+    return not last.startswith((" ", "Traceback"))
+
+
+def closes_after_eof(sock: socket.socket, limit: float) -> bool:
+    """End our side of ``sock``; True when the peer then closes (after any answers) within ``limit`` s."""
+    end = time.monotonic() + limit
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        while time.monotonic() < end:
+            sock.settimeout(max(end - time.monotonic(), 0.001))
+            if not sock.recv(65536):
+                return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    return False
+
+
+class Hang(Exception):
+    """The broker neither answered nor closed within the deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessFigures:
+    fds: int
+    sockets: int
+    rss_kib: int
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessFigures:
+        fds = sockets = 0
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(f"/proc/{pid}/fd"):
+                fds += 1
+                with contextlib.suppress(OSError):
+                    if os.readlink(entry.path).startswith("socket:"):
+                        sockets += 1
+        rss = 0
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+        return cls(fds, sockets, rss)
+
+
+class BrokerProcess:
+    """``python -m sluice.cli serve`` on ephemeral ports with a fresh data dir; its log in a file."""
+
+    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+        self.extra_env = env
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.endpoints: dict[str, tuple[str, int]] = {}
+        self.starts = 0
+        self.log_path = workdir / "broker.log"
+        self._log_offset = 0
+        self.data_dir = workdir / "data"
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.starts += 1
+        if self.data_dir.exists():
+            shutil.rmtree(self.data_dir)  # a restart after a crash starts clean too
+        self.data_dir.mkdir(parents=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")])),
+            "SLUICE_KAFKA__PORT": "0",
+            "SLUICE_MQTT__PORT": "0",
+            "SLUICE_TCP__PORT": "0",
+            "SLUICE_HTTP__PORT": "0",
+            **self.extra_env,
+        }
+        log = self.log_path.open("ab")
+        log.write(f"==== broker start #{self.starts}\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sluice.cli", "serve", "--data-dir", str(self.data_dir)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            cwd=self.workdir,
+        )
+        log.close()
+        self._log_offset = self.log_path.stat().st_size
+        endpoints = self.data_dir / "endpoints.json"
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sluice serve exited with {self.proc.returncode}; see {self.log_path}")
+            if endpoints.exists():
+                found = json.loads(endpoints.read_text())
+                if {"http", "kafka"} <= set(found):
+                    self.endpoints = {k: (v["host"], int(v["port"])) for k, v in found.items()}
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sluice serve did not become ready; see {self.log_path}")
+            time.sleep(0.05)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def figures(self) -> ProcessFigures:
+        return ProcessFigures.of(self.pid)
+
+    def new_log_findings(self, final: bool = False) -> list[str]:
+        """ERROR/CRITICAL records and tracebacks written since the last call. A last record still being
+        written (no newline yet, or a traceback without its exception line) waits for the next call."""
+        size = self.log_path.stat().st_size
+        if size <= self._log_offset:
+            return []
+        with self.log_path.open("rb") as f:
+            f.seek(self._log_offset)
+            raw = f.read(size - self._log_offset)
+        text = raw.decode("utf-8", "surrogateescape")  # round-trips, so offsets can be counted back in bytes
+        starts = [m.start() for m in _RECORD_START.finditer(text)]
+        if not starts or starts[0] != 0:
+            starts.insert(0, 0)  # output before the first record (e.g. a bare traceback on stderr)
+        records = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)]
+        consumed = len(raw)
+        if not final and records and not _record_complete(records[-1]):
+            consumed = len(text[: starts[-1]].encode("utf-8", "surrogateescape"))
+            records.pop()
+        self._log_offset += consumed
+        found = [r[:8000] for r in records if _BAD_LEVEL.match(r) or _TRACEBACK in r]
+        return [r.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for r in found]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@dataclass(slots=True)
+class Finding:
+    kind: str  # crash | hang | unresponsive | traceback | error-log | fd-leak | rss-growth | client-check
+    detail: str
+    connections: list[list[bytes]] = field(default_factory=list)  # inputs per connection, the last one last
+
+    @property
+    def signature(self) -> str:
+        return signature(self.kind, self.detail)
+
+
+class Target(Protocol):
+    """One front door. ``step`` generates one input, sends it and waits for its answer or the close."""
+
+    name: str
+
+    def broker_env(self) -> dict[str, str]: ...
+
+    def attach(self, broker: BrokerProcess, rng: random.Random) -> None: ...
+
+    def step(self, rng: random.Random) -> None:
+        """Raise Hang when the broker neither answered nor closed in time."""
+        ...
+
+    def recent(self) -> list[list[bytes]]:
+        """The inputs of the last few connections, oldest first; the last is the current (the reproducer)."""
+        ...
+
+    def close_all(self) -> None: ...
+
+    def probe(self) -> bool:
+        """A fresh, well-formed request on a new connection gets its answer."""
+        ...
+
+    def client_check(self) -> list[str]:
+        """Real clients (kcat, mosquitto, curl/httpx) still work; the failures, empty when fine."""
+        ...
+
+
+@dataclass(slots=True)
+class CampaignReport:
+    target: str
+    seed: int
+    inputs: int
+    seconds: float
+    before: ProcessFigures
+    after: ProcessFigures
+    findings: list[Finding]
+    broker_starts: int
+    command: str
+    out_dir: Path
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for f in self.findings:
+            out[f.kind] = out.get(f.kind, 0) + 1
+        return out
+
+    def render(self) -> str:
+        c = self.counts()
+        lines = [
+            f"target {self.target}: {self.inputs:,} inputs in {self.seconds:.0f} s "
+            f"({self.inputs / max(self.seconds, 1e-9):,.0f}/s), seed {self.seed}",
+            f"  crashes {c.get('crash', 0)}, hangs {c.get('hang', 0)}, unresponsive {c.get('unresponsive', 0)}, "
+            f"tracebacks {c.get('traceback', 0)}, ERROR lines {c.get('error-log', 0)}",
+            f"  fds {self.before.fds} -> {self.after.fds} (sockets {self.before.sockets} -> {self.after.sockets}), "
+            f"RSS {self.before.rss_kib / 1024:.0f} -> {self.after.rss_kib / 1024:.0f} MiB, "
+            f"broker started {self.broker_starts}x",
+            f"  leaks: fd {c.get('fd-leak', 0)}, rss {c.get('rss-growth', 0)}; real client check failures "
+            f"{c.get('client-check', 0)}",
+            f"  reproducers and broker log: {self.out_dir}",
+            f"  command: {self.command}",
+        ]
+        by_signature: dict[str, int] = {}
+        for f in self.findings:
+            by_signature[f.signature] = by_signature.get(f.signature, 0) + 1
+        for sig, n in sorted(by_signature.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  - {n} x {sig}")
+        return "\n".join(lines)
+
+
+class Campaign:
+    """Runs ``inputs`` steps of one target against a fresh broker and collects findings."""
+
+    def __init__(
+        self,
+        target: Target,
+        *,
+        inputs: int,
+        seed: int,
+        out_dir: Path,
+        rate: float = 0.0,
+        fd_slack: int = 64,
+        rss_growth_mib: int = 256,
+        max_restarts: int = 5,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.target = target
+        self.inputs = inputs
+        self.seed = seed
+        self.out_dir = out_dir
+        self.rate = rate
+        self.fd_slack = fd_slack
+        self.rss_growth_mib = rss_growth_mib
+        self.max_restarts = max_restarts
+        self.progress = progress or (lambda _msg: None)
+        self.findings: list[Finding] = []
+        self._saved_log_findings = 0
+
+    def _save(self, finding: Finding) -> None:
+        self.findings.append(finding)
+        n = len(self.findings)
+        stem = self.out_dir / f"{finding.kind}-{n:04d}"
+        if finding.connections:
+            stem.with_suffix(".bin").write_bytes(b"".join(finding.connections[-1]))
+        meta = {
+            "kind": finding.kind,
+            "signature": finding.signature,
+            "detail": finding.detail,
+            "connections": [[chunk.hex() for chunk in conn[-64:]] for conn in finding.connections],
+        }
+        stem.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+        self.progress(f"FINDING {finding.kind}: {finding.detail.splitlines()[0][:160] if finding.detail else ''}")
+
+    def _check_log(self, broker: BrokerProcess, final: bool = False) -> None:
+        for text in broker.new_log_findings(final):
+            kind = "traceback" if _TRACEBACK in text else "error-log"
+            finding = Finding(kind, text, self.target.recent())
+            if self._saved_log_findings < 200:  # the count keeps going; the files stop at 200
+                self._save(finding)
+            else:
+                self.findings.append(finding)
+            self._saved_log_findings += 1
+
+    @contextlib.contextmanager
+    def _broker(self) -> Iterator[BrokerProcess]:
+        workdir = Path(tempfile.mkdtemp(prefix=f"sluice-fuzz-{self.target.name}-"))
+        broker = BrokerProcess(self.target.broker_env(), workdir)
+        try:
+            yield broker
+        finally:
+            broker.stop()
+            with contextlib.suppress(OSError):
+                shutil.copy(broker.log_path, self.out_dir / "broker.log")
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def run(self, command: str) -> CampaignReport:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        rng = random.Random(self.seed)
+        with self._broker() as broker:
+            broker.start()
+            self.target.attach(broker, rng)
+            time.sleep(1.0)  # let startup settle before the baseline figures
+            before = broker.figures()
+            started = time.monotonic()
+            last_report = started
+            sent = 0
+            while sent < self.inputs:
+                try:
+                    self.target.step(rng)
+                except Hang as exc:
+                    self._save(Finding("hang", str(exc), self.target.recent()))
+                    self.target.close_all()
+                    if not self.target.probe():
+                        self._save(Finding("unresponsive", f"no answer to a probe after: {exc}"))
+                        if not self._restart(broker, rng):
+                            break
+                sent += 1
+                code = broker.exited()
+                if code is not None:
+                    self._check_log(broker, final=True)
+                    self._save(Finding("crash", f"broker exited with {code}", self.target.recent()))
+                    if not self._restart(broker, rng):
+                        break
+                self._check_log(broker)  # after every input, so a finding keeps the connection that caused it
+                if self.rate > 0:
+                    ahead = sent / self.rate - (time.monotonic() - started)
+                    if ahead > 0:
+                        time.sleep(ahead)
+                now = time.monotonic()
+                if now - last_report >= 30:
+                    last_report = now
+                    fig = broker.figures()
+                    self.progress(
+                        f"{sent:,}/{self.inputs:,} inputs, {sent / (now - started):,.0f}/s, "
+                        f"fds {fig.fds} sockets {fig.sockets} RSS {fig.rss_kib // 1024} MiB, "
+                        f"findings {len(self.findings)}"
+                    )
+            seconds = time.monotonic() - started
+            self.target.close_all()
+            after = self._settled_figures(broker, before)
+            self._check_log(broker)
+            if broker.exited() is None:
+                self._leak_findings(before, after)
+                for failure in self.target.client_check():
+                    self._save(Finding("client-check", failure))
+            self._check_log(broker, final=True)
+            return CampaignReport(
+                self.target.name, self.seed, sent, seconds, before, after, self.findings,
+                broker.starts, command, self.out_dir,
+            )
+
+    def _restart(self, broker: BrokerProcess, rng: random.Random) -> bool:
+        if broker.starts > self.max_restarts:
+            return False
+        self.target.close_all()
+        broker.stop()
+        broker.start()
+        self.target.attach(broker, rng)
+        return True
+
+    def _settled_figures(self, broker: BrokerProcess, before: ProcessFigures) -> ProcessFigures:
+        """Figures once the broker has let go of the closed connections (or after 15 s)."""
+        deadline = time.monotonic() + 15
+        fig = broker.figures()
+        while time.monotonic() < deadline and broker.exited() is None:
+            fig = broker.figures()
+            if fig.sockets <= before.sockets and fig.fds <= before.fds + self.fd_slack:
+                break
+            time.sleep(0.25)
+        return fig
+
+    def _leak_findings(self, before: ProcessFigures, after: ProcessFigures) -> None:
+        if after.sockets > before.sockets:
+            self._save(Finding("fd-leak", f"sockets {before.sockets} -> {after.sockets} after every connection closed"))
+        elif after.fds > before.fds + self.fd_slack:
+            self._save(Finding("fd-leak", f"fds {before.fds} -> {after.fds} (slack {self.fd_slack})"))
+        if after.rss_kib - before.rss_kib > self.rss_growth_mib * 1024:
+            self._save(
+                Finding("rss-growth", f"RSS {before.rss_kib // 1024} -> {after.rss_kib // 1024} MiB "
+                        f"(limit +{self.rss_growth_mib} MiB)")
+            )

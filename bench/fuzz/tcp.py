@@ -1,0 +1,231 @@
+"""TCP line front door: NDJSON, InfluxDB line protocol and CSV lines, well-formed, mutated and hostile
+(garbage, invalid UTF-8, deep nesting, huge numbers and timestamps, lines past ``max_line_bytes``).
+
+Three listeners run in ack mode (ndjson, influx, csv), one without acks (raw ndjson). On an ack listener
+the input is followed by a newline and a sentinel line; the server acknowledges lines in order (``ACK
+<line>``), so an ACK covering the sentinel (or a FATAL/close) ends the input; ``ERR`` lines are expected
+for bad input. The no-ack listener gets inputs and a close: only the broker log and the probes judge it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import socket
+import subprocess
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+from bench.fuzz.harness import BrokerProcess, Hang
+from bench.fuzz.mutate import mutate
+
+__all__ = ["LISTENERS", "ROUTES", "TcpTarget", "hostile_line", "valid_line"]
+
+LISTENERS = [
+    {"name": "influx", "port": 0, "format": "influx", "ack": True},
+    {"name": "csv", "port": 0, "format": "csv", "ack": True},
+    {"name": "raw", "port": 0, "format": "ndjson", "ack": False},
+]
+ROUTES = [
+    {"name": "tcp-json", "source": "tcp", "source_name": "default", "topic": "tcp-json", "format": "json",
+     "key": "field:device", "time_field": "ts", "time_format": "epoch_ms", "value": "json"},
+    {"name": "tcp-influx", "source": "tcp", "source_name": "influx", "topic": "tcp-influx", "key": "series",
+     "time_field": "timestamp", "time_format": "epoch_ns"},
+    {"name": "tcp-csv", "source": "tcp", "source_name": "csv", "topic": "tcp-csv", "key": "field:device",
+     "time_field": "ts", "time_format": "rfc3339"},
+]
+MAX_LINE = 64 * 1024
+ENDPOINTS = {"ndjson": "tcp", "influx": "tcp:influx", "csv": "tcp:csv", "raw": "tcp:raw"}
+CSV_HEADER = b"device,ts,temp"
+
+
+def valid_line(rng: random.Random, fmt: str) -> bytes:
+    if fmt in ("ndjson", "raw"):
+        doc: dict[str, Any] = {
+            "device": rng.choice(("d1", "d2", "pump-7")),
+            "ts": 1_700_000_000_000 + rng.randrange(10**6),
+            "temp": rng.uniform(-40, 60),
+        }
+        if rng.random() < 0.3:
+            doc["nested"] = {"a": [1, 2, {"b": None}], "s": "\u00e9\u4e2d"}
+        return json.dumps(doc).encode()
+    if fmt == "influx":
+        ts = rng.choice(("", " 1700000000000000000", f" {1_700_000_000_000_000_000 + rng.randrange(10**9)}"))
+        tags = rng.choice(("", ",station=s1", ",a=b,c=d\\ e"))
+        fields = rng.choice(("temp=21.5", "temp=21i,ok=true", 'msg="hi \\"there\\""', "a=1u,b=-2.5e3"))
+        return f"weather{tags} {fields}{ts}".encode()
+    ts = rng.choice(("2024-05-01T10:00:00Z", "2024-05-01T10:00:00.123+02:00", "2024-05-01"))
+    return f"{rng.choice(('d1', 'd2'))},{ts},{rng.uniform(-40, 60):.2f}".encode()
+
+
+def hostile_line(rng: random.Random, fmt: str) -> bytes:
+    common = [
+        b"\xff\xfe\xfd", b"\x00" * 10, b"", b"#comment", b" " * 100, b"\r", rng.randbytes(rng.choice((1, 50, 500))),
+        b"x" * rng.choice((MAX_LINE - 1, MAX_LINE, MAX_LINE + 1, 200_000)),
+    ]
+    per_format = {
+        "ndjson": [b"[" * 30000, b"{" * 30000, b'{"a":' * 5000, b'{"ts": 1e400}', b'{"ts": 99999999999999999999999}',
+                   b'{"ts": -1}', b'{"ts": "2024"}', b'{"device": {"x": 1}}', b"123", b'"str"', b"null", b"[]",
+                   b'{"ts": 1700000000000, "device": null}', b'{"a": "\\ud800"}', b'{"a": 1}{"b": 2}',
+                   b'{"ts": ' + b"9" * 5000 + b"}", b'{"device": "' + b"d" * 60000 + b'"}'],
+        "influx": [b"m", b"m f", b"m f=", b"m,=x f=1", b"m f=1 99999999999999999999999999",
+                   b"m f=1 -9223372036854775809", b"m f=1i 9223372036854775808", b"m f=1e400",
+                   b'm f="unterminated', b"\\" * 1000, b"m,t=a\\ f=1",
+                   b"m f=1," * 3000, b",t=1 f=1", b"m f=99999999999999999999999i", b"m f=nan", b"m f=1 1e9"],
+        "csv": [b'"unterminated', b",,,,,,,,", b"a," * 10000, b'"a""b",c', b"d1,not-a-time,1",
+                b"d1,9999-99-99T99:99:99Z,x", b"d1,2024-05-01T10:00:00Z", b"d1,2024-05-01T10:00:00Z,1,extra",
+                b"\x00,\x00,\x00",
+                b"d1,+275760-09-13T00:00:00Z,1"],
+    }
+    return rng.choice(common + per_format["ndjson" if fmt == "raw" else fmt])
+
+
+class TcpTarget:
+    name = "tcp"
+
+    def __init__(self, deadline: float = 10.0) -> None:
+        self.deadline = deadline
+        self.broker: BrokerProcess | None = None
+        self.sock: socket.socket | None = None
+        self.fmt = "ndjson"
+        self.lines = 0  # newlines sent on this connection
+        self.buffer = b""  # answers not yet consumed
+        self.sent: list[bytes] = []
+        self.history: deque[list[bytes]] = deque(maxlen=8)
+        self.conn_budget = 0
+        self.corpus: list[bytes] = []
+
+    def broker_env(self) -> dict[str, str]:
+        return {"SLUICE_MQTT__ENABLED": "false", "SLUICE_TCP__ACK": "true", "SLUICE_TCP__FORMAT": "ndjson",
+                "SLUICE_TCP__LISTENERS": json.dumps(LISTENERS), "SLUICE_INGEST__ROUTES": json.dumps(ROUTES)}
+
+    def attach(self, broker: BrokerProcess, rng: random.Random) -> None:
+        self.broker = broker
+        if not self.corpus:
+            self.corpus = [valid_line(rng, f) for f in ("ndjson", "influx", "csv") for _ in range(50)]
+
+    def next_input(self, rng: random.Random) -> bytes:
+        roll = rng.random()
+        if roll < 0.30:
+            lines = [valid_line(rng, self.fmt) for _ in range(rng.choice((1, 1, 2, 10, 100)))]
+        elif roll < 0.55:
+            lines = [hostile_line(rng, self.fmt)]
+        elif roll < 0.85:
+            lines = [mutate(valid_line(rng, self.fmt), rng, self.corpus)]
+        elif roll < 0.95:  # valid lines around a hostile one: the neighbours must survive
+            lines = [valid_line(rng, self.fmt), hostile_line(rng, self.fmt), valid_line(rng, self.fmt)]
+        else:
+            return rng.randbytes(rng.choice((1, 100, 5000)))
+        end = rng.choice((b"\n", b"\n", b"\r\n"))
+        return end.join(lines) + end
+
+    def _drop(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = None
+        if self.sent:
+            self.history.append(self.sent)
+        self.sent = []
+
+    def step(self, rng: random.Random) -> None:
+        if self.sock is None or self.conn_budget <= 0:
+            self._drop()
+            assert self.broker is not None
+            self.fmt = rng.choice(("ndjson", "ndjson", "influx", "csv", "raw"))
+            self.sock = socket.create_connection(self.broker.endpoints[ENDPOINTS[self.fmt]], timeout=self.deadline)
+            self.conn_budget = rng.choice((1, 10, 100, 1000))
+            self.lines = 0
+            self.buffer = b""
+            if self.fmt == "csv" and rng.random() < 0.9:
+                self._send(CSV_HEADER + b"\n")
+        self.conn_budget -= 1
+        data = self.next_input(rng)
+        sentinel = b"\n" + valid_line(rng, self.fmt) + b"\n"
+        if not self._send(data + sentinel):
+            return
+        if self.fmt == "raw":
+            if self.conn_budget <= 0 or rng.random() < 0.05:
+                self._drop()
+            return
+        if not self._await_ack(self.lines):
+            raise Hang(f"no ACK {self.lines} and no close within {self.deadline:.1f} s ({self.fmt})")
+
+    def _send(self, data: bytes) -> bool:
+        assert self.sock is not None
+        self.sent.append(data)
+        self.lines += data.count(b"\n")
+        try:
+            self.sock.sendall(data)
+            return True
+        except OSError:
+            self._drop()
+            return False
+
+    def _await_ack(self, line: int) -> bool:
+        assert self.sock is not None
+        end = time.monotonic() + self.deadline
+        try:
+            while True:
+                while b"\n" in self.buffer:
+                    answer, self.buffer = self.buffer.split(b"\n", 1)
+                    if answer.startswith(b"ACK ") and int(answer[4:]) >= line:
+                        return True
+                    if answer.startswith(b"FATAL"):
+                        self._drop()
+                        return True
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.sock.settimeout(remaining)
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    self._drop()
+                    return True
+                self.buffer += chunk
+        except TimeoutError:
+            return False
+        except OSError:
+            self._drop()
+            return True
+
+    def recent(self) -> list[list[bytes]]:
+        return [*self.history, *([self.sent] if self.sent else [])]
+
+    def close_all(self) -> None:
+        self._drop()
+
+    def probe(self) -> bool:
+        assert self.broker is not None
+        try:
+            with socket.create_connection(self.broker.endpoints["tcp"], timeout=self.deadline) as sock:
+                sock.sendall(b'{"device": "probe", "ts": 1700000000000}\n')
+                got = b""
+                while b"ACK 1" not in got:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        return False
+                    got += chunk
+                return True
+        except OSError:
+            return False
+
+    def client_check(self) -> list[str]:
+        """nc sends a line in ack mode; kcat finds it in the topic its route names."""
+        assert self.broker is not None
+        host, port = self.broker.endpoints["tcp"]
+        marker = uuid.uuid4().hex
+        line = json.dumps({"device": "check", "ts": 1_700_000_000_000, "marker": marker}).encode() + b"\n"
+        failures = []
+        sent = subprocess.run(["nc", "-q", "5", host, str(port)], input=line, capture_output=True, timeout=30)
+        if b"ACK 1" not in sent.stdout:
+            failures.append(f"nc got {sent.stdout[:200]!r} instead of ACK 1: {sent.stderr.decode()[-300:]}")
+        khost, kport = self.broker.endpoints["kafka"]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            read = subprocess.run(["kcat", "-b", f"{khost}:{kport}", "-C", "-t", "tcp-json", "-o", "-2000", "-e",
+                                   "-q"], capture_output=True, timeout=60)
+            if marker.encode() not in read.stdout:
+                failures.append(f"kcat did not find the nc line in tcp-json: {read.stderr.decode()[-300:]}")
+        return failures

@@ -1,0 +1,59 @@
+"""The fuzz harness's own logic: deterministic mutations, framing checks, log scanning and signatures."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from bench.fuzz.harness import BrokerProcess, signature
+from bench.fuzz.kafka import load_captured, split_frames
+from bench.fuzz.mqtt import MAX_PACKET, connect, encode_varint, packet_state
+from bench.fuzz.mutate import mutate
+
+
+def test_mutations_are_a_function_of_the_seed() -> None:
+    data = bytes(range(64))
+    first = [mutate(data, random.Random(s), [data]) for s in range(50)]
+    again = [mutate(data, random.Random(s), [data]) for s in range(50)]
+    assert first == again
+    assert sum(m != data for m in first) > 40
+
+
+def test_kafka_framing_states() -> None:
+    frame = (4).to_bytes(4, "big") + b"abcd"
+    assert split_frames(frame * 2) == ([frame, frame], "whole")
+    assert split_frames(frame + frame[:6]) == ([frame], "incomplete")
+    assert split_frames((-1).to_bytes(4, "big", signed=True))[1] == "bad-length"
+    assert split_frames((200 * 1024 * 1024).to_bytes(4, "big") + b"x")[1] == "bad-length"
+
+
+def test_captured_kafka_corpus_is_whole_frames_from_several_apis() -> None:
+    frames = load_captured()
+    assert len(frames) > 50
+    assert all(split_frames(f)[1] == "whole" for f in frames)
+    assert len({int.from_bytes(f[4:6], "big") for f in frames}) >= 15  # API keys seen from real clients
+
+
+def test_mqtt_framing_states() -> None:
+    packet = connect(random.Random(1), 5)
+    assert packet_state(packet) == "whole"
+    assert packet_state(packet[:-1]) == "incomplete"
+    assert packet_state(b"\x30" + encode_varint(MAX_PACKET + 1)) == "bad-length"
+    assert packet_state(b"\x30\xff\xff\xff\xff\x01") == "bad-length"
+
+
+def test_log_scan_takes_error_records_whole_and_waits_for_unfinished_tracebacks(tmp_path: Path) -> None:
+    broker = BrokerProcess({}, tmp_path)
+    log = broker.log_path
+    log.write_text(
+        "2026-01-01 00:00:00,000 INFO    a: fine\n"
+        "2026-01-01 00:00:00,001 ERROR   b: boom x=1\nTraceback (most recent call last):\n"
+        '  File "/x/y.py", line 3, in f\n'
+    )
+    assert broker.new_log_findings() == []  # the traceback has no exception line yet
+    with log.open("a") as f:
+        f.write("ValueError: bad\n2026-01-01 00:00:00,002 WARNING c: careful\n")
+    (found,) = broker.new_log_findings()
+    assert found.startswith("2026-01-01 00:00:00,001 ERROR   b: boom") and found.endswith("ValueError: bad\n")
+    assert signature("traceback", found) == "traceback: ValueError: bad at y.py:3 f"
+    assert broker.new_log_findings() == []
