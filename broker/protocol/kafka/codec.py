@@ -29,6 +29,7 @@ from kio.schema.errors import ErrorCode as KioErrorCode
 from kio.serial import entity_reader, entity_writer
 
 from broker.protocol.kafka import fetch, produce
+from broker.protocol.kafka.bounds import check_compact_lengths
 from broker.protocol.kafka.errors import MalformedRequestError, UnsupportedRequestError
 from broker.protocol.kafka.header import (
     RequestHeader,
@@ -164,9 +165,11 @@ def decode_request(frame: bytes | memoryview) -> Request:
     header, pos = decode_request_header(frame, is_flexible(api_key, version))
     cls = load_request_schema(api_key, version)
     try:
+        if header.flexible:
+            check_compact_lengths(cls, frame, pos)  # before kio reserves memory for a lying length
         body, _size = _reader(cls)(frame, pos)
-    except MalformedRequestError:
-        raise
+    except MalformedRequestError as exc:
+        raise MalformedRequestError(f"cannot decode {ApiKey(api_key).name} v{version} request: {exc}") from exc
     except Exception as exc:  # kio's reader raises its own types on short or bad input
         raise MalformedRequestError(
             f"cannot decode {ApiKey(api_key).name} v{version} request: {type(exc).__name__}: {exc}"
