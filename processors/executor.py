@@ -124,9 +124,14 @@ class _Keyed(_Node):
     def _flush(self) -> None:
         rt = self.rt
         if rt.out:
-            out, rt.out = rt.out, []
-            for child in self.children:
-                child.push(out)
+            ex = self.ex
+            batch_tp = ex.current_tp
+            for owner, out in rt.take_out():
+                # emitted by a timer of a key: downstream keys it creates belong to that key's partition
+                ex.current_tp = batch_tp if owner is None else owner
+                for child in self.children:
+                    child.push(out)
+            ex.current_tp = batch_tp
         if rt.late_out:
             late, rt.late_out = rt.late_out, []
             self.ex.late_count += len(late)
@@ -135,7 +140,9 @@ class _Keyed(_Node):
 
     def push(self, items: list[Any]) -> None:
         ex = self.ex
-        self.rt.on_items(items, ex.watermark, ex.now, ex.current_tp)
+        tp = ex.current_tp
+        # a partition restored from a checkpoint is judged against at least the watermark its keys had seen
+        self.rt.on_items(items, max(ex.watermark, ex.tracker.floor(tp)), ex.now, tp)
         if self.rt.errors:
             errors, self.rt.errors = self.rt.errors, []
             for ts, value, reason in errors:
@@ -221,6 +228,22 @@ class Executor:
 
     def remove_partition(self, tp: TopicPartition) -> None:
         self.tracker.remove_partition(tp)
+
+    def partition_checkpoint(self, tp: TopicPartition, now: int) -> tuple[int, int, int, int]:
+        """``(max event ts, heartbeat watermark, floor, quiet ms)`` of ``tp`` for a checkpoint: the
+        floor is the watermark its records were judged against (the operator's, or a higher
+        restored one); quiet ms is processing time since it was last heard of (its idleness)."""
+        pw = self.tracker.partitions.get(tp)
+        if pw is None:
+            return NO_TIME, NO_TIME, self.watermark, 0
+        return pw.max_ts, pw.explicit, max(self.watermark, pw.floor), pw.quiet_ms(now)
+
+    def restore_partition(self, tp: TopicPartition, now: int, *, max_ts: int, heartbeat: int, floor: int,
+                          quiet_ms: int, ops: dict[str, list[list[Any]]]) -> None:
+        """Take over ``tp`` as a checkpoint left it: its event time, idleness, floor and keyed state.
+        Call ``advance(now)`` once every restored partition is in."""
+        self.tracker.restore_partition(tp, now, max_ts=max_ts, explicit=heartbeat, floor=floor, quiet_ms=quiet_ms)
+        self.restore(ops)
 
     def process(self, tp: TopicPartition, records: Sequence[RecordLike], now: int) -> None:
         self.now = now

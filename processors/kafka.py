@@ -7,21 +7,41 @@ and checkpoints in a Kafka topic. Works against Sluice's Kafka listener or any K
   right after each stored checkpoint, so group offsets and checkpoints agree.
 * ``KafkaSink``: ``AIOKafkaProducer`` (acks=all); ``flush`` waits for every pending send, which
   the runner does before storing a checkpoint (at-least-once).
-* ``KafkaCheckpointStore``: checkpoint records in partition 0 of ``_checkpoints.<pipeline>``.
+* ``KafkaCheckpointStore``: checkpoint records (keyed by source partition, see
+  ``processors.checkpoint``) in partition 0 of ``_checkpoints.<pipeline>``.
+
+A commit that loses a race with a rebalance (aiokafka's ``CommitFailedError``, raised for
+REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION and UNKNOWN_MEMBER_ID) is not fatal, as in Kafka's own
+clients (Kafka Streams treats it as "task migrated"): the checkpoint is already stored and is what
+restores use, the consumer rejoins, and the next commit covers the offsets of the partitions it
+still owns. It is logged once per occurrence and counted (``commits_lost``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Collection
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalGenerationError,
+    KafkaError,
+    RebalanceInProgressError,
+    UnknownMemberIdError,
+)
 from aiokafka.structs import OffsetAndMetadata
 
-from processors.checkpoint import Checkpoint, checkpoint_records, checkpoint_topic, load_from_tail
+from processors.checkpoint import (
+    CheckpointCodec,
+    CheckpointRecord,
+    PartitionRestore,
+    checkpoint_topic,
+    load_from_tail,
+)
 from processors.errors import CheckpointError, SourceError
 from processors.executor import OutRecord, RecordLike
 from processors.executor import TopicPartition as TP
@@ -30,6 +50,10 @@ from processors.sources import AssignmentListener
 __all__ = ["KafkaCheckpointStore", "KafkaSink", "KafkaSource"]
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+# how aiokafka reports a commit lost to a rebalance (it wraps the three group errors in CommitFailedError)
+COMMIT_LOST = (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError)
+
+log = logging.getLogger("processors.kafka")
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -54,6 +78,7 @@ class KafkaSource:
         self.client_id = client_id
         self.consumer: Any = None
         self._paused: set[TP] = set()
+        self.commits_lost = 0
 
     async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
         self.consumer = AIOKafkaConsumer(
@@ -93,8 +118,15 @@ class KafkaSource:
             return
         try:
             await self.consumer.commit(chosen)
+        except COMMIT_LOST as exc:
+            # A rebalance raced the commit: the checkpoint is stored, which is what restores use,
+            # and the next commit covers the partitions this member still owns after rejoining.
+            self.commits_lost += 1
+            cause = exc.__cause__ or exc
+            log.warning("offset commit lost to a group rebalance; the stored checkpoint covers it",
+                        extra={"group": self.group, "error": type(cause).__name__,
+                               "partitions": sorted(offsets), "commits_lost": self.commits_lost})
         except KafkaError as exc:
-            # A rebalance raced the commit: the checkpoint is stored, which is what restores use.
             raise SourceError(f"commit failed for group {self.group!r}: {exc}") from exc
 
     async def fetch(self, max_records: int, timeout: float, paused: set[TP]) -> list[tuple[TP, list[RecordLike]]]:
@@ -154,8 +186,10 @@ class KafkaSink:
         except KafkaError as exc:
             raise SourceError(f"results were not acknowledged: {exc}") from exc
 
-    async def send_and_wait(self, topic: str, value: bytes) -> None:
-        await self.producer.send_and_wait(topic, value, partition=0)
+    async def send_in_order(self, topic: str, records: list[CheckpointRecord]) -> None:
+        """Send keyed records to partition 0 of ``topic`` in this order and wait for all of them."""
+        futures = [await self.producer.send(topic, value, key=key, partition=0) for key, value in records]
+        await asyncio.gather(*futures)
 
 
 class KafkaCheckpointStore:
@@ -163,35 +197,35 @@ class KafkaCheckpointStore:
         self.bootstrap = bootstrap
         self.topic = checkpoint_topic(pipeline)
         self.sink = sink
+        self.codec = CheckpointCodec()
 
-    async def save(self, data: bytes) -> None:
+    async def save(self, records: list[CheckpointRecord]) -> None:
         try:
-            for value in checkpoint_records(data):
-                await self.sink.send_and_wait(self.topic, value)
+            await self.sink.send_in_order(self.topic, records)
         except KafkaError as exc:
             raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc
 
-    async def load(self, tps: Collection[TP] | None = None) -> list[Checkpoint]:
+    async def load(self, tps: Collection[TP] | None = None) -> dict[TP, PartitionRestore]:
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                     fetch_max_bytes=MAX_REQUEST_BYTES, max_partition_fetch_bytes=MAX_REQUEST_BYTES)
         try:
             await consumer.start()
             if self.topic not in await consumer.topics():
-                return []
+                return {}
             tp = TopicPartition(self.topic, 0)
             consumer.assign([tp])
             start = (await consumer.beginning_offsets([tp]))[tp]
             end = (await consumer.end_offsets([tp]))[tp]
 
-            async def read(lo: int, hi: int) -> list[bytes]:
+            async def read(lo: int, hi: int) -> list[CheckpointRecord]:
                 consumer.seek(tp, lo)
-                values: list[bytes] = []
+                values: list[CheckpointRecord] = []
                 while await consumer.position(tp) < hi:
                     batch = await consumer.getmany(tp, timeout_ms=1000)
-                    values.extend(m.value for m in batch.get(tp, []) if m.value and m.offset < hi)
+                    values.extend((m.key or b"", m.value) for m in batch.get(tp, []) if m.offset < hi)
                 return values
 
-            return await load_from_tail(read, start, end, tps)
+            return await load_from_tail(read, start, end, tps, self.codec)
         except KafkaError as exc:
             raise CheckpointError(f"cannot read {self.topic}: {exc}") from exc
         finally:

@@ -8,6 +8,12 @@ A logic gets an ``OpContext`` on every call: it emits downstream with ``ctx.emit
 records with ``ctx.late``, and asks to be woken with ``ctx.schedule_event(t)`` (``on_watermark``
 once the watermark reaches ``t``) or ``ctx.schedule_proc(t)`` (``on_notify`` once processing time
 reaches ``t``). Spurious wake-ups are allowed; logics check their own deadlines.
+
+Every key has an owner: the source partition whose records created it, so its state is
+checkpointed with, restored with and handed over with that partition. What a key emits from a
+timer (or at end of input) carries the key's owner downstream (``out_owners``), so a key that a
+downstream operator creates from it belongs to the same partition, whichever batch (if any) is
+being processed at the time.
 """
 
 from __future__ import annotations
@@ -73,6 +79,9 @@ class KeyedRuntime:
         self.proc_timers: list[tuple[int, int, Hashable]] = []
         self.dirty: set[Hashable] = set()
         self.out: list[tuple[int, Any]] = []
+        # (index into ``out``, owner): from that index on, outputs were emitted by a key of that
+        # owner (timers, end of input); empty when ``out`` came from records of the current batch
+        self.out_owners: list[tuple[int, Hashable]] = []
         self.late_out: list[tuple[int, Any]] = []
         self.errors: list[tuple[int, Any, str]] = []
         self.ctx = OpContext(self)
@@ -81,6 +90,28 @@ class KeyedRuntime:
     def seq(self) -> int:
         self._seq += 1
         return self._seq
+
+    def _owned_by(self, key: Hashable) -> None:
+        """What follows in ``out`` is emitted by ``key``: mark its owner (once per run of one owner)."""
+        owner = self.owner.get(key)
+        marks = self.out_owners
+        if not marks or marks[-1][1] != owner:
+            marks.append((len(self.out), owner))
+
+    def take_out(self) -> list[tuple[Hashable, list[tuple[int, Any]]]]:
+        """The outputs so far, split by the owner they carry (None: the current batch's partition)."""
+        out, self.out = self.out, []
+        marks, self.out_owners = self.out_owners, []
+        if not marks:
+            return [(None, out)] if out else []
+        runs: list[tuple[Hashable, list[tuple[int, Any]]]] = []
+        if marks[0][0] > 0:
+            runs.append((None, out[: marks[0][0]]))
+        for i, (start, owner) in enumerate(marks):
+            end = marks[i + 1][0] if i + 1 < len(marks) else len(out)
+            if end > start:
+                runs.append((owner, out[start:end]))
+        return runs
 
     def on_items(self, items: list[tuple[int, Hashable, Any]], watermark: int, now: int, owner: Hashable) -> None:
         ctx = self.ctx
@@ -119,6 +150,7 @@ class KeyedRuntime:
             if logic is None:
                 continue
             ctx.key = key
+            self._owned_by(key)
             logic.on_watermark(watermark, ctx)
             if logic.is_empty():
                 del self.logics[key]
@@ -138,6 +170,7 @@ class KeyedRuntime:
             logic = self.logics.get(key)
             if logic is not None:
                 ctx.key = key
+                self._owned_by(key)
                 logic.on_notify(now, ctx)
 
     def on_eof(self, watermark: int, now: int) -> None:
@@ -146,6 +179,7 @@ class KeyedRuntime:
         ctx.now = now
         for key, logic in list(self.logics.items()):
             ctx.key = key
+            self._owned_by(key)
             logic.on_eof(ctx)
 
     # -- checkpoints ------------------------------------------------------------------------

@@ -23,7 +23,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from processors.checkpoint import Checkpoint, CheckpointStore, PartitionRestore, encode_checkpoint, latest_per_partition
+from processors.checkpoint import (
+    CheckpointRecord,
+    CheckpointStore,
+    PartitionRestore,
+    restore_executor,
+    take_checkpoint,
+)
 from processors.errors import ProcessorError
 from processors.executor import Executor, RecordLike, TopicPartition
 from processors.pipeline import Pipeline
@@ -139,7 +145,7 @@ class Runner:
     async def _on_assigned(self, tps: list[TopicPartition]) -> None:
         self._pending.update(tps)  # before any await: the fetcher must not pass their data on yet
         self._assigned.clear()
-        restores = latest_per_partition(await self.checkpoints.load(tps))
+        restores = await self.checkpoints.load(tps)
         for tp in tps:
             r = restores.get(tp)
             if r is not None and r.offset >= 0:
@@ -226,17 +232,9 @@ class Runner:
         self.positions[tp] = records[-1].offset + 1
 
     def _assign(self, entries: list[tuple[TopicPartition, PartitionRestore | None]], now: int) -> None:
+        restore_executor(self.executor, entries, now)
         for tp, restore in entries:
-            ex = self.executor
-            if restore is None:
-                ex.add_partition(tp, now)
-                self.positions[tp] = -1  # unknown until the first record
-                continue
-            ex.add_partition(tp, now, restore.max_ts)
-            if restore.heartbeat != NO_TIME:
-                ex.tracker.heartbeat(tp, restore.heartbeat, now)
-            ex.restore(restore.ops)
-            self.positions[tp] = restore.offset
+            self.positions[tp] = -1 if restore is None else restore.offset  # -1: unknown until the first record
         restored = {f"{tp[0]}/{tp[1]}": r.offset for tp, r in entries if r is not None}
         log.info("partitions assigned",
                  extra={"pipeline": self.pipeline.name, "partitions": [e[0] for e in entries], "restored": restored})
@@ -250,17 +248,14 @@ class Runner:
         await self.out_q.put(item)
         self.max_out_q = max(self.max_out_q, self.out_q.qsize())
 
-    def _checkpoint(self, now: int, tps: set[TopicPartition] | None) -> tuple[bytes, dict[TopicPartition, int]]:
+    def _checkpoint(self, now: int, tps: set[TopicPartition] | None
+                    ) -> tuple[list[CheckpointRecord], dict[TopicPartition, int]]:
         """Encode the state now (between batches, so it is consistent) for ``tps`` (None = all)."""
         self._last_cp = now
-        # partitions with nothing read yet are listed too (offset -1), so restores find them near the end
+        # partitions with nothing read yet are listed too (offset -1): their time and idleness count
         chosen = {tp: off for tp, off in self.positions.items() if tps is None or tp in tps}
-        parts = {}
-        for tp, off in chosen.items():
-            pw = self.executor.tracker.partitions.get(tp)
-            parts[tp] = (off, pw.max_ts, pw.explicit) if pw is not None else (off, NO_TIME, NO_TIME)
-        cp = Checkpoint(self.pipeline.name, now, self.executor.watermark, parts, self.executor.snapshot(set(chosen)))
-        return encode_checkpoint(cp), chosen
+        cp = take_checkpoint(self.pipeline.name, self.executor, chosen, now)
+        return self.checkpoints.codec.encode(cp), chosen
 
     async def _sink_loop(self) -> None:
         while True:

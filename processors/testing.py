@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from broker.protocol.records import Record
-from processors.checkpoint import Checkpoint, checkpoint_records, checkpoints_from_records
+from processors.checkpoint import CheckpointCodec, CheckpointRecord, PartitionRestore, restore_executor, take_checkpoint
 from processors.executor import Executor, OutRecord, RecordLike, TopicPartition
 from processors.pipeline import Pipeline, Stream
 from processors.serde import HEADER_EMIT, HEADER_WATERMARK
@@ -70,15 +70,29 @@ def _as_pipeline(p: Pipeline | Stream) -> Pipeline:
 class Harness:
     """Drive a pipeline by hand: ``send`` records, ``advance`` the clock, read ``outputs``."""
 
-    def __init__(self, pipeline: Pipeline | Stream, *, clock: FakeClock | None = None, partitions: int = 1) -> None:
+    def __init__(self, pipeline: Pipeline | Stream, *, clock: FakeClock | None = None, partitions: int = 1,
+                 restore: list[CheckpointRecord] | None = None) -> None:
+        """``restore``: start from checkpoint records (``checkpoint()`` of an earlier harness), the
+        way a runner restores after a restart."""
         self.pipeline = _as_pipeline(pipeline)
         self.clock = clock or FakeClock()
         self.topic = self.pipeline.source_config.topics[0]
         self.executor = Executor(self.pipeline, self.clock.now_ms())
         self.offsets: dict[int, int] = defaultdict(int)
-        for p in range(partitions):
-            self.executor.add_partition((self.topic, p), self.clock.now_ms())
+        self.partitions = partitions
+        self.codec = CheckpointCodec()
+        tps = [(self.topic, p) for p in range(partitions)]
+        restores = self.codec.decode(restore) if restore is not None else {}
+        restore_executor(self.executor, [(tp, restores.get(tp)) for tp in tps], self.clock.now_ms())
+        for tp, r in restores.items():
+            self.offsets[tp[1]] = max(r.offset, 0)
         self.sent: list[OutRecord] = []
+
+    def checkpoint(self) -> list[CheckpointRecord]:
+        """The records a runner would store for a checkpoint now (every partition)."""
+        positions = {(self.topic, p): self.offsets[p] for p in range(self.partitions)}
+        cp = take_checkpoint(self.pipeline.name, self.executor, positions, self.clock.now_ms())
+        return self.codec.encode(cp)
 
     def _record(self, partition: int, value: Any, timestamp: int | None, key: bytes | None,
                 headers: tuple[tuple[str, bytes | None], ...] = ()) -> Record:
@@ -182,16 +196,17 @@ class MemorySource:
 
 
 class MemoryCheckpointStore:
-    """Checkpoints kept in a list (a stand-in for the checkpoint topic)."""
+    """Checkpoint records kept in a list (a stand-in for the checkpoint topic)."""
 
     def __init__(self) -> None:
-        self.saved: list[bytes] = []
+        self.saved: list[CheckpointRecord] = []
+        self.codec = CheckpointCodec()
 
-    async def load(self, tps: Collection[TopicPartition] | None = None) -> list[Checkpoint]:
-        return checkpoints_from_records(self.saved)
+    async def load(self, tps: Collection[TopicPartition] | None = None) -> dict[TopicPartition, PartitionRestore]:
+        return self.codec.decode(self.saved)
 
-    async def save(self, data: bytes) -> None:
-        self.saved.extend(checkpoint_records(data))
+    async def save(self, records: list[CheckpointRecord]) -> None:
+        self.saved.extend(records)
 
 
 class MemorySink:

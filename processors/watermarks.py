@@ -10,6 +10,11 @@ Rules (the state machine of a ``WatermarkTracker``):
 * The operator watermark is the minimum over ACTIVE partitions. It never moves backwards: a
   partition that rejoins behind it holds it where it is until it catches up (its older records
   are late, and the windows route them by allowed lateness).
+* Restored from a checkpoint, a partition gets back its event time, its idleness (processing time
+  since it was last heard of; the downtime does not count) and a ``floor``: the operator watermark
+  its keys had seen. Records of that partition are judged against at least their floor, so a
+  record that was late before a restart is late after it, and the operator watermark starts from
+  the lowest floor when every partition has one (a fresh process restoring all of them).
 * When every partition is IDLE the ``AllIdlePolicy`` decides: ``HOLD`` moves the watermark to the
   maximum partition watermark and stops there; ``ADVANCE_WITH_WALL_CLOCK(after=…)`` also lets it
   advance one ms per ms of processing time once everything has been idle for ``after`` ms, so the
@@ -84,13 +89,14 @@ class WatermarkAlignment:
 class PartitionWatermark:
     """The local watermark of one source partition."""
 
-    __slots__ = ("delay", "explicit", "idle_timeout", "last_active", "max_ts")
+    __slots__ = ("delay", "explicit", "floor", "idle_timeout", "last_active", "max_ts")
 
     def __init__(self, strategy: BoundedOutOfOrderness, now: int, max_ts: int = NO_TIME) -> None:
         self.delay = strategy.max_delay_ms
         self.idle_timeout = strategy.idle_timeout
         self.max_ts = max_ts
         self.explicit = NO_TIME  # from heartbeats / punctuations
+        self.floor = NO_TIME  # the operator watermark this partition's keys had seen (restored)
         self.last_active = now
 
     def observe(self, max_ts: int, now: int) -> None:
@@ -111,6 +117,10 @@ class PartitionWatermark:
     def idle(self, now: int) -> bool:
         return self.idle_timeout is not None and now - self.last_active > self.idle_timeout
 
+    def quiet_ms(self, now: int) -> int:
+        """Processing time since this partition was last heard of (what a checkpoint keeps)."""
+        return max(now - self.last_active, 0)
+
 
 class WatermarkTracker:
     """Combines partition watermarks into the operator watermark (see the module rules)."""
@@ -129,6 +139,19 @@ class WatermarkTracker:
 
     def add_partition(self, pid: Hashable, now: int, max_ts: int = NO_TIME) -> None:
         self.partitions[pid] = PartitionWatermark(self.strategy, now, max_ts)
+
+    def restore_partition(self, pid: Hashable, now: int, *, max_ts: int, explicit: int, floor: int,
+                          quiet_ms: int) -> None:
+        """A partition as a checkpoint left it: event time, floor, and idleness (``quiet_ms`` of
+        processing time without news when the checkpoint was taken)."""
+        part = self.partitions[pid] = PartitionWatermark(self.strategy, now - quiet_ms, max_ts)
+        part.explicit = explicit
+        part.floor = floor
+
+    def floor(self, pid: Hashable) -> int:
+        """The lowest watermark records of ``pid`` are judged against (NO_TIME if none)."""
+        part = self.partitions.get(pid)
+        return NO_TIME if part is None else part.floor
 
     def remove_partition(self, pid: Hashable) -> None:
         self.partitions.pop(pid, None)
@@ -149,6 +172,9 @@ class WatermarkTracker:
         """Recompute and return the operator watermark (monotonic)."""
         if not self.partitions:
             return self.current
+        floor = min(p.floor for p in self.partitions.values())  # NO_TIME unless every partition was restored
+        if floor > self.current:
+            self.current = floor
         active = [p.watermark for p in self.partitions.values() if not p.idle(now)]
         if active:
             candidate = min(active)

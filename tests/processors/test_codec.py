@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import CorruptRecordError
 from broker.protocol.records import Compression, RecordSpec, decode_all, encode_batch
-from processors.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint, latest_per_partition
+from processors.checkpoint import (
+    CHUNK_BYTES,
+    Checkpoint,
+    CheckpointCodec,
+    CheckpointRecord,
+    PartitionState,
+    load_from_tail,
+)
 from processors.errors import CheckpointError
 from processors.fastdecode import decode_from
 
@@ -57,52 +67,94 @@ def test_control_batches_are_skipped() -> None:
     assert [(r.offset, r.value) for r in decode_from(data, 0)] == [(1, b"v")]
 
 
-def test_checkpoints_round_trip_and_the_newest_wins_per_partition() -> None:
-    a = Checkpoint("p", 1, 100, {("t", 0): (10, 90, -1), ("t", 1): (5, 80, 70)},
-                   {"3": [["k0", ["t", 0], {"w": [[0, [10, [1.0, 1], False, 1, 0]]], "s": []}],
-                          ["k1", ["t", 1], {"w": [], "s": []}]]})
-    b = Checkpoint("p", 2, 120, {("t", 0): (20, 110, 100)}, {"3": [["k0", ["t", 0], {"w": [], "s": []}]]})
-    decoded = [decode_checkpoint(encode_checkpoint(cp)) for cp in (a, b)]
-    restore = latest_per_partition(decoded)
-    assert restore[("t", 0)].offset == 20 and restore[("t", 0)].ops == {"3": [["k0", ["t", 0], {"w": [], "s": []}]]}
-    assert restore[("t", 0)].heartbeat == 100 and restore[("t", 1)].heartbeat == 70
-    assert restore[("t", 1)].offset == 5 and [e[0] for e in restore[("t", 1)].ops["3"]] == ["k1"]
-    with pytest.raises(CheckpointError):
-        decode_checkpoint(b"\x93garbage")
-    with pytest.raises(CheckpointError):
-        encode_checkpoint(Checkpoint("p", 1, 1, {}, {"1": [[object(), None, None]]}))
+def state(*windows: int) -> dict[str, Any]:
+    return {"w": [[w, [w + 10, [1.0, 1], False, 1, 0]] for w in windows], "s": []}
 
 
-def big_checkpoint(keys: int, created: int = 1) -> Checkpoint:
-    state = {"w": [[0, [10_000, [1.0, 1], False, 1, 0]]], "s": []}
-    return Checkpoint("p", created, 1, {("t", 0): (5, 1, -1)},
-                      {"1": [[f"sensor-{i:06d}", ["t", 0], state] for i in range(keys)]})
+def test_checkpoints_round_trip_per_partition_and_the_newest_wins() -> None:
+    codec = CheckpointCodec()
+    parts = {("t", 0): PartitionState(10, 90, -1, 100, 5), ("t", 1): PartitionState(5, 80, 70, 100, 0)}
+    entries: list[list[Any]] = [["k0", ["t", 0], state(0)], ["k1", ["t", 1], state()], ["orphan", None, state()]]
+    a = Checkpoint("p", 1, 100, parts, {"3": entries})
+    b = Checkpoint("p", 2, 120, {("t", 0): PartitionState(20, 110, 100, 120, 0)}, {"3": [["k0", ["t", 0], state()]]})
+    records = codec.encode(a) + codec.encode(b)
+    assert [k for k, _ in records] == [b"t:0", b"t:1", b"t:0"]  # keyed by source partition: compaction keeps the newest
+    restore = CheckpointCodec().decode(records)
+    assert restore[("t", 0)].offset == 20 and restore[("t", 0)].ops == {"3": [["k0", ["t", 0], state()]]}
+    assert restore[("t", 0)].state == PartitionState(20, 110, 100, 120, 0) and restore[("t", 0)].created == 2
+    assert restore[("t", 1)].state == PartitionState(5, 80, 70, 100, 0)
+    assert [e[0] for e in restore[("t", 1)].ops["3"]] == ["k1"]  # each partition carries only its own keys
+    with pytest.raises(CheckpointError):
+        codec.decode([(b"t:0", b"\x93garbage")])
+    with pytest.raises(CheckpointError):
+        codec.encode(Checkpoint("p", 1, 1, {("t", 0): PartitionState(1)}, {"1": [[object(), ["t", 0], None]]}))
+
+
+def test_version_1_checkpoints_are_still_restored() -> None:
+    doc = {"v": 1, "pipeline": "p", "created": 7, "watermark": 500,
+           "parts": [["t", 0, 10, 600, -1], ["t", 1, 4, 550, 520]],
+           "ops": {"1": [["k0", ["t", 0], state(0)], ["k1", ["t", 1], state(10)]]}}
+    restore = CheckpointCodec().decode([(b"", msgpack.packb(doc, use_bin_type=True))])
+    assert restore[("t", 0)].state == PartitionState(10, 600, -1, 500, 0)  # floor: that checkpoint's watermark
+    assert restore[("t", 1)].ops == {"1": [["k1", ["t", 1], state(10)]]}
+
+
+def big_checkpoint(keys: int, created: int = 1, offset: int = 5) -> Checkpoint:
+    return Checkpoint("p", created, 1, {("t", 0): PartitionState(offset, 1, -1, 1, 0)},
+                      {"1": [[f"sensor-{i:06d}", ["t", 0], state(0)] for i in range(keys)]})
+
+
+def compact(records: list[CheckpointRecord]) -> list[CheckpointRecord]:
+    """Kafka's cleanup.policy=compact as a model (until Sluice's own cleaner lands): the newest
+    record of every key, in log order; tombstones gone (past delete.retention.ms)."""
+    newest = {key: i for i, (key, _) in enumerate(records)}
+    return [r for i, r in enumerate(records) if newest[r[0]] == i and r[1] is not None]
 
 
 def test_large_checkpoints_are_chunked_and_count_only_when_complete() -> None:
-    from processors.checkpoint import CHUNK_BYTES, checkpoint_records, checkpoints_from_records
+    codec = CheckpointCodec()
+    small = codec.encode(Checkpoint("p", 0, 0, {("t", 0): PartitionState(1, 1, -1, 0, 0)}, {}))
+    values = codec.encode(big_checkpoint(30_000))
+    assert len(values) >= 4 and all(len(v or b"") <= CHUNK_BYTES + 100 for _, v in values)
+    # a crash before the head was written: the earlier checkpoint stays in force
+    assert CheckpointCodec().decode(small + values[:-1])[("t", 0)].created == 0
+    done = CheckpointCodec().decode(small + values)[("t", 0)]
+    assert done.created == 1 and len(done.ops["1"]) == 30_000
 
-    data = encode_checkpoint(big_checkpoint(30_000))
-    assert len(data) > 2 * CHUNK_BYTES
-    values = checkpoint_records(data)
-    assert len(values) >= 3 and all(len(v) <= CHUNK_BYTES + 100 for v in values)
-    small = encode_checkpoint(Checkpoint("p", 0, 0, {("t", 0): (1, 1, -1)}, {}))
-    # a crash before the last chunk was written: the earlier checkpoint stays in force
-    assert [c.created for c in checkpoints_from_records([small, *values[:-1]])] == [0]
-    done = checkpoints_from_records([small, *values])
-    assert [c.created for c in done] == [0, 1] and len(done[1].ops["1"]) == 30_000
+
+def test_compaction_keeps_exactly_the_newest_complete_checkpoint_even_after_a_crash_mid_write() -> None:
+    codec = CheckpointCodec()
+    log: list[CheckpointRecord] = []
+    for created, keys in enumerate([30_000, 12_000, 30_000, 500, 12_000]):
+        log += codec.encode(big_checkpoint(keys, created, offset=created))
+        restored = CheckpointCodec().decode(compact(log))[("t", 0)]
+        assert (restored.created, len(restored.ops["1"])) == (created, keys)
+    # the next (large) checkpoint dies after two chunks: compaction overwrites nothing it needs
+    log += codec.encode(big_checkpoint(30_000, 99, offset=99))[:2]
+    kept = compact(log)
+    restored = CheckpointCodec().decode(kept)[("t", 0)]
+    assert (restored.created, len(restored.ops["1"])) == (4, 12_000)
+    # bounded: one head plus the chunks of two slots, whatever the history
+    assert len(kept) <= 1 + 2 * len(codec.encode(big_checkpoint(30_000)))
+    # a new writer learns the slots from what it reads, and keeps the newest checkpoint safe too
+    writer = CheckpointCodec()
+    writer.decode(kept)
+    kept += writer.encode(big_checkpoint(30_000, 100, offset=100))[:3]
+    assert CheckpointCodec().decode(compact(kept))[("t", 0)].created == 4
 
 
 async def test_restores_read_checkpoints_from_the_tail_until_every_partition_is_covered() -> None:
-    from broker.log.memory import MemoryLogStore
-    from processors.checkpoint import LogCheckpointStore
-
-    store = LogCheckpointStore(MemoryLogStore(), "tail")
-    await store.save(encode_checkpoint(Checkpoint("tail", 0, 0, {("t", 1): (7, 1, -1)}, {})))  # the only one for p1
+    codec = CheckpointCodec()
+    log = codec.encode(Checkpoint("tail", 0, 0, {("t", 1): PartitionState(7)}, {}))  # the only one for p1
     for i in range(1, 1_000):
-        await store.save(encode_checkpoint(Checkpoint("tail", i, i, {("t", 0): (i, i, -1)}, {})))
-    recent = await store.load([("t", 0)])
-    assert 0 < len(recent) <= 64 and recent[-1].created == 999
-    both = latest_per_partition(await store.load([("t", 0), ("t", 1)]))
+        log += codec.encode(Checkpoint("tail", i, i, {("t", 0): PartitionState(i)}, {}))
+    reads: list[int] = []
+
+    async def read(lo: int, hi: int) -> list[CheckpointRecord]:
+        reads.append(lo)
+        return log[lo:hi]
+
+    recent = await load_from_tail(read, 0, len(log), [("t", 0)], CheckpointCodec())
+    assert recent[("t", 0)].offset == 999 and reads == [1_000 - 64]
+    both = await load_from_tail(read, 0, len(log), [("t", 0), ("t", 1)], CheckpointCodec())
     assert both[("t", 0)].offset == 999 and both[("t", 1)].offset == 7
-    assert len(await store.load()) == 1_000

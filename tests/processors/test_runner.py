@@ -17,7 +17,7 @@ import pytest
 from broker.log.memory import MemoryLogStore
 from broker.protocol.records import RecordSpec, decode_all, encode_batch
 from processors.aggregations import Mean
-from processors.checkpoint import Checkpoint, LogCheckpointStore
+from processors.checkpoint import LogCheckpointStore, PartitionRestore
 from processors.executor import RecordLike, TopicPartition
 from processors.pipeline import Pipeline
 from processors.runner import Runner, RunnerConfig
@@ -135,8 +135,8 @@ async def test_restart_resumes_from_the_checkpoint_and_re_emits_only_same_keys(s
     await wait_until(lambda: first.executor.records_in == half + 600)
     await first.stop(checkpoint=False)  # a crash: no final checkpoint
 
-    cps = await LogCheckpointStore(store, "avg-temp").load()
-    assert cps and sum(max(off, 0) for off, _, _ in cps[-1].parts.values()) == half
+    restores = await LogCheckpointStore(store, "avg-temp").load()
+    assert len(restores) == 3 and sum(max(r.offset, 0) for r in restores.values()) == half
     await publish(store, "sensors", readings[half + 600 :])
     second = AttachedRunner(sensor_pipeline(), store, clock=clock, config=config)
     await second.start()
@@ -216,7 +216,7 @@ async def test_records_fetched_before_the_assignment_is_restored_are_not_lost() 
             super().__init__()
             self.gate = asyncio.Event()
 
-        async def load(self, tps: Collection[TopicPartition] | None = None) -> list[Checkpoint]:
+        async def load(self, tps: Collection[TopicPartition] | None = None) -> dict[TopicPartition, PartitionRestore]:
             await self.gate.wait()
             return await super().load(tps)
 
