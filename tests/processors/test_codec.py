@@ -123,23 +123,23 @@ def test_large_checkpoints_are_chunked_and_count_only_when_complete() -> None:
 
 
 def test_compaction_keeps_exactly_the_newest_complete_checkpoint_even_after_a_crash_mid_write() -> None:
-    codec = CheckpointCodec()
+    codec = CheckpointCodec(chunk_bytes=4_096)  # small chunks: many of them from small states
     log: list[CheckpointRecord] = []
-    for created, keys in enumerate([30_000, 12_000, 30_000, 500, 12_000]):
+    for created, keys in enumerate([300, 120, 300, 5, 120]):
         log += codec.encode(big_checkpoint(keys, created, offset=created))
         restored = CheckpointCodec().decode(compact(log))[("t", 0)]
         assert (restored.created, len(restored.ops["1"])) == (created, keys)
     # the next (large) checkpoint dies after two chunks: compaction overwrites nothing it needs
-    log += codec.encode(big_checkpoint(30_000, 99, offset=99))[:2]
+    log += codec.encode(big_checkpoint(300, 99, offset=99))[:2]
     kept = compact(log)
     restored = CheckpointCodec().decode(kept)[("t", 0)]
-    assert (restored.created, len(restored.ops["1"])) == (4, 12_000)
+    assert (restored.created, len(restored.ops["1"])) == (4, 120)
     # bounded: one head plus the chunks of two slots, whatever the history
-    assert len(kept) <= 1 + 2 * len(codec.encode(big_checkpoint(30_000)))
+    assert len(kept) <= 1 + 2 * len(CheckpointCodec(chunk_bytes=4_096).encode(big_checkpoint(300)))
     # a new writer learns the slots from what it reads, and keeps the newest checkpoint safe too
-    writer = CheckpointCodec()
+    writer = CheckpointCodec(chunk_bytes=4_096)
     writer.decode(kept)
-    kept += writer.encode(big_checkpoint(30_000, 100, offset=100))[:3]
+    kept += writer.encode(big_checkpoint(300, 100, offset=100))[:3]
     assert CheckpointCodec().decode(compact(kept))[("t", 0)].created == 4
 
 

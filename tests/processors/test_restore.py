@@ -5,10 +5,16 @@ Attached runners on a real in-memory LogStore, driven by a fake clock."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from broker.log.api import LogStore
 from broker.log.memory import MemoryLogStore
+from broker.log.segment import SegmentLogStore
 from broker.protocol.records import RecordSpec
 from processors.aggregations import Count, Mean
 from processors.pipeline import Pipeline
@@ -33,7 +39,7 @@ def sensor_pipeline() -> Pipeline:
     return stream.pipeline
 
 
-async def put(store: MemoryLogStore, partition: int, rows: list[dict[str, Any]], topic: str = "sensors") -> None:
+async def put(store: LogStore, partition: int, rows: list[dict[str, Any]], topic: str = "sensors") -> None:
     specs = [RecordSpec(json.dumps(r).encode(), r["sensor"].encode(), (), r["ts"]) for r in rows]
     await store.append_records(topic, specs, partition=partition)
 
@@ -42,7 +48,7 @@ def readings(sensor: str, start: int, end: int, step: int = 500, temp: float = 2
     return [{"sensor": sensor, "temp": temp, "ts": ts} for ts in range(start, end, step)]
 
 
-def emitted(store: MemoryLogStore, topic: str, emit: str | None = None) -> list[dict[str, Any]]:
+def emitted(store: LogStore, topic: str, emit: str | None = None) -> list[dict[str, Any]]:
     return [r for r in read_topic(store, topic) if emit is None or r.get("emit") == emit]
 
 
@@ -156,3 +162,61 @@ async def test_a_key_created_by_a_timer_right_after_a_restore_keeps_its_state_ac
         assert [r["n"] for r in emitted(store, "totals")] == [5, 8]  # the total survived two restores
     finally:
         await third.stop()
+
+
+def records_in_is(runner: AttachedRunner, n: int) -> bool:
+    return runner.executor.records_in == n
+
+
+def checkpoints_are(runner: AttachedRunner, n: int) -> bool:
+    return runner.checkpoints_written == n
+
+
+@pytest.fixture(params=["memory", "segment"])
+async def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LogStore]:
+    if request.param == "memory":
+        yield MemoryLogStore()
+        return
+    store = SegmentLogStore(tmp_path / "logs")
+    await store.start()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def test_the_checkpoint_topic_holds_about_one_checkpoint_after_many(any_store: LogStore) -> None:
+    """Issue 12, item 10: 60 checkpoints later the attached checkpoint topic holds the newest one
+    (and at most one more batch), and a restart still restores offsets and state from it."""
+    store = any_store
+    store.create_topic("sensors", 2)
+    clock = FakeClock()
+    runner = AttachedRunner(sensor_pipeline(), store, clock=clock, config=CONFIG)
+    await runner.start()
+    sizes = []
+    try:
+        for i in range(60):
+            await put(store, i % 2, readings(f"s{i % 7}", T0 + i * 1_000, T0 + i * 1_000 + 1_000, step=100))
+            await wait_until(partial(records_in_is, runner, (i + 1) * 10))
+            clock.advance(CONFIG.checkpoint_interval_ms)
+            await wait_until(partial(checkpoints_are, runner, i + 1))
+            sizes.append(store.partition("_checkpoints.restart", 0).size_bytes)
+    finally:
+        await runner.stop(checkpoint=False)
+    log = store.partition("_checkpoints.restart", 0)
+    assert log.high_watermark == 2 * 60  # one record per source partition per checkpoint
+    assert log.log_start_offset >= log.high_watermark - 2 * 2
+    newest = max(sizes[-5:])
+    assert log.size_bytes <= 2 * newest and max(sizes) <= 2 * newest, sizes
+
+    second = AttachedRunner(sensor_pipeline(), store, clock=clock, config=CONFIG)
+    await run_until(second, lambda: len(second.positions) == 2)
+    try:
+        assert second.positions == {("sensors", 0): 300, ("sensors", 1): 300}
+        def keys(r: AttachedRunner) -> set[Any]:
+            return {key for node in r.executor.keyed.values() for key in node.rt.logics}
+
+        assert len(keys(runner)) >= 2 and keys(second) == keys(runner)  # the keys with open windows came back
+        assert second.executor.watermark == runner.executor.watermark
+    finally:
+        await second.stop(checkpoint=False)

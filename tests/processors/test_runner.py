@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection
 import crc32c
 import pytest
 
+from broker.log.api import LogStore
 from broker.log.memory import MemoryLogStore
 from broker.protocol.records import RecordSpec, decode_all, encode_batch
 from processors.aggregations import Mean
@@ -65,7 +66,7 @@ async def publish(store: MemoryLogStore, topic: str, rows: list[dict], batch: in
             await store.append_records(topic, specs, partition=p)
 
 
-def read_topic(store: MemoryLogStore, topic: str) -> list[dict]:
+def read_topic(store: LogStore, topic: str) -> list[dict]:
     if not store.has_topic(topic):
         return []
     out = []
