@@ -33,7 +33,6 @@ Version 1 (one unkeyed record per checkpoint, every partition in it) is still re
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -316,8 +315,8 @@ class LogCheckpointStore:
 
     @staticmethod
     def _trimmed(config: TopicConfig) -> TopicConfig:
-        return dataclasses.replace(config, max_message_bytes=MAX_CHECKPOINT_BYTES, retention_bytes=0,
-                                   retention_ms=-1, segment_bytes=TRIM_SEGMENT_BYTES)
+        return config.with_kafka_configs({"max.message.bytes": str(MAX_CHECKPOINT_BYTES), "retention.bytes": "0",
+                                          "retention.ms": "-1", "segment.bytes": str(TRIM_SEGMENT_BYTES)})
 
     async def load(self, tps: Collection[TopicPartition] | None = None) -> dict[TopicPartition, PartitionRestore]:
         try:
