@@ -61,7 +61,7 @@ class HttpComponent:
             access_log=False,
             timeout_graceful_shutdown=5,
             loop="none",
-            http="h11",
+            http="httptools",  # h11 logged LocalProtocolError tracebacks on malformed chunked bodies (bench.fuzz)
         )
         server = _EmbeddedServer(config)
         self._server = server
