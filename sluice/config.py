@@ -88,6 +88,7 @@ class KafkaSettings(BaseModel):
     # Connections over a limit are closed at once, counted and logged (0 = no limit).
     max_connections: int = 1000  # all Kafka listeners together
     max_connections_per_address: int = 0  # per client IP address (Kafka's max.connections.per.ip)
+    group_initial_rebalance_delay_ms: int = Field(default=3000, ge=0)  # Kafka's group.initial.rebalance.delay.ms
 
     @field_validator("extra_listeners")
     @classmethod

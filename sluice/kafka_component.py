@@ -10,6 +10,7 @@ high-water mark is kept in ``<data_dir>/producer-ids.json``).
 from __future__ import annotations
 
 from broker.groups.coordinator import GroupCoordinator
+from broker.groups.group import GroupSettings
 from broker.groups.offsets import DurableOffsetStore, MemoryOffsetStore, OffsetStore
 from broker.server.kafka import KafkaListenerConfig, KafkaServer, KafkaServerConfig
 from broker.server.producer_state import ProducerIdAllocator, rebuild
@@ -32,8 +33,10 @@ class KafkaComponent:
         else:
             offsets = DurableOffsetStore(settings.data_dir / "groups")
             self.producer_ids = ProducerIdAllocator(path=settings.data_dir / "producer-ids.json")
-        self.coordinator = GroupCoordinator(offsets)
         kafka = settings.kafka
+        self.coordinator = GroupCoordinator(
+            offsets, settings=GroupSettings(initial_rebalance_delay_ms=kafka.group_initial_rebalance_delay_ms)
+        )
         self.server = KafkaServer(
             runtime.store,
             self.coordinator,

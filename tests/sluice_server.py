@@ -38,6 +38,7 @@ class SluiceProcess:
             "SLUICE_TCP__PORT": "0",
             "SLUICE_HTTP__PORT": "0",
             "SLUICE_STORAGE__BACKEND": "memory",
+            "SLUICE_KAFKA__GROUP_INITIAL_REBALANCE_DELAY_MS": "0",  # groups form at once in tests
             **self.env,
         }
         endpoints = self.data_dir / "endpoints.json"

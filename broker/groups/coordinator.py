@@ -15,10 +15,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import TypeVar
 
-from broker.errors import UnknownTopicError
 from broker.groups.clock import Clock, MonotonicClock
 from broker.groups.errors import OffsetStoreError
 from broker.groups.group import (
@@ -205,9 +204,13 @@ class GroupCoordinator:
         group_id: str,
         generation_id: int,
         member_id: str,
-        offsets: dict[tuple[str, int], tuple[int, str | None]],
+        offsets: Mapping[tuple[str, int], tuple[int, str | None]],
+        group_instance_id: str | None = None,
     ) -> dict[tuple[str, int], ErrorCode]:
-        """OffsetCommit. Returns once accepted offsets are stored (durably, with a durable store)."""
+        """OffsetCommit. Returns once accepted offsets are stored (durably, with a durable store).
+        Whether each partition exists is the caller's check (Kafka makes it before the coordinator)."""
+        if not offsets:
+            return {}
         if not group_id:
             return dict.fromkeys(offsets, ErrorCode.INVALID_GROUP_ID)
         group = self._groups.get(group_id)
@@ -215,7 +218,7 @@ class GroupCoordinator:
             if generation_id >= 0:
                 return dict.fromkeys(offsets, ErrorCode.ILLEGAL_GENERATION)
             group = self._group(group_id)
-        error = group.validate_commit(self.clock.monotonic(), generation_id, member_id)
+        error = group.validate_commit(self.clock.monotonic(), generation_id, member_id, group_instance_id)
         if error != ErrorCode.NONE:
             return dict.fromkeys(offsets, error)
         result: dict[TopicPartition, ErrorCode] = {}
@@ -244,18 +247,6 @@ class GroupCoordinator:
         if partitions is None:
             return {tp: (c.offset, c.metadata) for tp, c in stored.items()}
         return {tp: (stored[tp].offset, stored[tp].metadata) if tp in stored else (-1, "") for tp in partitions}
-
-    def lag(self, group_id: str, high_watermarks: Callable[[str, int], int]) -> dict[tuple[str, int], int]:
-        """High watermark minus committed offset for every partition the group committed (never below 0).
-        Partitions whose topic no longer exists are left out."""
-        lags: dict[TopicPartition, int] = {}
-        for tp, committed in sorted(self.offsets.fetch(group_id).items()):
-            try:
-                hw = high_watermarks(*tp)
-            except UnknownTopicError:
-                continue
-            lags[tp] = max(0, hw - committed.offset)
-        return lags
 
     async def delete_groups(self, group_ids: list[str]) -> dict[str, ErrorCode]:
         """DeleteGroups: forget groups without members and their committed offsets."""

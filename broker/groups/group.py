@@ -33,8 +33,13 @@ Rules:
    among those all support; most votes wins, ties to the leader's preference), and answers every
    parked JoinGroup; only the leader's answer lists the members with their metadata. With members the
    group is CompletingRebalance, without it is Empty.
-   Leaving an Empty group for PreparingRebalance waits at least ``initial_rebalance_delay_ms`` (each
-   new joiner extends it, never past the rebalance deadline) so that a starting fleet joins in one go.
+   The initial rebalance (Kafka's ``group.initial.rebalance.delay.ms``, ``InitialDelayedJoin``):
+   leaving Empty for PreparingRebalance does not complete when everyone has joined; it waits one
+   delay window D instead, with ``remaining`` = max(rebalance timeout - D, 0). At the end of a window
+   in which a new member joined, and while ``remaining`` != 0, another window of min(D, remaining)
+   follows (``remaining`` -= the window that ended); otherwise the join completes. A member leaving
+   or expiring still completes it at once when every remaining member has joined (as Kafka's
+   removeMember does). With D = 0 the first rebalance is an ordinary one.
 6. SyncGroup: unknown member → UNKNOWN_MEMBER_ID; wrong generation → ILLEGAL_GENERATION; during
    PreparingRebalance → REBALANCE_IN_PROGRESS; during CompletingRebalance the request is parked until
    the leader's SyncGroup stores the assignments (members it left out get empty bytes), which makes
@@ -47,23 +52,41 @@ Rules:
    JoinGroup or SyncGroup (the rebalance deadline or the leader's sync governs those); answering a
    parked request restarts the member's session clock. Removing a member with a parked request
    answers it with UNKNOWN_MEMBER_ID.
-9. Offset commits: generation < 0 on an Empty group is a standalone commit (no membership);
-   otherwise CompletingRebalance → REBALANCE_IN_PROGRESS, unknown member → UNKNOWN_MEMBER_ID, wrong
-   generation → ILLEGAL_GENERATION. Commits are allowed in PreparingRebalance (consumers commit
-   while revoking partitions).
+9. Offset commits, checked in Kafka's order (``validateOffsetCommit``): Dead → COORDINATOR_NOT_AVAILABLE;
+   generation < 0 on an Empty group is a standalone commit (no membership); with a generation >= 0,
+   a member id or an instance id: the instance id must be held (UNKNOWN_MEMBER_ID) by this member
+   (FENCED_INSTANCE_ID), the member must exist (UNKNOWN_MEMBER_ID), the generation must be the current
+   one (ILLEGAL_GENERATION); with none of them a non-Empty group answers UNKNOWN_MEMBER_ID; only then
+   CompletingRebalance → REBALANCE_IN_PROGRESS. Commits are allowed in PreparingRebalance (consumers
+   commit while revoking partitions).
 10. The generation never decreases; a member is in at most one of: pending, parked join, parked sync.
-11. Static membership (``group_instance_id``): such a member never gets MEMBER_ID_REQUIRED; joining
-    with an empty member id while another member holds the instance id removes that member (its
-    parked requests get FENCED_INSTANCE_ID) and adds the new one, which rebalances the group; a
-    member id that does not hold the instance id it names gets FENCED_INSTANCE_ID.
+11. Static membership (``group_instance_id``): such a member never gets MEMBER_ID_REQUIRED. Joining
+    with an empty member id while another member holds the instance id (a restarted process) swaps
+    the new member id in place of the old one, keeping its assignment and leadership (Kafka's
+    ``replaceStaticMember``); the old id's parked requests get FENCED_INSTANCE_ID and the old id is
+    unknown from then on. In Stable, when the protocol the group would select does not change, the
+    join is answered at once with the current generation, no member list and the leader id as it was
+    before the swap (so the new id never acts as leader), and the member's SyncGroup returns its
+    existing assignment: no rebalance. In CompletingRebalance the swap rebalances (the leader may
+    have assigned to the old id); in PreparingRebalance the new id simply joins the rebalance.
+    A non-empty member id naming an instance id nobody holds gets UNKNOWN_MEMBER_ID; one that does
+    not hold the instance id it names gets FENCED_INSTANCE_ID.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass, field, replace
 
+from broker.groups.answers import (
+    GroupDescription,
+    GroupSettings,
+    GroupState,
+    JoinMember,
+    JoinResult,
+    MemberDescription,
+    SyncResult,
+)
 from broker.protocol.kafka_codes import ErrorCode
 
 __all__ = [
@@ -72,75 +95,13 @@ __all__ = [
     "GroupDescription",
     "GroupSettings",
     "GroupState",
+    "InitialDelay",
     "JoinMember",
     "JoinResult",
     "Member",
     "MemberDescription",
     "SyncResult",
 ]
-
-
-class GroupState(StrEnum):
-    """The names DescribeGroups and ListGroups put on the wire."""
-
-    EMPTY = "Empty"
-    PREPARING_REBALANCE = "PreparingRebalance"
-    COMPLETING_REBALANCE = "CompletingRebalance"
-    STABLE = "Stable"
-    DEAD = "Dead"
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSettings:
-    min_session_timeout_ms: int = 1_000
-    max_session_timeout_ms: int = 1_800_000
-    initial_rebalance_delay_ms: int = 0
-    max_offset_metadata_bytes: int = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class JoinMember:
-    member_id: str
-    group_instance_id: str | None
-    metadata: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class JoinResult:
-    error_code: ErrorCode
-    generation_id: int = -1
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    leader_id: str = ""
-    member_id: str = ""
-    members: list[JoinMember] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class SyncResult:
-    error_code: ErrorCode
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    assignment: bytes = b""
-
-
-@dataclass(frozen=True, slots=True)
-class MemberDescription:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    metadata: bytes
-    assignment: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class GroupDescription:
-    group_id: str
-    state: str
-    protocol_type: str
-    protocol_name: str
-    members: list[MemberDescription]
 
 
 @dataclass(slots=True)
@@ -169,6 +130,16 @@ class Member:
 
 
 @dataclass(slots=True)
+class InitialDelay:
+    """The window of the initial rebalance (rule 5) that is running."""
+
+    window_end: float
+    delay_ms: int  # length of this window
+    remaining_ms: int  # what is left of the rebalance timeout for further windows
+    new_member_added: bool = False
+
+
+@dataclass(slots=True)
 class Effects:
     """Answers owed to parked requests, in the order they became due."""
 
@@ -193,8 +164,8 @@ class Group:
         self.leader_id: str | None = None
         self.members: dict[str, Member] = {}
         self.pending: dict[str, float] = {}  # member id handed out with MEMBER_ID_REQUIRED -> deadline
-        self.rebalance_deadline: float | None = None
-        self.join_not_before: float | None = None
+        self.rebalance_deadline: float | None = None  # ordinary rebalances only
+        self.initial: InitialDelay | None = None  # the first rebalance after Empty (rule 5)
 
     # ------------------------------------------------------------------ JoinGroup
 
@@ -228,19 +199,15 @@ class Group:
             return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=member_id), member_id, effects
 
         if group_instance_id:
-            holder = next(
-                (m.member_id for m in self.members.values() if m.group_instance_id == group_instance_id), None
-            )
+            holder = self._instance_holder(group_instance_id)
             if member_id == "" and holder is not None:
-                # A static member restarted: the new incarnation replaces (fences) the old one. The old
-                # one is dropped without a transition of its own; adding the new one rebalances once.
-                old = self._drop(holder)
-                if old.awaiting_join:
-                    effects.joins.append((holder, JoinResult(ErrorCode.FENCED_INSTANCE_ID, member_id=holder)))
-                if old.awaiting_sync:
-                    effects.syncs.append((holder, SyncResult(ErrorCode.FENCED_INSTANCE_ID)))
-            elif member_id and holder is not None and holder != member_id:
-                return JoinResult(ErrorCode.FENCED_INSTANCE_ID, member_id=member_id), member_id, effects
+                answer = self._replace_static(
+                    now, holder, new_member_id, protocols, session_timeout_ms, rebalance_timeout_ms, effects
+                )
+                return answer, new_member_id, effects
+            if member_id and member_id not in self.pending and holder != member_id:
+                code = ErrorCode.UNKNOWN_MEMBER_ID if holder is None else ErrorCode.FENCED_INSTANCE_ID
+                return JoinResult(code, member_id=member_id), member_id, effects
             require_known_member_id = False  # the instance id identifies a static member
         if member_id == "" and require_known_member_id:
             self.pending[new_member_id] = now + session_timeout_ms / 1000.0
@@ -341,7 +308,7 @@ class Group:
             if mid in self.pending:
                 del self.pending[mid]
                 errors[mid] = ErrorCode.NONE
-                self._try_complete_join(now, effects)
+                self._try_complete_join(now, effects, member_left=True)
             elif mid in self.members:
                 self._remove_member(now, mid, effects)
                 errors[mid] = ErrorCode.NONE
@@ -351,15 +318,29 @@ class Group:
 
     # ------------------------------------------------------------------ offsets, time, description
 
-    def validate_commit(self, now: float, generation_id: int, member_id: str) -> ErrorCode:
+    def validate_commit(
+        self, now: float, generation_id: int, member_id: str, group_instance_id: str | None = None
+    ) -> ErrorCode:
         """Rule 9: may this (generation, member) commit offsets now?"""
         if self.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if generation_id < 0 and self.state is GroupState.EMPTY:
             return ErrorCode.NONE
+        if generation_id >= 0 or member_id or group_instance_id:
+            if group_instance_id:
+                holder = self._instance_holder(group_instance_id)
+                if holder is None:
+                    return ErrorCode.UNKNOWN_MEMBER_ID
+                if holder != member_id:
+                    return ErrorCode.FENCED_INSTANCE_ID
+            error = self._touch_member(now, generation_id, member_id)
+            if error != ErrorCode.NONE:
+                return error
+        elif self.state is not GroupState.EMPTY:
+            return ErrorCode.UNKNOWN_MEMBER_ID
         if self.state is GroupState.COMPLETING_REBALANCE:
             return ErrorCode.REBALANCE_IN_PROGRESS
-        return self._touch_member(now, generation_id, member_id)
+        return ErrorCode.NONE
 
     def _touch_member(self, now: float, generation_id: int, member_id: str) -> ErrorCode:
         """A known member of the current generation is alive as of ``now``; otherwise its error."""
@@ -374,9 +355,11 @@ class Group:
     def tick(self, now: float) -> Effects:
         """Expire pending ids and silent members, and complete a rebalance whose time has come."""
         effects = Effects()
+        left = False
         for mid, deadline in list(self.pending.items()):
             if deadline <= now:
                 del self.pending[mid]
+                left = True
         for mid, member in list(self.members.items()):
             if mid not in self.members:
                 continue
@@ -384,7 +367,7 @@ class Group:
                 continue
             if member.session_deadline <= now:
                 self._remove_member(now, mid, effects)
-        self._try_complete_join(now, effects)
+        self._try_complete_join(now, effects, member_left=left)
         return effects
 
     def next_deadline(self) -> float | None:
@@ -394,8 +377,8 @@ class Group:
         if self.state is GroupState.PREPARING_REBALANCE:
             if self.rebalance_deadline is not None:
                 times.append(self.rebalance_deadline)
-            if self.join_not_before is not None:
-                times.append(self.join_not_before)
+            if self.initial is not None:
+                times.append(self.initial.window_end)
         return min(times, default=None)
 
     def describe(self) -> GroupDescription:
@@ -458,10 +441,8 @@ class Group:
         self.members[member.member_id] = member
         if self.leader_id is None:
             self.leader_id = member.member_id
-        if self.state is GroupState.PREPARING_REBALANCE and self.join_not_before is not None:
-            delay = self.settings.initial_rebalance_delay_ms / 1000.0
-            limit = self.rebalance_deadline if self.rebalance_deadline is not None else now + delay
-            self.join_not_before = min(now + delay, limit)
+        if self.initial is not None:
+            self.initial.new_member_added = True
         self._prepare_rebalance(now, effects)
         self._try_complete_join(now, effects)
 
@@ -485,23 +466,37 @@ class Group:
         was_empty = self.state is GroupState.EMPTY
         self.state = GroupState.PREPARING_REBALANCE
         timeout_ms = max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
-        self.rebalance_deadline = now + timeout_ms / 1000.0
         delay_ms = self.settings.initial_rebalance_delay_ms
         if was_empty and delay_ms > 0:
-            self.join_not_before = min(now + delay_ms / 1000.0, self.rebalance_deadline)
+            self.rebalance_deadline = None
+            self.initial = InitialDelay(now + delay_ms / 1000.0, delay_ms, max(timeout_ms - delay_ms, 0))
         else:
-            self.join_not_before = None
+            self.rebalance_deadline = now + timeout_ms / 1000.0
+            self.initial = None
 
-    def _try_complete_join(self, now: float, effects: Effects) -> None:
+    def _try_complete_join(self, now: float, effects: Effects, *, member_left: bool = False) -> None:
         if self.state is not GroupState.PREPARING_REBALANCE:
             return
         all_joined = not self.pending and all(m.awaiting_join for m in self.members.values())
-        if self.join_not_before is not None and now >= self.join_not_before:
-            self.join_not_before = None
-        delay_over = self.join_not_before is None
-        timed_out = self.rebalance_deadline is not None and now >= self.rebalance_deadline
-        if (all_joined and delay_over) or timed_out or not self.members:
+        if not self.members or (member_left and all_joined):
             self._complete_join(now, effects)
+        elif self.initial is not None:
+            self._initial_window(now, effects)
+        elif all_joined or (self.rebalance_deadline is not None and now >= self.rebalance_deadline):
+            self._complete_join(now, effects)
+
+    def _initial_window(self, now: float, effects: Effects) -> None:
+        """Rule 5, initial rebalance: at the end of a window, extend it or complete the join."""
+        initial = self.initial
+        assert initial is not None
+        if now < initial.window_end:
+            return
+        if initial.new_member_added and initial.remaining_ms != 0:
+            delay_ms = min(self.settings.initial_rebalance_delay_ms, initial.remaining_ms)
+            remaining_ms = max(initial.remaining_ms - initial.delay_ms, 0)
+            self.initial = InitialDelay(now + delay_ms / 1000.0, delay_ms, remaining_ms)
+            return
+        self._complete_join(now, effects)
 
     def _complete_join(self, now: float, effects: Effects) -> None:
         for mid, m in list(self.members.items()):
@@ -509,7 +504,7 @@ class Group:
                 self._drop(mid)
         self.generation_id += 1
         self.rebalance_deadline = None
-        self.join_not_before = None
+        self.initial = None
         if not self.members:
             self.state = GroupState.EMPTY
             self.protocol_name = None
@@ -556,6 +551,50 @@ class Group:
         best = max(votes.values())
         return next(name for name in order if votes.get(name, 0) == best)
 
+    def _instance_holder(self, group_instance_id: str) -> str | None:
+        return next((m.member_id for m in self.members.values() if m.group_instance_id == group_instance_id), None)
+
+    def _replace_static(
+        self,
+        now: float,
+        old_id: str,
+        new_id: str,
+        protocols: Sequence[tuple[str, bytes]],
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        effects: Effects,
+    ) -> JoinResult | None:
+        """Rule 11: a restarted static member takes ``new_id`` in place of ``old_id``. Returns the
+        immediate answer (Stable, nothing to rebalance) or None when the new id's join is parked."""
+        old = self.members[old_id]
+        if old.awaiting_join:
+            effects.joins.append((old_id, JoinResult(ErrorCode.FENCED_INSTANCE_ID, member_id=old_id)))
+        if old.awaiting_sync:
+            effects.syncs.append((old_id, SyncResult(ErrorCode.FENCED_INSTANCE_ID)))
+        previous_leader = self.leader_id
+        member = replace(old, member_id=new_id, awaiting_join=False, awaiting_sync=False)
+        self.members = {new_id if mid == old_id else mid: (member if mid == old_id else m)
+                        for mid, m in self.members.items()}
+        if self.leader_id == old_id:
+            self.leader_id = new_id
+        member.protocols = list(protocols)
+        member.session_timeout_ms = session_timeout_ms
+        member.rebalance_timeout_ms = rebalance_timeout_ms
+        member.touch(now)
+        if self.state is GroupState.STABLE and self._select_protocol() == self.protocol_name:
+            return JoinResult(
+                error_code=ErrorCode.NONE,
+                generation_id=self.generation_id,
+                protocol_type=self.protocol_type,
+                protocol_name=self.protocol_name,
+                leader_id=previous_leader or "",
+                member_id=new_id,
+            )
+        self._park_join(member, effects)
+        self._prepare_rebalance(now, effects)
+        self._try_complete_join(now, effects)
+        return None
+
     def _drop(self, member_id: str) -> Member:
         member = self.members.pop(member_id)
         if self.leader_id == member_id:
@@ -570,4 +609,6 @@ class Group:
             effects.syncs.append((member_id, SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)))
         if self.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             self._prepare_rebalance(now, effects)
-        self._try_complete_join(now, effects)
+            self._try_complete_join(now, effects)
+        else:
+            self._try_complete_join(now, effects, member_left=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.errors import UnknownTopicError
 from broker.protocol.kafka_codes import ErrorCode
 from broker.server.handlers_common import NODE_ID, BrokerContext, ConnectionInfo, millis
 
@@ -99,13 +100,21 @@ async def handle_leave_group(ctx: BrokerContext, body: Any, conn: ConnectionInfo
 
 
 async def handle_offset_commit(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    # As Kafka's KafkaApis (every version): a partition that does not exist is answered
+    # UNKNOWN_TOPIC_OR_PARTITION before the coordinator sees the request; the others are committed.
     offsets: dict[tuple[str, int], tuple[int, str | None]] = {}
+    codes: dict[tuple[str, int], ErrorCode] = {}
     for topic in body.topics:
         for p in topic.partitions:
-            offsets[(str(topic.name), int(p.partition_index))] = (int(p.committed_offset), p.committed_metadata)
-    codes = await ctx.coordinator.commit_offsets(
-        str(body.group_id), int(body.generation_id_or_member_epoch), str(body.member_id), offsets
-    )
+            tp = (str(topic.name), int(p.partition_index))
+            if _partition_exists(ctx, *tp):
+                offsets[tp] = (int(p.committed_offset), p.committed_metadata)
+            else:
+                codes[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    codes.update(await ctx.coordinator.commit_offsets(
+        str(body.group_id), int(body.generation_id_or_member_epoch), str(body.member_id), offsets,
+        getattr(body, "group_instance_id", None),
+    ))
     return {
         "throttle_time": 0,
         "topics": [
@@ -117,6 +126,14 @@ async def handle_offset_commit(ctx: BrokerContext, body: Any, conn: ConnectionIn
             for topic in body.topics
         ],
     }
+
+
+def _partition_exists(ctx: BrokerContext, topic: str, partition: int) -> bool:
+    try:
+        ctx.store.partition(topic, partition)
+    except UnknownTopicError:
+        return False
+    return True
 
 
 async def handle_offset_fetch(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:

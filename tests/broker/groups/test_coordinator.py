@@ -327,9 +327,43 @@ async def test_commit_and_fetch_offsets(coord: GroupCoordinator) -> None:
     assert await coord.commit_offsets(GROUP, a2.generation_id, a.member_id, {("t", 0): (12, "")}) == {
         ("t", 0): ErrorCode.REBALANCE_IN_PROGRESS
     }
-    # Lag: high watermark minus committed offset.
-    hw = {("t", 0): 100, ("t", 1): 21}
-    assert coord.lag(GROUP, lambda t, p: hw[(t, p)]) == {("t", 0): 90, ("t", 1): 0}
+
+
+async def test_commit_checks_member_and_generation_before_the_rebalance_state(coord: GroupCoordinator) -> None:
+    """Kafka's validateOffsetCommit order: member, then generation, then CompletingRebalance."""
+    a, b = await form_group(coord, 2)
+    await coord.leave(GROUP, [b.member_id])
+    a2 = await join(coord, a.member_id)
+    assert coord.describe(GROUP).state == "CompletingRebalance"
+    commit = {("t", 0): (12, "")}
+    assert await coord.commit_offsets(GROUP, a.generation_id, a.member_id, commit) == {
+        ("t", 0): ErrorCode.ILLEGAL_GENERATION
+    }
+    assert await coord.commit_offsets(GROUP, a2.generation_id, b.member_id, commit) == {
+        ("t", 0): ErrorCode.UNKNOWN_MEMBER_ID
+    }
+    assert await coord.commit_offsets(GROUP, -1, "", commit) == {("t", 0): ErrorCode.UNKNOWN_MEMBER_ID}
+    assert await coord.commit_offsets(GROUP, a2.generation_id, a.member_id, commit) == {
+        ("t", 0): ErrorCode.REBALANCE_IN_PROGRESS
+    }
+    assert coord.fetch_offsets(GROUP, [("t", 0)]) == {("t", 0): (-1, "")}
+
+
+async def test_commit_by_static_member_checks_its_instance_id(coord: GroupCoordinator) -> None:
+    a = await static_join(coord, "", "instance-a")
+    await coord.sync(GROUP, a.generation_id, a.member_id, {a.member_id: assignment_for(0)})
+    commit = {("t", 0): (5, None)}
+    gen = a.generation_id
+    assert await coord.commit_offsets(GROUP, gen, a.member_id, commit, "instance-b") == {
+        ("t", 0): ErrorCode.UNKNOWN_MEMBER_ID
+    }
+    a2 = await static_join(coord, "", "instance-a")
+    assert await coord.commit_offsets(GROUP, gen, a.member_id, commit, "instance-a") == {
+        ("t", 0): ErrorCode.FENCED_INSTANCE_ID
+    }
+    assert await coord.commit_offsets(GROUP, gen, a2.member_id, commit, "instance-a") == {
+        ("t", 0): ErrorCode.NONE
+    }
 
 
 async def test_standalone_commit_without_membership(coord: GroupCoordinator) -> None:
@@ -351,24 +385,80 @@ async def test_stop_answers_parked_requests(clock: FakeClock) -> None:
     assert (await t).error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
 
 
+async def advance(c: GroupCoordinator, clock: FakeClock, seconds: float) -> None:
+    clock.advance(seconds)
+    c.check_timeouts()
+    await settle()
+
+
 async def test_initial_rebalance_delay_gathers_members(clock: FakeClock) -> None:
+    """Kafka's InitialDelayedJoin: a 3 s window; a window in which members joined is followed by
+    another one; the join completes at the end of the first window without a newcomer."""
     c = GroupCoordinator(MemoryOffsetStore(), clock, settings=GroupSettings(initial_rebalance_delay_ms=3000))
     await c.start()
     try:
         t1, t2 = start_join(c), start_join(c)
         await settle()
-        clock.advance(2.0)
+        assert not t1.done(), "everyone has joined, but the first rebalance waits for its window"
+        await advance(c, clock, 2.0)
         t3 = start_join(c)
         await settle()
-        clock.advance(2.0)  # the third joiner extended the delay to t=5s
-        c.check_timeouts()
-        await settle()
+        await advance(c, clock, 1.0)  # t=3: members joined in the window, so a second window starts
         assert not t1.done()
-        clock.advance(1.0)
-        c.check_timeouts()
-        r = [await t for t in (t1, t2, t3)]
+        await advance(c, clock, 2.9)
+        assert not t1.done()
+        await advance(c, clock, 0.2)  # t=6.1: nobody joined in the second window (ended at t=6)
+        r = [await asyncio.wait_for(t, 1) for t in (t1, t2, t3)]
         assert {x.generation_id for x in r} == {1}
         assert len(r[0].members) == 3
+    finally:
+        await c.stop()
+
+
+async def test_initial_rebalance_delay_alone_and_bounded_by_the_rebalance_timeout(clock: FakeClock) -> None:
+    c = GroupCoordinator(MemoryOffsetStore(), clock, settings=GroupSettings(initial_rebalance_delay_ms=3000))
+    await c.start()
+    try:
+        alone = start_join(c)
+        await settle()
+        await advance(c, clock, 2.999)
+        assert not alone.done()
+        await advance(c, clock, 0.001)
+        assert (await asyncio.wait_for(alone, 1)).generation_id == 1
+        # Another group whose rebalance timeout (4 s) leaves 1 s after the first window: one more
+        # window of 1 s, then the join completes although a member joined in it.
+        first = asyncio.ensure_future(c.join("g2", "", None, "consumer", [("range", SUB)], SESSION_MS, 4000,
+                                             "c", "h", False))
+        await settle()
+        await advance(c, clock, 2.0)
+        second = asyncio.ensure_future(c.join("g2", "", None, "consumer", [("range", SUB)], SESSION_MS, 4000,
+                                              "c", "h", False))
+        await settle()
+        await advance(c, clock, 1.0)
+        assert not first.done()
+        third = asyncio.ensure_future(c.join("g2", "", None, "consumer", [("range", SUB)], SESSION_MS, 4000,
+                                             "c", "h", False))
+        await settle()
+        await advance(c, clock, 1.0)
+        results = [await asyncio.wait_for(t, 1) for t in (first, second, third)]
+        assert {r.generation_id for r in results} == {1} and len(results[0].members) == 3
+    finally:
+        await c.stop()
+
+
+async def test_member_leaving_during_the_initial_delay_completes_the_join(clock: FakeClock) -> None:
+    c = GroupCoordinator(MemoryOffsetStore(), clock, settings=GroupSettings(initial_rebalance_delay_ms=3000))
+    await c.start()
+    try:
+        stays = start_join(c, require_known=True)
+        await settle()
+        pending = stays.result().member_id  # MEMBER_ID_REQUIRED: joins again with it
+        joined = start_join(c, pending, require_known=True)
+        other = await join(c, require_known=True)
+        await settle()
+        assert not joined.done()
+        await c.leave(GROUP, [other.member_id])  # the pending id goes; everyone left has joined
+        assert (await asyncio.wait_for(joined, 1)).generation_id == 1
     finally:
         await c.stop()
 
@@ -394,17 +484,53 @@ async def static_join(coord: GroupCoordinator, member_id: str, instance: str) ->
     )
 
 
-async def test_static_member_restart_replaces_the_old_incarnation(coord: GroupCoordinator) -> None:
+async def test_static_member_restart_keeps_its_assignment_without_a_rebalance(coord: GroupCoordinator) -> None:
     a = await static_join(coord, "", "instance-a")
     assert a.error_code == ErrorCode.NONE, "a static member never gets MEMBER_ID_REQUIRED"
-    await coord.sync(GROUP, a.generation_id, a.member_id, {a.member_id: assignment_for(0)})
-    # The process restarts and joins again with the same instance id and no member id.
+    tb = start_join(coord, client_id="b")
+    await settle()
+    a = await static_join(coord, a.member_id, "instance-a")
+    b = await tb
+    gen = a.generation_id
+    plan = {a.member_id: assignment_for(0), b.member_id: assignment_for(1)}
+    sb = asyncio.ensure_future(coord.sync(GROUP, gen, b.member_id, {}))
+    await coord.sync(GROUP, gen, a.member_id, plan)
+    await sb
+    # The process of the leader (a) restarts and joins again with the same instance id, no member id.
     a2 = await static_join(coord, "", "instance-a")
     assert a2.error_code == ErrorCode.NONE and a2.member_id != a.member_id
-    assert [(m.member_id, m.group_instance_id) for m in a2.members] == [(a2.member_id, "instance-a")]
+    assert a2.generation_id == gen, "no rebalance"
+    assert a2.leader_id == a.member_id and a2.members == [], "the new id must not act as leader"
+    assert coord.describe(GROUP).state == "Stable"
+    assert coord.heartbeat(GROUP, gen, b.member_id) == ErrorCode.NONE
+    s2 = await coord.sync(GROUP, gen, a2.member_id, {})
+    assert s2.error_code == ErrorCode.NONE and s2.assignment == assignment_for(0)
+    group = coord.group(GROUP)
+    assert group is not None and group.leader_id == a2.member_id
     # The old incarnation is fenced.
-    assert coord.heartbeat(GROUP, a2.generation_id, a.member_id) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert coord.heartbeat(GROUP, gen, a.member_id) == ErrorCode.UNKNOWN_MEMBER_ID
     assert (await static_join(coord, a.member_id, "instance-a")).error_code == ErrorCode.FENCED_INSTANCE_ID
+    assert (await static_join(coord, a2.member_id, "instance-z")).error_code == ErrorCode.UNKNOWN_MEMBER_ID
+
+
+async def test_static_member_restart_while_completing_fences_and_rebalances(coord: GroupCoordinator) -> None:
+    a = await join(coord, client_id="a")
+    tb = asyncio.ensure_future(static_join(coord, "", "instance-b"))
+    await settle()
+    a = await join(coord, a.member_id, client_id="a")
+    b = await tb
+    sb = asyncio.ensure_future(coord.sync(GROUP, b.generation_id, b.member_id, {}))
+    await settle()
+    assert coord.describe(GROUP).state == "CompletingRebalance"
+    tb2 = asyncio.ensure_future(static_join(coord, "", "instance-b"))
+    await settle()
+    assert (await sb).error_code == ErrorCode.FENCED_INSTANCE_ID, "the old incarnation's parked sync"
+    assert coord.describe(GROUP).state == "PreparingRebalance"
+    a2 = await join(coord, a.member_id, client_id="a")
+    b2 = await tb2
+    assert a2.generation_id == b2.generation_id == a.generation_id + 1
+    assert b2.member_id != b.member_id and a2.leader_id == a.member_id
+    assert {m.member_id for m in a2.members} == {a.member_id, b2.member_id}
 
 
 async def test_delete_groups(coord: GroupCoordinator) -> None:

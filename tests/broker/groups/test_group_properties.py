@@ -95,13 +95,20 @@ class World:
         assert self.parked_sync == {mid for mid, m in g.members.items() if m.awaiting_sync}
 
 
+def instance_of(i: int) -> str | None:
+    return f"static-{i}" if i >= STATIC_FROM else None
+
+
 def do_join(w: World, i: int, require_known: bool) -> None:
     c = w.clients[i]
     w.counter += 1
+    instance = instance_of(i)
+    holder = next((m.member_id for m in w.group.members.values() if instance and m.group_instance_id == instance), None)
+    was_stable = w.group.state is GroupState.STABLE
     answer, mid, effects = w.group.join(
         w.now,
         member_id=c.member_id,
-        group_instance_id=f"static-{i}" if i >= STATIC_FROM else None,
+        group_instance_id=instance,
         protocol_type="consumer",
         protocols=[("range", b"r%d" % i), ("roundrobin", b"rr")],
         session_timeout_ms=SESSION_MS,
@@ -123,6 +130,15 @@ def do_join(w: World, i: int, require_known: bool) -> None:
     elif answer.error_code == ErrorCode.UNKNOWN_MEMBER_ID:
         c.member_id, c.generation = "", -1
     elif answer.error_code == ErrorCode.NONE:
+        if c.member_id == "":
+            # A restarted static member swapped in for its old id in a Stable group: same
+            # generation, the old id's assignment, and the leader id as it was before the swap.
+            assert holder is not None and was_stable and mid == answer.member_id != holder
+            assert answer.leader_id != mid and answer.members == []
+            plan = w.given[answer.generation_id]
+            if holder in plan:
+                plan[mid] = plan.pop(holder)
+            c.member_id = mid
         c.generation = answer.generation_id
         assert answer.generation_id == w.group.generation_id
 
@@ -161,14 +177,40 @@ def do_heartbeat(w: World, i: int, stale: bool) -> None:
         assert err == ErrorCode.NONE
 
 
+def expected_commit_error(g: Group, gen: int, member_id: str, instance: str | None) -> ErrorCode:
+    """Kafka's validateOffsetCommit, step by step."""
+    if gen < 0 and g.state is GroupState.EMPTY:
+        return ErrorCode.NONE
+    if gen >= 0 or member_id or instance:
+        if instance:
+            holder = next((m.member_id for m in g.members.values() if m.group_instance_id == instance), None)
+            if holder is None:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            if holder != member_id:
+                return ErrorCode.FENCED_INSTANCE_ID
+        if member_id not in g.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if gen != g.generation_id:
+            return ErrorCode.ILLEGAL_GENERATION
+    elif g.state is not GroupState.EMPTY:
+        return ErrorCode.UNKNOWN_MEMBER_ID
+    if g.state is GroupState.COMPLETING_REBALANCE:
+        return ErrorCode.REBALANCE_IN_PROGRESS
+    return ErrorCode.NONE
+
+
 def do_commit(w: World, i: int, stale: bool) -> None:
     c = w.clients[i]
+    g = w.group
     gen = c.generation - 1 if stale else c.generation
-    err = w.group.validate_commit(w.now, gen, c.member_id)
-    if stale and c.member_id in w.group.members and w.group.state is not GroupState.COMPLETING_REBALANCE:
-        assert err in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.NONE)
-        if err == ErrorCode.NONE:
-            assert gen < 0 and w.group.state is GroupState.EMPTY
+    instance = instance_of(i)
+    expected = expected_commit_error(g, gen, c.member_id, instance)
+    err = g.validate_commit(w.now, gen, c.member_id, instance)
+    assert err == expected, f"commit by {c.member_id!r} gen {gen} in {g.state}: {err!r}, Kafka says {expected!r}"
+    member = g.members.get(c.member_id)
+    if err == ErrorCode.NONE and member is not None and gen >= 0:
+        # An accepted commit counts as a sign of life, like a heartbeat.
+        assert member.session_deadline == w.now + SESSION_MS / 1000
 
 
 def do_leave(w: World, i: int) -> None:

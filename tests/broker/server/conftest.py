@@ -23,6 +23,7 @@ class SluiceProcess:
     partitions: int = 1
     proc: subprocess.Popen[str] | None = None
     port: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # more SLUICE_* settings, applied last
     stderr_path: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -45,6 +46,9 @@ class SluiceProcess:
             "SLUICE_STORAGE__DEFAULT_PARTITIONS": str(self.partitions),
             "SLUICE_STORAGE__FLUSH": "os",
             "SLUICE_EVENT_LOOP": "uvloop",
+            # Groups form at once unless a test is about Kafka's initial rebalance delay.
+            "SLUICE_KAFKA__GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+            **self.env,
         }
         stderr = self.stderr_path.open("a")
         self.proc = subprocess.Popen(
