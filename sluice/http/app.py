@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry
 import sluice
 from sluice.http import fronts, groups, metrics, ops, records, stream, topics
 from sluice.http.context import ApiContext, ApiCounters
+from sluice.http.limits import BodyLimitMiddleware
 from sluice.http.metrics import RequestMetricsMiddleware, RuntimeCollector
 from sluice.http.problems import PROBLEM_RESPONSES, install_problem_handlers
 from sluice.runtime import Runtime
@@ -31,7 +32,9 @@ def create_app(runtime: Runtime, *, max_wait_ms: int = 30_000, sse_heartbeat_s: 
     registry.register(ctx.collector)
     app.state.ctx = ctx
     install_problem_handlers(app)
-    app.add_middleware(RequestMetricsMiddleware, ctx=ctx)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.http.max_body_bytes)
+    app.add_middleware(RequestMetricsMiddleware, ctx=ctx)  # outermost: counts the 413s too
     for module in (topics, records, stream, groups, ops, fronts, metrics):
-        app.include_router(module.router, responses={422: PROBLEM_RESPONSES[422]})
+        # Any request may carry a number out of range (400) or an oversized body (413).
+        app.include_router(module.router, responses={k: PROBLEM_RESPONSES[k] for k in (400, 413, 422)})
     return app

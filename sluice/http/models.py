@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from broker.protocol.records import Record
+from sluice.http.limits import INT32_MAX, INT64_MAX
 
 __all__ = [
     "FetchResponse",
@@ -41,7 +42,9 @@ OutFormat = Literal["auto", "json", "text", "base64"]
 
 class TopicCreate(BaseModel):
     name: str = Field(description="1–249 characters of ASCII letters, digits, '.', '_' and '-'.")
-    partitions: int | None = Field(None, description="Partition count (default: storage.default_partitions).")
+    partitions: int | None = Field(
+        None, strict=True, description="Partition count (default: storage.default_partitions)."
+    )
     config: dict[str, str] = Field(
         default_factory=dict, description="Kafka-named topic configs, e.g. {'retention.ms': '3600000'}."
     )
@@ -79,8 +82,12 @@ class ProduceRecord(BaseModel):
     key: str | None = Field(None, description="UTF-8 key; records with the same key go to the same partition.")
     value: Any = Field(None, description="With value_format=json any JSON value; text/base64 take a string.")
     headers: dict[str, str] = Field(default_factory=dict)
-    partition: int | None = Field(None, ge=0, description="Explicit partition (else by key, else sticky).")
-    timestamp: int | None = Field(None, ge=0, description="Event time in ms since the epoch (default: now).")
+    partition: int | None = Field(
+        None, ge=0, le=INT32_MAX, strict=True, description="Explicit partition (else by key, else sticky)."
+    )
+    timestamp: int | None = Field(
+        None, ge=-1, le=INT64_MAX, strict=True, description="Event time in ms since the epoch (null or -1: now)."
+    )
 
 
 class ProduceRequest(BaseModel):

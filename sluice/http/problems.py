@@ -10,6 +10,8 @@ Domain errors are translated here, once, at the boundary::
     RecordTooLargeError      413  record-too-large
     InvalidRecordError       400  invalid-record
     malformed JSON body      400  malformed-body
+    number out of range      400  out-of-range     (Kafka's INT32/INT64 ranges, see limits.py)
+    body over the limit      413  body-too-large   (http.max_body_bytes, see limits.py)
     validation failure       422  invalid-request
     anything else            500  internal-error (logged with the traceback)
 
@@ -86,10 +88,10 @@ _PROBLEM_CONTENT = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schema
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "description": text, "content": _PROBLEM_CONTENT}
     for code, text in {
-        400: "Bad request (invalid name, malformed body)",
+        400: "Bad request (invalid name, malformed body, number out of range)",
         404: "Unknown topic, partition or group",
         409: "Conflict (topic exists)",
-        413: "Record too large",
+        413: "Record or request body too large",
         416: "Offset out of range",
         422: "Invalid request parameters",
         500: "Internal error",
@@ -109,6 +111,14 @@ _DOMAIN: list[tuple[type[BrokerError], int, str, str]] = [
 ]
 
 
+# A number outside the range its field allows (Kafka's INT32/INT64 ranges, declared on models and parameters).
+_RANGE_ERRORS = frozenset(("greater_than", "greater_than_equal", "less_than", "less_than_equal"))
+
+
+def _where(err: Any) -> str:
+    return ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+
+
 def _validation_detail(exc: RequestValidationError) -> tuple[str, str, str, int]:
     errors = exc.errors()
     for err in errors:
@@ -123,10 +133,13 @@ def _validation_detail(exc: RequestValidationError) -> tuple[str, str, str, int]
                 "the request body must be a JSON object; send it with Content-Type: application/json",
                 400,
             )
+    ranges = [err for err in errors if err.get("type") in _RANGE_ERRORS]
+    if ranges:
+        parts = [f"{_where(err)}: {err.get('msg', 'out of range')}, got {err.get('input')!r:.40}" for err in ranges[:5]]
+        return "out-of-range", "Number out of range", "; ".join(parts), 400
     parts = []
     for err in errors[:5]:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+        parts.append(f"{_where(err)}: {err.get('msg', 'invalid')}")
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return "invalid-request", "Invalid request", "; ".join(parts) + more, 422
 
@@ -150,15 +163,14 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        slug = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large"}.get(exc.status_code, "http-error")
         detail = str(exc.detail)
+        title = "Request body too large" if exc.status_code == 413 else detail
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no route for {request.method} {request.url.path}; the API is listed at /docs"
         elif exc.status_code == 405:
             detail = f"{request.method} is not allowed on {request.url.path}; see /docs for the methods it takes"
-        return problem_response(
-            exc.status_code, slug, str(exc.detail), detail, request.url.path, dict(exc.headers or {})
-        )
+        return problem_response(exc.status_code, slug, title, detail, request.url.path, dict(exc.headers or {}))
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in HTTP request", extra={"path": request.url.path})

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query
 from broker.log.api import LogStore, PartitionLog
 from broker.protocol.records import Record, RecordSpec, decode_records, encode_batch, split_complete_batches
 from sluice.http.context import Ctx
+from sluice.http.limits import INT32_MAX, INT64_MAX
 from sluice.http.models import (
     FetchResponse,
     OutFormat,
@@ -109,7 +110,8 @@ async def produce(topic: str, body: ProduceRequest, ctx: Ctx) -> ProduceResponse
         nbytes += len(value or b"") + len(key or b"")
         partition = _partition_of(store, topic, info.partitions, rec.partition, key, sticky)
         headers = tuple((k, v.encode()) for k, v in rec.headers.items())
-        groups[partition].append((index, RecordSpec(value, key, headers, rec.timestamp)))
+        timestamp = None if rec.timestamp == -1 else rec.timestamp  # -1 is Kafka's "no timestamp"
+        groups[partition].append((index, RecordSpec(value, key, headers, timestamp)))
 
     async def append(partition: int, items: list[tuple[int, RecordSpec]]) -> list[tuple[int, ProducedOffset]]:
         batch = encode_batch([spec for _, spec in items], timestamp=now)
@@ -138,11 +140,15 @@ async def produce(topic: str, body: ProduceRequest, ctx: Ctx) -> ProduceResponse
 async def fetch(
     topic: str,
     ctx: Ctx,
-    partition: int = Query(0, ge=0),
-    offset: int | None = Query(None, ge=0, description="First offset to read (default: earliest)."),
-    timestamp: int | None = Query(None, ge=0, description="Start at this event time (ms) instead of an offset."),
+    partition: int = Query(0, ge=0, le=INT32_MAX),
+    offset: int | None = Query(None, ge=0, le=INT64_MAX, description="First offset to read (default: earliest)."),
+    timestamp: int | None = Query(
+        None, ge=0, le=INT64_MAX, description="Start at this event time (ms) instead of an offset."
+    ),
     max: int = Query(100, ge=1, le=10_000, description="Most records to return."),
-    timeout_ms: int = Query(0, ge=0, description="Long-poll: wait this long for data (capped at 30 s)."),
+    timeout_ms: int = Query(
+        0, ge=0, le=INT32_MAX, description="Long-poll: wait this long for data (capped at 30 s)."
+    ),
     format: Annotated[OutFormat, Query(description="How values are shown: auto, json, text or base64.")] = "auto",
 ) -> FetchResponse:
     store = ctx.store

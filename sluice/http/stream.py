@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 from broker.log.api import PartitionLog, wait_for_any
 from broker.protocol.records import Record
 from sluice.http.context import ApiContext, Ctx
+from sluice.http.limits import INT32_MAX, INT64_MAX
 from sluice.http.models import OutFormat, record_out
 from sluice.http.problems import PROBLEM_RESPONSES, ProblemError
 from sluice.http.records import check_offset, read_records
@@ -93,8 +94,8 @@ async def _events(
 async def stream(
     topic: str,
     ctx: Ctx,
-    partition: int | None = Query(None, ge=0, description="Only this partition (default: all)."),
-    offset: int | None = Query(None, ge=0, description="Start offset (needs `partition`)."),
+    partition: int | None = Query(None, ge=0, le=INT32_MAX, description="Only this partition (default: all)."),
+    offset: int | None = Query(None, ge=0, le=INT64_MAX, description="Start offset (needs `partition`)."),
     start: Literal["latest", "earliest"] = Query("latest", description="Where to start without an offset."),
     limit: int | None = Query(None, ge=1, description="End the stream after this many records."),
     format: Annotated[OutFormat, Query(description="How values are shown: auto, json, text or base64.")] = "auto",

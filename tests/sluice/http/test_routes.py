@@ -175,7 +175,7 @@ async def test_fetch_errors(client: httpx.AsyncClient) -> None:
     assert_problem(await client.get("/topics/nope/records"), 404, "unknown-topic", "nope")
     assert_problem(await client.get("/topics/f/records", params={"partition": 3}), 404, "unknown-topic", "partition 3")
     assert_problem(await client.get("/topics/f/records", params={"offset": 7}), 416, "offset-out-of-range", "0..1")
-    assert_problem(await client.get("/topics/f/records", params={"offset": -1}), 422, "invalid-request", "offset")
+    assert_problem(await client.get("/topics/f/records", params={"offset": -1}), 400, "out-of-range", "offset")
 
 
 async def test_long_poll_wakes_when_a_record_arrives(client: httpx.AsyncClient, runtime: Runtime) -> None:

@@ -1,5 +1,9 @@
 """Property test: requests generated from the app's own OpenAPI schema never produce a server error,
-and every response matches the schema (status codes, content types, bodies)."""
+and every response matches the schema (status codes, content types, bodies).
+
+Both generation modes run: positive (valid requests) and negative (requests that break the schema:
+numbers outside Kafka's INT32/INT64 ranges, wrong types, missing fields), which must be refused with a
+4xx problem. The app's body cap is set low (2 KiB) so generated bodies cross it and get their 413."""
 
 from __future__ import annotations
 
@@ -9,17 +13,22 @@ from pathlib import Path
 import schemathesis
 from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
-from schemathesis import checks
+from schemathesis import GenerationMode, checks
 
 from broker.log.memory import MemoryLogStore
 from broker.protocol.records import RecordSpec
-from sluice.config import Settings
+from sluice.config import HttpSettings, Settings
 from sluice.http import create_app
 from sluice.runtime import Runtime
 
+BODY_CAP = 2048
+
 
 def _app() -> FastAPI:
-    runtime = Runtime(Settings(data_dir=Path(tempfile.mkdtemp(prefix="sluice-st-"))), MemoryLogStore())
+    runtime = Runtime(
+        Settings(data_dir=Path(tempfile.mkdtemp(prefix="sluice-st-")), http=HttpSettings(max_body_bytes=BODY_CAP)),
+        MemoryLogStore(),
+    )
     runtime.store.create_topic("sensors", partitions=2)
     runtime.store.partition("sensors", 0).append_nowait(
         __import__("broker.protocol.records", fromlist=["encode_batch"]).encode_batch([RecordSpec(b'{"t": 1}')])
@@ -32,6 +41,10 @@ def _app() -> FastAPI:
 schema: schemathesis.BaseSchema = schemathesis.openapi.from_asgi("/openapi.json", _app())
 # The SSE stream is endless by design (it ends when the client leaves); it is tested with a real client.
 schema = schema.exclude(path="/topics/{topic}/stream")
+schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+# A schema-breaking request may also be refused for its size (413 body-too-large): that is a rejection too.
+_rejection = schema.config.checks.negative_data_rejection
+_rejection.expected_statuses = [*_rejection.expected_statuses, "413"]
 
 
 @schema.parametrize()
@@ -43,5 +56,6 @@ def test_api_conforms_to_its_schema(case: schemathesis.Case) -> None:
             checks.status_code_conformance,
             checks.content_type_conformance,
             checks.response_schema_conformance,
+            checks.negative_data_rejection,
         ]
     )
