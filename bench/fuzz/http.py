@@ -333,6 +333,9 @@ class HttpTarget:
     def recent(self) -> list[list[bytes]]:
         return [*self.history, *([self.sent] if self.sent else [])]
 
+    def flush(self) -> None:
+        """Every input is answered before step returns: nothing pending."""
+
     def close_all(self) -> None:
         self._drop()
 

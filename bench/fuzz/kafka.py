@@ -53,6 +53,8 @@ _MAX_REQUEST = 100 * 1024 * 1024  # kafka.max_request_bytes default: longer leng
 _PARK_SECONDS = 5.0
 _MAX_PARKED = 64
 _LONG_WAIT_GRACE = 0.5
+_PIPELINE = 16  # decodable requests sent before the sentinel
+_PIPELINE_MAX_WAIT = 1.0  # requests that may wait longer are sent one at a time
 
 
 def load_captured(path: Path = CORPUS) -> list[bytes]:
@@ -151,12 +153,12 @@ def _sentinel(corr: int) -> bytes:
     return encode_request(RequestHeader(ApiKey.API_VERSIONS, 0, corr, "fuzz-sentinel"), {})
 
 
-def _declared_wait(frame: bytes) -> float:
-    """Seconds the broker may rightly hold this request before answering (0: answer at once)."""
+def _declared_wait(frame: bytes) -> tuple[float, bool]:
+    """(seconds the broker may rightly hold this request before answering, whether it decodes at all)."""
     try:
         request = decode_request(frame[4:])
     except (MalformedRequestError, UnsupportedRequestError, Exception):
-        return 0.0
+        return 0.0, False
     body = request.body
     key = request.header.api_key
 
@@ -166,14 +168,14 @@ def _declared_wait(frame: bytes) -> float:
         return max(0.0, float(value) / 1000) if isinstance(value, int) else 0.0
 
     if key == ApiKey.FETCH:
-        return seconds(getattr(body, "max_wait", 0))
+        return seconds(getattr(body, "max_wait", 0)), True
     if key == ApiKey.PRODUCE:
-        return seconds(getattr(body, "timeout", 0))
+        return seconds(getattr(body, "timeout", 0)), True
     if key in (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP):
         # a join waits for the rebalance (bounded by the members' timeouts); a sync for the leader
-        return 3.0 + max(seconds(getattr(body, "rebalance_timeout", 0)), seconds(getattr(body, "session_timeout", 0)),
-                         30.0)
-    return 0.0
+        longest = max(seconds(getattr(body, "rebalance_timeout", 0)), seconds(getattr(body, "session_timeout", 0)))
+        return 3.0 + max(longest, 30.0), True
+    return 0.0, True
 
 
 def split_frames(data: bytes) -> tuple[list[bytes], str]:
@@ -207,6 +209,8 @@ class KafkaTarget:
         self.parked: deque[tuple[float, socket.socket]] = deque()
         self.corr = 0
         self.conn_budget = 0
+        self.pending = 0  # pipelined requests sent since the last sentinel
+        self.pending_wait = 0.0
 
     def broker_env(self) -> dict[str, str]:
         return {"SLUICE_MQTT__ENABLED": "false", "SLUICE_TCP__ENABLED": "false"}
@@ -283,11 +287,16 @@ class KafkaTarget:
             self._drop()
             self.sock = self._connect()
             self.conn_budget = rng.choice((1, 10, 100, 1000))
+            self.pending, self.pending_wait = 0, 0.0
         self.conn_budget -= 1
         self.sent.append(data)
         frames, state = split_frames(data)
-        wait = max((_declared_wait(f) for f in frames), default=0.0)
+        classified = [_declared_wait(f) for f in frames]
+        wait = max((w for w, _ in classified), default=0.0)
         if state == "incomplete":
+            self._flush()
+            if self.sock is None:
+                return
             try:
                 self.sock.sendall(data)
             except OSError:
@@ -299,6 +308,21 @@ class KafkaTarget:
                 self._drop()
             else:
                 raise Hang(f"no close within {self.deadline:.1f} s after EOF in the middle of a frame")
+            return
+        if state == "whole" and wait <= _PIPELINE_MAX_WAIT and all(ok for _, ok in classified):
+            # requests the broker can decode are pipelined, the sentinel follows every few of them
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self._drop()
+                return
+            self.pending += 1
+            self.pending_wait += wait
+            if self.pending >= _PIPELINE or self.conn_budget <= 0:
+                self._flush()
+            return
+        self._flush()
+        if self.sock is None:
             return
         self.corr = (self.corr + 1) % 0xFFFF
         sentinel = _SENTINEL_BASE + self.corr
@@ -314,6 +338,22 @@ class KafkaTarget:
                 self._park()  # a long poll or rebalance wait, declared by the request itself
                 return
             raise Hang(f"no answer to {len(frames)} frame(s) ({state}) within {limit:.1f} s")
+
+    def _flush(self) -> None:
+        """Send the sentinel after the pipelined requests and wait for its answer (or the close)."""
+        if self.sock is None or not self.pending:
+            return
+        count, waits = self.pending, self.pending_wait
+        self.pending, self.pending_wait = 0, 0.0
+        self.corr = (self.corr + 1) % 0xFFFF
+        sentinel = _SENTINEL_BASE + self.corr
+        try:
+            self.sock.sendall(_sentinel(sentinel))
+        except OSError:
+            self._drop()
+            return
+        if not self._await(sentinel, self.deadline + waits):
+            raise Hang(f"no answer to {count} pipelined request(s) within {self.deadline + waits:.1f} s")
 
     def _await(self, sentinel: int | None, limit: float) -> bool:
         """Read responses until the sentinel's answer or the close: True. Deadline passed: False."""
@@ -346,6 +386,9 @@ class KafkaTarget:
 
     def recent(self) -> list[list[bytes]]:
         return [*self.history, *([self.sent] if self.sent else [])]
+
+    def flush(self) -> None:
+        self._flush()
 
     def close_all(self) -> None:
         self._drop()

@@ -40,6 +40,7 @@ ROUTES = [
 MAX_LINE = 64 * 1024
 ENDPOINTS = {"ndjson": "tcp", "influx": "tcp:influx", "csv": "tcp:csv", "raw": "tcp:raw"}
 CSV_HEADER = b"device,ts,temp"
+_PIPELINE = 8  # inputs sent before waiting for the ACK that covers them
 
 
 def valid_line(rng: random.Random, fmt: str) -> bytes:
@@ -96,6 +97,7 @@ class TcpTarget:
         self.sent: list[bytes] = []
         self.history: deque[list[bytes]] = deque(maxlen=8)
         self.conn_budget = 0
+        self.unacked = 0  # inputs sent since the last ACK wait
         self.corpus: list[bytes] = []
 
     def broker_env(self) -> dict[str, str]:
@@ -138,6 +140,7 @@ class TcpTarget:
             self.sock = socket.create_connection(self.broker.endpoints[ENDPOINTS[self.fmt]], timeout=self.deadline)
             self.conn_budget = rng.choice((1, 10, 100, 1000))
             self.lines = 0
+            self.unacked = 0
             self.buffer = b""
             if self.fmt == "csv" and rng.random() < 0.9:
                 self._send(CSV_HEADER + b"\n")
@@ -150,8 +153,17 @@ class TcpTarget:
             if self.conn_budget <= 0 or rng.random() < 0.05:
                 self._drop()
             return
+        self.unacked += 1
+        if self.unacked >= _PIPELINE or self.conn_budget <= 0:
+            self.flush()
+
+    def flush(self) -> None:
+        """Wait for the ACK that covers every line sent (or FATAL / the close)."""
+        if self.sock is None or not self.unacked:
+            return
+        count, self.unacked = self.unacked, 0
         if not self._await_ack(self.lines):
-            raise Hang(f"no ACK {self.lines} and no close within {self.deadline:.1f} s ({self.fmt})")
+            raise Hang(f"no ACK {self.lines} and no close within {self.deadline:.1f} s ({self.fmt}, {count} inputs)")
 
     def _send(self, data: bytes) -> bool:
         assert self.sock is not None
