@@ -3,10 +3,12 @@
 One root, so callers can catch everything the broker raises::
 
     BrokerError
-    ├── InvalidRecordError          the peer sent bytes that are not a valid RecordBatch v2
+    ├── InvalidRecordError          the peer sent bytes that are not a valid RecordBatch v2 (may name
+    │   │                           the offending records: ``record_errors``)
     │   ├── CorruptRecordError      CRC mismatch, bad lengths, truncated input
     │   ├── UnsupportedMagicError   magic byte other than 2
-    │   └── RecordTooLargeError     batch above the topic's max_message_bytes
+    │   ├── RecordTooLargeError     batch above the topic's max_message_bytes (compressed or not)
+    │   └── InvalidTimestampError   a record's timestamp (or timestamp type) is not accepted
     ├── TopicError
     │   ├── UnknownTopicError
     │   ├── TopicExistsError
@@ -25,6 +27,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidPartitionsError",
     "InvalidRecordError",
+    "InvalidTimestampError",
     "InvalidTopicError",
     "OffsetOutOfRangeError",
     "RecordTooLargeError",
@@ -41,7 +44,14 @@ class BrokerError(Exception):
 
 
 class InvalidRecordError(BrokerError):
-    """The bytes offered as a record batch are not acceptable (the peer's fault)."""
+    """The bytes offered as a record batch are not acceptable (the peer's fault).
+
+    ``record_errors`` holds (index of the record in its batch, reason) for the records at fault,
+    as Kafka's Produce v8 reports them."""
+
+    def __init__(self, message: str, record_errors: tuple[tuple[int, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.record_errors = record_errors
 
 
 class CorruptRecordError(InvalidRecordError):
@@ -54,6 +64,10 @@ class UnsupportedMagicError(InvalidRecordError):
 
 class RecordTooLargeError(InvalidRecordError):
     """The batch is larger than the topic accepts."""
+
+
+class InvalidTimestampError(InvalidRecordError):
+    """A record's timestamp, or the batch's timestamp type, is not accepted."""
 
 
 class TopicError(BrokerError):

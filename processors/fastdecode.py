@@ -3,8 +3,9 @@
 Stored RecordBatch v2 bytes are decoded with aiokafka's C record parser (``MemoryRecords``), about
 ten times faster than a pure-Python varint loop; its record objects already have the attributes a
 processor reads (offset, timestamp, key, value, headers), so no per-record copy is made.
-Compressed batches are handled by the same parser; control batches are skipped. Parse failures
-surface as the broker's ``CorruptRecordError``.
+Compressed batches go to the broker's decoder instead, whose decompression is bounded (aiokafka's
+is not: a small batch could expand to gigabytes); control batches are skipped. Parse failures surface
+as the broker's ``CorruptRecordError``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from aiokafka.record.memory_records import MemoryRecords
 
-from broker.errors import CorruptRecordError
+from broker.errors import CorruptRecordError, InvalidRecordError
+from broker.protocol.records import decode_records
 from processors.executor import RecordLike
 
 __all__ = ["SourceRecord", "decode_from"]
@@ -42,20 +44,25 @@ def decode_from(data: bytes, min_offset: int, max_records: int = 1 << 62) -> lis
     """Records with offset ≥ ``min_offset`` from whole stored batches, stopping after the batch
     that reaches ``max_records``."""
     out: list[Any] = []
+    end = 0
     try:
         records = MemoryRecords(data)
         while True:
             batch = records.next_batch()
             if batch is None:
                 break
+            start, end = end, end + 12 + int.from_bytes(data[end + 8 : end + 12], "big")
             if batch.is_control_batch or batch.base_offset + batch.last_offset_delta < min_offset:
                 continue
+            decoded: Any = batch
+            if batch.compression_type:
+                decoded = decode_records(memoryview(data)[start:end])
             if batch.base_offset >= min_offset:
-                out.extend(batch)
+                out.extend(decoded)
             else:
-                out.extend(r for r in batch if r.offset >= min_offset)
+                out.extend(r for r in decoded if r.offset >= min_offset)
             if len(out) >= max_records:
                 break
-    except (KafkaError, ValueError, IndexError) as exc:
+    except (KafkaError, ValueError, IndexError, InvalidRecordError) as exc:
         raise CorruptRecordError(f"cannot decode stored records: {exc!r}") from exc
     return out

@@ -11,6 +11,8 @@ from broker.errors import (
     CorruptRecordError,
     InvalidConfigError,
     InvalidPartitionsError,
+    InvalidRecordError,
+    InvalidTimestampError,
     InvalidTopicError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
@@ -62,6 +64,8 @@ _ERRORS: tuple[tuple[type[BrokerError], ErrorCode], ...] = (
     (UnsupportedMagicError, ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT),
     (RecordTooLargeError, ErrorCode.MESSAGE_TOO_LARGE),
     (CorruptRecordError, ErrorCode.CORRUPT_MESSAGE),
+    (InvalidTimestampError, ErrorCode.INVALID_TIMESTAMP),
+    (InvalidRecordError, ErrorCode.INVALID_RECORD),  # after its subclasses: the first match wins
     (UnknownTopicError, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
     (TopicExistsError, ErrorCode.TOPIC_ALREADY_EXISTS),
     (InvalidTopicError, ErrorCode.INVALID_TOPIC_EXCEPTION),

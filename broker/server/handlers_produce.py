@@ -14,9 +14,9 @@ from typing import Any
 
 from broker.errors import BrokerError, InvalidRecordError, UnknownTopicError
 from broker.log.api import PartitionLog
+from broker.protocol.batch_validation import validate_produce_batch
 from broker.protocol.kafka.produce import ProducePartitionResponse, ProduceResponse, ProduceTopicResponse
 from broker.protocol.kafka_codes import ErrorCode
-from broker.protocol.records import decode_header
 from broker.server.handlers_common import BrokerContext, ConnectionInfo, error_code_for
 
 __all__ = ["handle_init_producer_id", "handle_produce"]
@@ -31,6 +31,11 @@ async def _durable(marks: list[tuple[PartitionLog, int]]) -> None:
         await plog.wait_durable(mark)
 
 
+def _max_message_bytes(plog: PartitionLog) -> int:
+    """The topic's max.message.bytes: the one place Produce reads it (the topic config owns it)."""
+    return plog.config.max_message_bytes
+
+
 def _append_one(
     ctx: BrokerContext, topic: str, partition: int, records: bytes | None, conn: ConnectionInfo
 ) -> tuple[ProducePartitionResponse, PartitionLog | None]:
@@ -39,14 +44,11 @@ def _append_one(
         plog = store.partition(topic, partition)
     except UnknownTopicError:
         return ProducePartitionResponse(partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), None
-    if not records:
-        return ProducePartitionResponse(partition, ErrorCode.CORRUPT_MESSAGE, error_message="no records"), None
     try:
-        header = decode_header(records)
-        if header.producer_id >= 0 and header.base_sequence >= 0 and header.size != len(records):
-            return ProducePartitionResponse(
-                partition, ErrorCode.INVALID_RECORD, error_message="idempotent produce needs exactly one batch"
-            ), None
+        if not records:
+            raise InvalidRecordError("Produce requests must have one complete record batch per partition")
+        accepted = validate_produce_batch(records, _max_message_bytes(plog))
+        header = accepted.header
         decision = ctx.producer_state.check(topic, partition, header)
         if decision.duplicate_of is not None:
             return ProducePartitionResponse(partition, ErrorCode.NONE, decision.duplicate_of, -1,
@@ -58,19 +60,21 @@ def _append_one(
                        "producer_id": header.producer_id, "sequence": header.base_sequence},
             )
             return ProducePartitionResponse(partition, decision.error), None
-        result = plog.append_nowait(records)
+        result = plog.append_nowait(accepted.data)
         ctx.producer_state.record(topic, partition, header, result.base_offset)
         ctx.stats.produce_records += result.last_offset - result.base_offset + 1
-        ctx.stats.produce_bytes += len(records)
+        ctx.stats.produce_bytes += len(accepted.data)
     except BrokerError as exc:
         code = error_code_for(exc)
+        record_errors: tuple[tuple[int, str | None], ...] = ()
         if isinstance(exc, InvalidRecordError):
+            record_errors = tuple(exc.record_errors)
             log.warning(
                 "rejected record batch",
                 extra={"topic": topic, "partition": partition, "peer": conn.peer_host, "error": code.name,
                        "reason": str(exc)},
             )
-        return ProducePartitionResponse(partition, code, error_message=str(exc)), None
+        return ProducePartitionResponse(partition, code, error_message=str(exc), record_errors=record_errors), None
     return ProducePartitionResponse(partition, ErrorCode.NONE, result.base_offset, -1, result.log_start_offset), plog
 
 

@@ -158,3 +158,17 @@ async def test_restores_read_checkpoints_from_the_tail_until_every_partition_is_
     assert recent[("t", 0)].offset == 999 and reads == [1_000 - 64]
     both = await load_from_tail(read, 0, len(log), [("t", 0), ("t", 1)], CheckpointCodec())
     assert both[("t", 0)].offset == 999 and both[("t", 1)].offset == 7
+
+
+def test_a_compressed_bomb_is_refused_within_the_decompression_bound() -> None:
+    """aiokafka's parser would decompress all of it; the broker's bounded decoder stops at its limit."""
+    import struct
+
+    import cramjam
+    import crc32c
+
+    payload = bytes(cramjam.zstd.compress(bytes(1 << 20))) * 128  # 128 MiB of zeros in ~7 KiB
+    after_crc = struct.pack(">hiqqqhii", int(Compression.ZSTD), 0, 0, 0, -1, -1, -1, 1) + payload
+    batch = struct.pack(">qiibI", 0, 49 + len(payload), 0, 2, crc32c.crc32c(after_crc)) + after_crc
+    with pytest.raises(CorruptRecordError, match="decompress to more than"):
+        decode_from(batch, 0)

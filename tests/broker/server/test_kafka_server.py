@@ -138,8 +138,10 @@ async def test_bad_crc_is_answered_corrupt_message_and_not_stored(
     assert server.ctx.store.partition("t", 0).high_watermark == 2
     await _assert_others_unaffected(server, client)
     wrong_magic = bytearray(records(b"x"))
-    wrong_magic[16] = 1
-    assert (await produce(client, bytes(wrong_magic))).error_code == ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT
+    wrong_magic[16] = 1  # Kafka: Produce v3+ takes magic 2 only (INVALID_RECORD); unknown magic is corrupt
+    assert (await produce(client, bytes(wrong_magic))).error_code == ErrorCode.INVALID_RECORD
+    wrong_magic[16] = 7
+    assert (await produce(client, bytes(wrong_magic))).error_code == ErrorCode.CORRUPT_MESSAGE
     await client.close()
 
 

@@ -1,0 +1,187 @@
+"""Produce-side batch validation: Kafka's rules (LogValidator, ProduceRequest.validateRecords) and codes."""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    InvalidTimestampError,
+    RecordTooLargeError,
+)
+from broker.protocol.batch_validation import _fast_max_timestamp, _scan_records, validate_produce_batch
+from broker.protocol.records import Compression, RecordSpec, decode_records, encode_batch, verify_batch
+
+LIMIT = 1024 * 1024 + 12
+TS = 1_700_000_000_000
+
+
+def reseal(batch: bytearray) -> bytes:
+    """Recompute the CRC after editing covered bytes: a producer's bug, not corruption in transit."""
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    return bytes(batch)
+
+
+def edited(batch: bytes, fmt: str, at: int, value: int) -> bytes:
+    out = bytearray(batch)
+    struct.pack_into(fmt, out, at, value)
+    return reseal(out)
+
+
+def rejected(batch: bytes) -> InvalidRecordError:
+    with pytest.raises(InvalidRecordError) as info:
+        validate_produce_batch(batch, LIMIT)
+    return info.value
+
+
+def specs(n: int) -> list[RecordSpec]:
+    return [RecordSpec(b"value-%d" % i, key=b"k%d" % i, headers=(("h", b"x"),), timestamp=TS + i) for i in range(n)]
+
+
+@pytest.mark.parametrize("codec", list(Compression))
+def test_well_formed_batches_are_accepted_as_they_came(codec: Compression) -> None:
+    batch = encode_batch(specs(50), compression=codec)
+    accepted = validate_produce_batch(batch, LIMIT)
+    assert accepted.data == batch
+    assert accepted.header.record_count == 50
+
+
+def test_a_batch_claiming_more_offsets_than_records_is_refused() -> None:
+    """The reported defect: one record whose last_offset_delta says 1,000,000."""
+    batch = edited(encode_batch([RecordSpec(b"one")]), ">i", 23, 1_000_000)
+    error = rejected(batch)
+    assert type(error) is InvalidRecordError
+    assert "1000000" in str(error)
+
+
+def test_record_count_must_match_the_records_present() -> None:
+    three = encode_batch(specs(3))
+    # count and last delta both say 4, three records present: the fourth is missing
+    more = edited(edited(three, ">i", 57, 4), ">i", 23, 3)
+    error = rejected(more)
+    assert [index for index, _ in error.record_errors] == [3]
+    # count says 2: a third record is left over
+    fewer = edited(edited(three, ">i", 57, 2), ">i", 23, 1)
+    assert "follow the last" in str(rejected(fewer))
+    assert "record count 0" in str(rejected(edited(edited(three, ">i", 57, 0), ">i", 23, -1)))
+
+
+def test_offset_deltas_must_be_consecutive_and_each_bad_record_is_named() -> None:
+    batch = bytearray(encode_batch([RecordSpec(b"a"), RecordSpec(b"b"), RecordSpec(b"c")]))
+    # records start at 61: length varint, attributes, ts delta, offset delta
+    second = 61 + 1 + batch[61] // 2  # the first record's length varint is one byte
+    assert batch[second + 3] == 2  # zigzag(1)
+    batch[second + 3] = 10  # offset delta 5
+    error = rejected(reseal(batch))
+    assert error.record_errors == ((1, "offset delta 5, expected 1"),)
+
+
+def test_a_record_field_running_past_its_record_is_named() -> None:
+    batch = bytearray(encode_batch([RecordSpec(b"a" * 10), RecordSpec(b"b" * 10)]))
+    value_length_at = batch.index(b"b" * 10) - 1
+    batch[value_length_at] = 2 * 40  # the second value claims 40 bytes
+    error = rejected(reseal(batch))
+    assert [index for index, _ in error.record_errors] == [1]
+
+
+def test_batch_level_rules_in_kafkas_order() -> None:
+    good = encode_batch(specs(2))
+    assert "base offset" in str(rejected(edited(good, ">q", 0, 7)))
+    control = bytearray(good)
+    control[22] |= 0x20
+    assert "control" in str(rejected(reseal(control)))
+    no_sequence = encode_batch(specs(2), producer_id=5, producer_epoch=0, base_sequence=-1)
+    assert "sequence" in str(rejected(no_sequence))
+    assert "exactly one" in str(rejected(good + good))
+    assert "complete" in str(rejected(good[:-1]))
+    assert "complete" in str(rejected(b""))
+    unknown_codec = bytearray(good)
+    unknown_codec[22] |= 0x07
+    assert "codec 7" in str(rejected(reseal(unknown_codec)))
+    flipped = bytearray(good)
+    flipped[-1] ^= 1
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        validate_produce_batch(bytes(flipped), LIMIT)
+    with pytest.raises(RecordTooLargeError):
+        validate_produce_batch(good, len(good) - 1)
+
+
+def test_log_append_time_from_a_producer_is_an_invalid_timestamp_for_every_record() -> None:
+    batch = bytearray(encode_batch(specs(3)))
+    batch[22] |= 0x08
+    error = rejected(reseal(batch))
+    assert isinstance(error, InvalidTimestampError)
+    assert [index for index, _ in error.record_errors] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("codec", list(Compression))
+def test_a_wrong_max_timestamp_is_corrected_as_kafka_does(codec: Compression) -> None:
+    batch = edited(encode_batch(specs(3), compression=codec), ">q", 35, TS + 10**9)
+    accepted = validate_produce_batch(batch, LIMIT)
+    assert accepted.header.max_timestamp == TS + 2
+    assert verify_batch(accepted.data).max_timestamp == TS + 2  # CRC recomputed
+    assert [r.value for r in decode_records(accepted.data)] == [b"value-0", b"value-1", b"value-2"]
+
+
+@pytest.mark.parametrize("codec", [c for c in Compression if c is not Compression.NONE])
+def test_compressed_payload_that_does_not_decode_is_invalid(codec: Compression) -> None:
+    batch = bytearray(encode_batch(specs(20), compression=codec))
+    for i in range(70, len(batch)):
+        batch[i] = 0x5A
+    error = rejected(reseal(batch))
+    assert type(error) is InvalidRecordError
+
+
+@pytest.mark.parametrize("codec", [c for c in Compression if c is not Compression.NONE])
+def test_compressed_batch_must_fit_max_message_bytes_once_decompressed(codec: Compression) -> None:
+    records = [RecordSpec(b"\x00" * 1000, timestamp=TS) for _ in range(200)]  # ~200 KB, compresses well
+    batch = encode_batch(records, compression=codec)
+    assert len(batch) < 20_000
+    assert validate_produce_batch(batch, 300_000).header.record_count == 200
+    with pytest.raises(RecordTooLargeError, match="decompress"):
+        validate_produce_batch(batch, 100_000)
+
+
+def _mutations() -> st.SearchStrategy[tuple[bytes, int, int]]:
+    blobs = st.one_of(st.none(), st.binary(max_size=40))
+    record = st.builds(RecordSpec, value=blobs, key=blobs,
+                       headers=st.lists(st.tuples(st.text(max_size=4), blobs), max_size=2).map(tuple),
+                       timestamp=st.integers(min_value=0, max_value=2**41))
+    return st.tuples(
+        st.lists(record, min_size=1, max_size=6).map(lambda rs: encode_batch(rs)),
+        st.integers(min_value=0, max_value=10_000),
+        st.integers(min_value=0, max_value=255),
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=_mutations())
+def test_any_resealed_byte_change_is_refused_or_stays_decodable(case: tuple[bytes, int, int]) -> None:
+    """A producer bug (any byte of the records changed, CRC recomputed) is either refused with a
+    broker error, or the batch decodes to exactly its declared records at offsets 0..n-1; and the
+    C fast path never accepts what the exact scan refuses."""
+    batch, where, value = case
+    mutated = bytearray(batch)
+    mutated[61 + where % (len(batch) - 61)] = value
+    data = reseal(mutated)
+    count = struct.unpack_from(">i", data, 57)[0]
+    fast = _fast_max_timestamp(data, count)
+    try:
+        exact = _scan_records(data, 61, len(data), count)
+    except InvalidRecordError:
+        assert fast is None
+    else:
+        base = struct.unpack_from(">q", data, 27)[0]
+        assert fast is None or fast == max(base + exact, -1)
+    try:
+        accepted = validate_produce_batch(data, LIMIT)
+    except InvalidRecordError:
+        return
+    decoded = decode_records(accepted.data)
+    assert [r.offset for r in decoded] == list(range(count))
