@@ -334,7 +334,7 @@ def unpack_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHea
     return BatchHeader(*_HEADER.unpack_from(buf, pos))
 
 
-def decode_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
+def decode_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     """Parse the 61-byte header at ``pos``; checks magic and lengths but not the CRC."""
     if len(buf) - pos < BATCH_HEADER_SIZE:
         if len(buf) - pos >= 17 and buf[pos + 16] != MAGIC_V2:
@@ -352,7 +352,7 @@ def decode_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
     return header
 
 
-def verify_batch(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
+def verify_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     """Parse the header at ``pos`` and check that the whole batch is present and its CRC matches."""
     header = decode_header(buf, pos)
     end = pos + header.size
@@ -405,7 +405,7 @@ def with_base_offset(batch: bytes | bytearray | memoryview, base_offset: int) ->
 
 
 def decode_records(
-    batch: bytes | memoryview, header: BatchHeader | None = None, *, limit: int = DEFAULT_DECOMPRESS_LIMIT
+    batch: bytes | bytearray | memoryview, header: BatchHeader | None = None, *, limit: int = DEFAULT_DECOMPRESS_LIMIT
 ) -> list[Record]:
     """Decode every record of one batch (decompressing if needed); control batches give none.
 

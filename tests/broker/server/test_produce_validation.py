@@ -115,7 +115,9 @@ def test_real_clients_compressed_batches_pass_validation(tmp_path: Path, sluice_
             message = consumer.poll(10)
             assert message is not None, f"{len(got)} of {len(expected)} records read back"
             assert message.error() is None, message.error()
-            got.append(message.value())
+            read = message.value()
+            assert read is not None
+            got.append(read)
     finally:
         consumer.close()
     assert sorted(got) == sorted(expected)
