@@ -2,8 +2,9 @@
 
 Fetch reads stored batches untouched. It answers at once when at least ``min_bytes`` are ready,
 any partition has an error, or ``max_wait_ms`` is 0; otherwise it waits for an append to any
-requested partition (``PartitionLog.wait_for_data``) until ``max_wait_ms`` has passed. The first
-partition with data always gets at least one whole batch, even if larger than ``max_bytes``.
+requested partition (``PartitionLog.wait_for_data``) until ``max_wait_ms`` has passed. Sizes follow
+KIP-74 (see ``_read_all``): the response stays within ``max_bytes`` and each partition within its
+``partition_max_bytes``, except that the first partition with data gets at least one whole batch.
 Last stable offset = high watermark (no transactions); preferred read replica = -1.
 
 ListOffsets by timestamp answers, as Kafka does, the offset and timestamp of the first record (by
@@ -29,8 +30,23 @@ LATEST = -1
 EARLIEST = -2
 
 
+def _read_within(plog: PartitionLog, offset: int, budget: int, at_least_one: bool) -> bytes:
+    """Whole stored batches from ``offset`` totalling at most ``budget`` bytes; with ``at_least_one``,
+    the first batch even when it alone is larger (Kafka's minOneMessage)."""
+    data = plog.read(offset, max(budget, 1))  # the store gives at least one whole batch
+    if len(data) <= budget or at_least_one:
+        return data
+    return b""  # its first batch alone is over budget: Kafka would send a partial batch, which clients drop
+
+
 def _read_all(ctx: BrokerContext, body: Any) -> tuple[FetchResponse, int, bool, list[tuple[PartitionLog, int]]]:
-    remaining = int(body.max_bytes) if int(body.max_bytes) > 0 else 2**31 - 1
+    # KIP-74, as Kafka's ReplicaManager.readFromLog: partitions are read in request order, each up to
+    # min(partition_max_bytes, what is left of max_bytes); only until the first partition that returns
+    # data may that partition exceed its budget, by one whole batch, so that a batch larger than the
+    # limits still gets through. Every later partition stays within budget, so a response is never
+    # larger than max_bytes plus that one batch.
+    remaining = max(int(body.max_bytes), 0)
+    at_least_one = True
     total = 0
     errors = False
     waitable: list[tuple[PartitionLog, int]] = []
@@ -49,19 +65,22 @@ def _read_all(ctx: BrokerContext, body: Any) -> tuple[FetchResponse, int, bool, 
                 continue
             hw = plog.high_watermark
             start = plog.log_start_offset
+            budget = min(max(int(p.partition_max_bytes), 0), remaining)
             data = b""
             try:
-                if remaining > 0 or total == 0:
-                    data = plog.read(offset, min(int(p.partition_max_bytes), max(remaining, 1)))
+                if budget > 0 or at_least_one:
+                    data = _read_within(plog, offset, budget, at_least_one)
                 elif not start <= offset <= hw:
                     plog.read(offset, 1)  # raises OffsetOutOfRangeError
             except BrokerError as exc:
                 errors = True
                 parts.append(FetchPartitionResponse(index, error_code_for(exc), hw, hw, start, b""))
                 continue
+            if data:
+                at_least_one = False
             total += len(data)
-            remaining -= len(data)
-            if not data:
+            remaining = max(remaining - len(data), 0)
+            if not data and offset >= hw:  # only an append can add data here (an over-budget one has it)
                 waitable.append((plog, offset))
             parts.append(FetchPartitionResponse(index, ErrorCode.NONE, hw, hw, start, data))
         topics.append(FetchTopicResponse(name, tuple(parts)))
