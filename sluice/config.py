@@ -125,6 +125,9 @@ class MqttSettings(BaseModel):
     receive_maximum: int = 1024  # inbound QoS 1/2 in flight per connection; reads pause at this many
     topic_alias_maximum: int = 32
     max_queued_messages: int = 10_000  # per persistent session
+    max_queued_bytes: int = 16 * 1024 * 1024  # per session: payload bytes waiting for an offline or slow client
+    session_expiry_s: int = Field(default=86_400, ge=0, le=0xFFFFFFFF)  # 3.1.1 clean session = 0 sessions
+    max_session_expiry_s: int = Field(default=86_400, ge=0, le=0xFFFFFFFF)  # cap on MQTT 5 Session Expiry
     connect_timeout_s: float = 10.0
     protocol_versions: list[int] = Field(default_factory=lambda: [4, 5])  # 4 = MQTT 3.1.1, 5 = MQTT 5.0
     backlog: int = 4096

@@ -18,7 +18,7 @@ Series (``_total`` is added to counters by the exposition format):
   (gauge), ``sluice_mqtt_retained_messages`` (gauge), and counters ``sluice_mqtt_connections_accepted``,
   ``sluice_mqtt_messages_in``, ``sluice_mqtt_bytes_in``, ``sluice_mqtt_messages_delivered``,
   ``sluice_mqtt_deliveries_dropped``, ``sluice_mqtt_duplicates``, ``sluice_mqtt_protocol_errors``,
-  ``sluice_mqtt_refused_logins``,
+  ``sluice_mqtt_refused_logins``, ``sluice_mqtt_queue_drops``, ``sluice_mqtt_sessions_expired``,
   ``sluice_mqtt_append_errors``, ``sluice_mqtt_wills_published``, ``sluice_mqtt_read_pauses``.
 - ``sluice_bridge_connected{bridge,broker}`` (gauge 0/1), ``sluice_bridge_last_message_age_seconds``
   (gauge, absent before the first message), counters ``sluice_bridge_messages``, ``sluice_bridge_bytes``,
@@ -159,6 +159,8 @@ _MQTT_COUNTERS = (
     ("append_errors", "sluice_mqtt_append_errors", "Appends of MQTT messages that failed"),
     ("wills_published", "sluice_mqtt_wills_published", "Will messages published"),
     ("read_pauses", "sluice_mqtt_read_pauses", "Times a connection's reads paused for backpressure"),
+    ("queue_drops", "sluice_mqtt_queue_drops", "QoS 1/2 messages dropped because a session queue was full"),
+    ("sessions_expired", "sluice_mqtt_sessions_expired", "Offline sessions dropped at the end of their expiry"),
 )
 
 

@@ -32,6 +32,11 @@ def _password_check(users: dict[str, str]) -> Authenticator:
     return check
 
 
+def _seconds(interval: int) -> float:
+    """An MQTT expiry interval setting: 4294967295 (0xFFFFFFFF) means never, as on the wire."""
+    return float("inf") if interval == 0xFFFFFFFF else float(interval)
+
+
 def mqtt_listener(runtime: Runtime) -> Component | None:
     settings = runtime.settings.mqtt
     if not settings.enabled:
@@ -43,6 +48,9 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
         receive_maximum=settings.receive_maximum,
         topic_alias_maximum=settings.topic_alias_maximum,
         max_queued_messages=settings.max_queued_messages,
+        max_queued_bytes=settings.max_queued_bytes,
+        session_expiry_s=_seconds(settings.session_expiry_s),
+        max_session_expiry_s=_seconds(settings.max_session_expiry_s),
         connect_timeout_s=settings.connect_timeout_s,
         backlog_high_bytes=core.sink.max_pending_bytes,
         protocol_versions=tuple(settings.protocol_versions),

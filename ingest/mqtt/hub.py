@@ -17,7 +17,8 @@ from ingest.mqtt.packets import MQTT_5, MQTT_311, Publish, Subscription, Will
 from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
 
 if TYPE_CHECKING:
-    from ingest.mqtt.session import MqttConnection, SessionState
+    from ingest.mqtt.session import MqttConnection
+    from ingest.mqtt.session_state import SessionState
 
 __all__ = ["Accepted", "Authenticator", "Hub", "HubConfig", "HubStats", "IngestPort", "Refusal"]
 
@@ -60,7 +61,10 @@ class HubConfig:
     max_packet_size: int = 1024 * 1024 + 1024
     receive_maximum: int = 1024  # inbound QoS 1/2 in flight per connection (advertised in MQTT 5)
     topic_alias_maximum: int = 32
-    max_queued_messages: int = 10_000  # per session, QoS 1/2 waiting for an offline or busy client
+    max_queued_messages: int = 10_000  # per session, QoS 1/2 waiting for an offline or busy client (0: no bound)
+    max_queued_bytes: int = 16 * 1024 * 1024  # per session, payload bytes of those messages (0: no bound)
+    session_expiry_s: float = 86_400.0  # 3.1.1 clean session = 0: kept this long after the client leaves
+    max_session_expiry_s: float = 86_400.0  # 5.0: a longer Session Expiry Interval (or "never") is cut to this
     connect_timeout_s: float = 10.0
     backlog_high_bytes: int = 64 * 1024 * 1024
     max_write_buffer: int = 4 * 1024 * 1024  # QoS 0 deliveries beyond this to a slow client are dropped
@@ -80,6 +84,8 @@ class HubStats:
     append_errors: int = 0
     wills_published: int = 0
     read_pauses: int = 0  # times a connection's socket reads were paused for backpressure
+    queue_drops: int = 0  # QoS 1/2 messages dropped because a session's queue was full (also in dropped_deliveries)
+    sessions_expired: int = 0  # offline sessions dropped at the end of their expiry interval
     max_queued: int = 0  # most messages one connection ever had waiting for the append
 
 
@@ -115,7 +121,7 @@ class Hub:
         SessionState, bool
     ]:
         """Bind ``connection`` to the session of ``client_id``; returns (session, session_present)."""
-        from ingest.mqtt.session import SessionState
+        from ingest.mqtt.session_state import SessionState
 
         existing = self.sessions.get(client_id)
         if existing is not None and existing.connection is not None and existing.connection is not connection:
@@ -209,6 +215,8 @@ class Hub:
             connection.check_timeout(now)
         for session in list(self.sessions.values()):
             if session.connection is None and session.expired(now):
+                self.stats.sessions_expired += 1
+                log.info("session expired", extra={"client_id": session.client_id, "expiry_s": session.expiry_s})
                 self.drop_session(session)
 
     async def drain(self, timeout: float) -> None:

@@ -13,7 +13,9 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
   no credentials were sent). No CONNECT within the connect timeout closes the socket.
 * Session: clean start drops any stored session. A persistent session (3.1.1 clean session = 0, or 5.0
   Session Expiry Interval > 0) keeps, by client id, its subscriptions, the QoS 1/2 messages queued for the
-  client, outbound messages in flight, and inbound QoS 2 packet ids awaiting PUBREL. On reconnect
+  client (bounded), outbound messages in flight, and inbound QoS 2 packet ids awaiting PUBREL, until it
+  expires (``session_state.py``: 5.0 interval capped at ``max_session_expiry_s``, 3.1.1 ``session_expiry_s``;
+  a 5.0 client whose interval was cut is told the granted one in the CONNACK). On reconnect
   in-flight messages are re-sent (DUP=1, or PUBREL after PUBREC) before queued ones. A second connection
   with the same client id takes the session over (the old one gets DISCONNECT 0x8E).
 * PUBLISH in: QoS 0/1/2 messages of one connection are appended in arrival order, in batches (one batch
@@ -36,7 +38,7 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
   error, 0x95 packet too large, 0x90 bad topic …) before the close; a 3.1.1 client's socket is closed.
   One bad connection never affects the others.
 * PUBLISH out: QoS = min(published, granted); at most the client's Receive Maximum QoS 1/2 in flight,
-  the rest queued in the session (bounded; overflow is counted and logged).
+  the rest queued in the session (bounded; what does not fit is dropped, counted and logged once).
 """
 
 from __future__ import annotations
@@ -69,17 +71,17 @@ from ingest.mqtt.packets import (
     Reason,
     Suback,
     Subscribe,
-    Subscription,
     Unsuback,
     Unsubscribe,
     Will,
 )
+from ingest.mqtt.session_state import SessionState
 from ingest.mqtt.subscriptions import valid_filter
 
 if TYPE_CHECKING:
     from ingest.mqtt.hub import Accepted, Hub
 
-__all__ = ["READ_SIZE", "MqttConnection", "SessionState"]
+__all__ = ["READ_SIZE", "MqttConnection", "SessionState"]  # SessionState: from session_state, re-exported
 
 log = logging.getLogger("ingest.mqtt")
 
@@ -96,92 +98,6 @@ _LOGIN_REFUSALS: dict[str, tuple[int, int]] = {
     "no-users": (0x05, Reason.BAD_USERNAME_OR_PASSWORD),
     "bad-credentials": (0x04, Reason.BAD_USERNAME_OR_PASSWORD),
 }
-
-
-class SessionState:
-    """What a client id keeps across connections (for persistent sessions)."""
-
-    __slots__ = (
-        "awaiting_rel",
-        "client_id",
-        "connection",
-        "ended_at",
-        "expiry_s",
-        "inflight_out",
-        "next_pid",
-        "pending_in",
-        "queue",
-        "subscriptions",
-    )
-
-    def __init__(self, client_id: str) -> None:
-        self.client_id = client_id
-        self.subscriptions: dict[str, Subscription] = {}
-        self.inflight_out: dict[int, Publish | None] = {}  # None: PUBREC received, PUBREL sent
-        self.queue: deque[tuple[str, bytes, int, bool]] | None = None
-        self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids answered with PUBREC
-        self.pending_in: set[int] = set()  # inbound QoS 1/2 ids being appended
-        self.next_pid = 1
-        self.expiry_s = 0.0
-        self.ended_at: float | None = None
-        self.connection: MqttConnection | None = None
-
-    def expired(self, now: float) -> bool:
-        return self.ended_at is not None and now - self.ended_at >= self.expiry_s
-
-    def _alloc_pid(self) -> int:
-        pid = self.next_pid
-        while pid in self.inflight_out:
-            pid = pid % 65535 + 1
-        self.next_pid = pid % 65535 + 1
-        return pid
-
-    def offer(self, topic: str, payload: bytes, qos: int, retain: bool, hub: Hub) -> None:
-        """Deliver one message to this session's client, now or (QoS 1/2) when it can take it."""
-        conn = self.connection
-        if qos == 0:
-            if conn is not None and conn.can_take_qos0():
-                conn.send_publish(Publish(topic, payload, 0, retain))
-                hub.stats.delivered += 1
-            else:
-                hub.stats.dropped_deliveries += 1
-            return
-        if conn is not None and not self.queue and len(self.inflight_out) < conn.client_receive_max:
-            self._send_new(conn, topic, payload, qos, retain)
-            hub.stats.delivered += 1
-            return
-        if self.queue is None:
-            self.queue = deque()
-        self.queue.append((topic, payload, qos, retain))
-        if len(self.queue) > hub.config.max_queued_messages:
-            self.queue.popleft()
-            hub.stats.dropped_deliveries += 1
-            log.warning("session queue full, oldest message dropped", extra={"client_id": self.client_id})
-
-    def _send_new(self, conn: MqttConnection, topic: str, payload: bytes, qos: int, retain: bool) -> None:
-        pid = self._alloc_pid()
-        packet = Publish(topic, payload, qos, retain, False, pid)
-        self.inflight_out[pid] = packet
-        conn.send_publish(packet)
-
-    def pump(self) -> None:
-        conn = self.connection
-        queue = self.queue
-        if conn is None or not queue:
-            return
-        while queue and len(self.inflight_out) < conn.client_receive_max:
-            self._send_new(conn, *queue.popleft())
-
-    def resend(self) -> None:
-        conn = self.connection
-        if conn is None:
-            return
-        for pid, packet in self.inflight_out.items():
-            if packet is None:
-                conn.send(Pubrel(pid))
-            else:
-                conn.send_publish(Publish(packet.topic, packet.payload, packet.qos, packet.retain, True, pid))
-        self.pump()
 
 
 # One read buffer shared by every connection: a read is handled synchronously (decoded, and any partial
@@ -416,7 +332,8 @@ class MqttConnection(asyncio.BufferedProtocol):
             if packet.reason_code != Reason.DISCONNECT_WITH_WILL:
                 self._will = None
             if packet.properties.session_expiry_interval is not None:
-                session.expiry_s = _expiry(packet.properties.session_expiry_interval)
+                session.expiry_s = min(_expiry(packet.properties.session_expiry_interval),
+                                       self.hub.config.max_session_expiry_s)
             self._close()
         else:  # CONNECT twice, AUTH, or a packet only a server sends
             self._protocol_error(ProtocolError(f"unexpected {type(packet).__name__}", Reason.PROTOCOL_ERROR))
@@ -453,13 +370,15 @@ class MqttConnection(asyncio.BufferedProtocol):
         self.client_receive_max = props.receive_maximum or (65535 if v5 else 20)
         self.client_max_packet = props.maximum_packet_size or 0
         self._will = packet.will
-        # 3.1.1: clean session 0 keeps the session for ever; 5.0: the Session Expiry Interval says how long.
-        persistent = _FOREVER if not packet.clean_start else 0.0
-        expiry = _expiry(props.session_expiry_interval or 0) if v5 else persistent
+        # 5.0: the Session Expiry Interval says how long, up to our maximum (the CONNACK tells the client
+        # when it was cut, §3.2.2.3.2); 3.1.1: clean session 0 keeps it for the configured time.
+        cfg = hub.config
+        requested = _expiry(props.session_expiry_interval or 0)
+        persistent_311 = 0.0 if packet.clean_start else cfg.session_expiry_s
+        expiry = min(requested, cfg.max_session_expiry_s) if v5 else persistent_311
         session, present = hub.attach(self, client_id, packet.clean_start, expiry)
         self.session = session
         self.state = _CONNECTED
-        cfg = hub.config
         ack_props = NO_PROPERTIES
         if v5:
             ack_props = Properties(
@@ -470,6 +389,7 @@ class MqttConnection(asyncio.BufferedProtocol):
                 subscription_identifier_available=0,
                 shared_subscription_available=0,
                 assigned_client_identifier=assigned,
+                session_expiry_interval=int(expiry) if expiry != requested else None,
             )
         self.send(Connack(present, 0, ack_props))
         log.debug("client connected", extra={"client_id": client_id, "version": level, "session_present": present})

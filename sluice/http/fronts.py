@@ -54,9 +54,12 @@ class MqttListenerStatus(BaseModel):
     delivered: int
     dropped_deliveries: int
     protocol_errors: int
+    refused_logins: int = Field(0, description="CONNECTs refused for their credentials (or lack of them)")
     append_errors: int
     wills_published: int
     read_pauses: int
+    queue_drops: int = Field(0, description="QoS 1/2 messages dropped because a session's queue was full")
+    sessions_expired: int = Field(0, description="Offline sessions dropped at the end of their expiry interval")
     max_queued: int
 
 
