@@ -23,11 +23,11 @@ __all__ = ["build_target", "main"]
 TARGETS = ("kafka", "mqtt", "tcp", "http")
 
 
-def build_target(name: str, deadline: float) -> Target:
+def build_target(name: str, deadline: float, kafka_seeds_per_version: int = 12) -> Target:
     if name == "kafka":
         from bench.fuzz.kafka import KafkaTarget
 
-        return KafkaTarget(deadline)
+        return KafkaTarget(deadline, kafka_seeds_per_version)
     if name == "mqtt":
         from bench.fuzz.mqtt import MqttTarget
 
@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=10.0, help="seconds before a missing answer is a hang")
     parser.add_argument("--fd-slack", type=int, default=64, help="non-socket fds the broker may gain (segments)")
     parser.add_argument("--rss-growth-mib", type=int, default=256, help="RSS growth that counts as a finding")
+    parser.add_argument("--kafka-seeds-per-version", type=int, default=12,
+                        help="hypothesis-drawn requests per Kafka API version (besides the captured ones)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM ends the campaign like Ctrl-C does: the broker is stopped and its log kept
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     campaign = Campaign(
-        build_target(args.target, args.deadline),
+        build_target(args.target, args.deadline, args.kafka_seeds_per_version),
         inputs=args.inputs,
         seed=args.seed,
         out_dir=out,
