@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from broker.protocol.records import Record
 from sluice.http.limits import INT32_MAX, INT64_MAX
@@ -78,10 +78,22 @@ class TopicDetail(BaseModel):
 # ---------------------------------------------------------------- records
 
 
+def _utf8(text: str) -> str:
+    """JSON text may spell a lone surrogate ("\\ud800"); the UTF-8 stored in a record cannot hold one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"not valid UTF-8 text ({exc.reason} at position {exc.start})") from None
+    return text
+
+
+Utf8Str = Annotated[str, AfterValidator(_utf8)]
+
+
 class ProduceRecord(BaseModel):
-    key: str | None = Field(None, description="UTF-8 key; records with the same key go to the same partition.")
+    key: Utf8Str | None = Field(None, description="UTF-8 key; records with the same key go to the same partition.")
     value: Any = Field(None, description="With value_format=json any JSON value; text/base64 take a string.")
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: dict[Utf8Str, Utf8Str] = Field(default_factory=dict)
     partition: int | None = Field(
         None, ge=0, le=INT32_MAX, strict=True, description="Explicit partition (else by key, else sticky)."
     )

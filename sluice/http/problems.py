@@ -20,6 +20,7 @@ Handlers raise ``ProblemError`` for their own cases (bad offset, a missing group
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -73,10 +74,18 @@ def _problem_doc(status: int, slug: str, title: str, detail: str, instance: str 
     return {"type": TYPE_PREFIX + slug, "title": title, "status": status, "detail": detail, "instance": instance}
 
 
+class ProblemJSONResponse(JSONResponse):
+    """ASCII-escaped JSON: a detail that echoes input holding a lone surrogate (legal in JSON text, not in
+    UTF-8) still renders, instead of failing while the error is being reported."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def problem_response(
     status: int, slug: str, title: str, detail: str, instance: str | None = None, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    return JSONResponse(
+    return ProblemJSONResponse(
         _problem_doc(status, slug, title, detail, instance),
         status_code=status,
         media_type=PROBLEM_MEDIA_TYPE,
