@@ -14,6 +14,7 @@ from bench.fuzz.harness import Campaign
 SMOKE_INPUTS = {"kafka": 3000, "mqtt": 3000, "tcp": 2000, "http": 2000}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", sorted(SMOKE_INPUTS))
 def test_fuzz_smoke_finds_nothing(target: str, tmp_path: Path) -> None:
     fuzz_target = build_target(target, deadline=10.0, kafka_seeds_per_version=4)
