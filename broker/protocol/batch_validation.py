@@ -20,8 +20,9 @@ with Kafka's error codes (the exception raised → code, in ``broker.server.hand
 6. offset deltas are 0, 1, 2, …: Kafka rewrites a compressed batch whose deltas are not (and never
    looks at an uncompressed one's); Sluice serves stored bytes as they are, so it refuses them
    (INVALID_RECORD naming each record) rather than hand consumers offsets that do not exist;
-7. the timestamp type is CreateTime (``InvalidTimestampError`` → INVALID_TIMESTAMP, every record
-   named, as Kafka answers a producer that sets LogAppendTime).
+7. on a compacted topic every record has a key (INVALID_RECORD naming each keyless record), and the
+   timestamp type is CreateTime (``InvalidTimestampError`` → INVALID_TIMESTAMP, every record named,
+   as Kafka answers a producer that sets LogAppendTime).
 Then, as Kafka does, the header's max_timestamp is set to the records' real maximum (the time index
 and retention read it), the CRC recomputed — only when the producer got it wrong.
 
@@ -64,6 +65,7 @@ _I64 = struct.Struct(">q")
 _PAD = bytes(32)
 _OFFSET = attrgetter("offset")
 _TIMESTAMP = attrgetter("timestamp")
+_KEY = attrgetter("key")
 _U32 = struct.Struct(">I")
 _MAGIC_AT = 16
 _ONE_BYTE = [(b >> 1) ^ -(b & 1) for b in range(0x80)]  # zigzag varints that fit one byte
@@ -78,8 +80,13 @@ class AcceptedBatch:
     header: BatchHeader
 
 
-def validate_produce_batch(records: bytes | bytearray | memoryview, max_message_bytes: int) -> AcceptedBatch:
-    """Check one partition's records from a Produce request; raise the broker error Kafka's code maps to."""
+def validate_produce_batch(
+    records: bytes | bytearray | memoryview, max_message_bytes: int, *, compacted: bool = False
+) -> AcceptedBatch:
+    """Check one partition's records from a Produce request; raise the broker error Kafka's code maps to.
+
+    ``max_message_bytes`` and ``compacted`` (cleanup.policy has compact: every record needs a key)
+    come from the topic's config."""
     data = bytes(records)  # no copy when it is bytes already
     header = _check_framing(data, max_message_bytes)
     codec_id = header.attributes & ATTR_COMPRESSION_MASK
@@ -98,15 +105,12 @@ def validate_produce_batch(records: bytes | bytearray | memoryview, max_message_
         except CorruptRecordError as exc:
             raise InvalidRecordError(str(exc)) from exc
         plain = _uncompressed_twin(data, payload)
-    max_timestamp = _fast_max_timestamp(plain, header.record_count)
-    if max_timestamp is None:  # the C parser refused or could not tell: the exact scan decides and explains
-        max_delta = _scan_records(plain, BATCH_HEADER_SIZE, len(plain), header.record_count)
-        max_timestamp = max(header.base_timestamp + max_delta, NO_TIMESTAMP)
-    if header.attributes & ATTR_LOG_APPEND_TIME:
-        errors = tuple(
-            (i, "Producer should not set timestamp type to LogAppendTime") for i in range(header.record_count)
-        )
-        raise InvalidTimestampError("One or more records have been rejected due to invalid timestamp", errors)
+    fast = _fast_scan(plain, header.record_count, compacted)
+    if fast is None:  # the C parser refused or could not tell: the exact scan decides and explains
+        max_delta, null_keys = _scan_records(plain, BATCH_HEADER_SIZE, len(plain), header.record_count)
+        fast = max(header.base_timestamp + max_delta, NO_TIMESTAMP), null_keys
+    max_timestamp, null_keys = fast
+    _check_keys_and_timestamps(header, null_keys if compacted else [])
     if max_timestamp == header.max_timestamp:
         return AcceptedBatch(data, header)
     fixed = bytearray(data)
@@ -124,10 +128,30 @@ def _uncompressed_twin(data: bytes, payload: bytes) -> bytes:
     return bytes(head) + payload
 
 
-def _fast_max_timestamp(plain: bytes, count: int) -> int | None:
-    """The records' largest timestamp if aiokafka's C record parser reads exactly ``count`` records
-    with offset deltas 0..count-1 from the uncompressed batch ``plain``; None if it does not (or a
-    timestamp is -1, which it reports as None): ``_scan_records`` then gives the verdict.
+def _check_keys_and_timestamps(header: BatchHeader, null_keys: list[int]) -> None:
+    """LogValidator.validateRecord's per-record rules, each record's first error reported: a key on a
+    compacted topic (INVALID_RECORD), then the timestamp type (INVALID_TIMESTAMP, which wins for the
+    batch when any record has it)."""
+    if not null_keys and not header.attributes & ATTR_LOG_APPEND_TIME:
+        return
+    errors: dict[int, str] = {i: "Compacted topic cannot accept message without key" for i in null_keys}
+    if header.attributes & ATTR_LOG_APPEND_TIME:
+        for i in range(header.record_count):
+            errors.setdefault(i, "Invalid timestamp type: producer should not set timestamp type to LogAppendTime")
+    listed = tuple(sorted(errors.items()))
+    if len(listed) > len(null_keys):
+        raise InvalidTimestampError("One or more records have been rejected due to invalid timestamp", listed)
+    raise InvalidRecordError(
+        f"One or more records have been rejected due to {len(listed)} record errors in total, and only "
+        f"showing the first three errors at most: {list(listed[:3])}", listed
+    )
+
+
+def _fast_scan(plain: bytes, count: int, want_keys: bool) -> tuple[int, list[int]] | None:
+    """(the records' largest timestamp, indexes of records without a key if ``want_keys``) if
+    aiokafka's C record parser reads exactly ``count`` records with offset deltas 0..count-1 from the
+    uncompressed batch ``plain``; None if it does not (or a timestamp is -1, which it reports as
+    None): ``_scan_records`` then gives the verdict.
 
     About 10x faster than the pure-Python scan. Its varint reader does not stop at the end of its
     buffer (it reads at most ~20 bytes past a truncated record), so the batch gets zero padding that
@@ -137,7 +161,8 @@ def _fast_max_timestamp(plain: bytes, count: int) -> int | None:
         records = list(batch)
         if len(records) != count or list(map(_OFFSET, records)) != list(range(count)):
             return None
-        return max(max(map(_TIMESTAMP, records)), NO_TIMESTAMP)
+        null_keys = [i for i, key in enumerate(map(_KEY, records)) if key is None] if want_keys else []
+        return max(max(map(_TIMESTAMP, records)), NO_TIMESTAMP), null_keys
     except Exception:  # CorruptRecordException, UnicodeDecodeError (header keys), TypeError (None)
         return None
 
@@ -208,9 +233,10 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
             raise CorruptRecordError("varint longer than 10 bytes")
 
 
-def _scan_records(buf: bytes, pos: int, end: int, count: int) -> int:
+def _scan_records(buf: bytes, pos: int, end: int, count: int) -> tuple[int, list[int]]:
     """Walk ``count`` records in ``buf[pos:end]``: every field within its record, every record within
-    the payload, nothing after the last, offset deltas 0..count-1. Returns the largest timestamp delta.
+    the payload, nothing after the last, offset deltas 0..count-1. Returns the largest timestamp delta
+    and the indexes of records without a key.
 
     Varints of one byte (values -64..63: attributes, deltas, short keys, header counts) are read
     inline; two-byte ones (lengths up to 8 KiB) too; anything longer calls ``_read_varint``."""
@@ -218,6 +244,7 @@ def _scan_records(buf: bytes, pos: int, end: int, count: int) -> int:
     read = _read_varint
     max_delta = -(1 << 63)
     bad_offsets: list[tuple[int, str]] = []
+    null_keys: list[int] = []
     i = 0
     try:
         while i < count:
@@ -247,7 +274,7 @@ def _scan_records(buf: bytes, pos: int, end: int, count: int) -> int:
                 offset_delta, p = read(buf, p)
             if offset_delta != i:
                 bad_offsets.append((i, f"offset delta {offset_delta}, expected {i}"))
-            for _field in (0, 1):  # key, value: length (negative = null) and bytes
+            for field in (0, 1):  # key, value: length (negative = null) and bytes
                 b = buf[p]
                 if b < 0x80:
                     size = one[b]
@@ -260,6 +287,8 @@ def _scan_records(buf: bytes, pos: int, end: int, count: int) -> int:
                     size, p = read(buf, p)
                 if size > 0:
                     p += size
+                elif size < 0 and field == 0:
+                    null_keys.append(i)
             if buf[p]:
                 p = _skip_headers(buf, p, record_end, i)
             else:
@@ -282,7 +311,7 @@ def _scan_records(buf: bytes, pos: int, end: int, count: int) -> int:
             f"not follow 0, 1, 2, … (first: record {bad_offsets[0][0]}, {bad_offsets[0][1]})",
             tuple(bad_offsets),
         )
-    return max_delta
+    return max_delta, null_keys
 
 
 def _skip_headers(buf: bytes, p: int, record_end: int, index: int) -> int:

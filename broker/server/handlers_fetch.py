@@ -19,6 +19,7 @@ from typing import Any
 
 from broker.errors import BrokerError
 from broker.log.api import PartitionLog, wait_for_any
+from broker.protocol.compression import DEFAULT_DECOMPRESS_LIMIT
 from broker.protocol.kafka.fetch import FetchPartitionResponse, FetchResponse, FetchTopicResponse
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import decode_records, split_complete_batches
@@ -101,6 +102,9 @@ async def handle_fetch(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> F
 def _first_record_at_or_after(plog: PartitionLog, start: int, when: int) -> tuple[int, int] | None:
     """(offset, timestamp) of the first record at or after offset ``start`` with timestamp ≥ ``when``."""
     offset = start
+    # what Produce let in decompresses within max.message.bytes; batches stored before that rule, within
+    # the readers' default bound
+    limit = max(plog.config.max_message_bytes, DEFAULT_DECOMPRESS_LIMIT)
     while offset < plog.high_watermark:
         data = plog.read(offset, 1)  # at least one whole batch
         headers, _ = split_complete_batches(data)
@@ -109,7 +113,7 @@ def _first_record_at_or_after(plog: PartitionLog, start: int, when: int) -> tupl
         pos = 0
         view = memoryview(data)
         for header in headers:
-            for record in decode_records(view[pos : pos + header.size], header):
+            for record in decode_records(view[pos : pos + header.size], header, limit=limit):
                 if record.offset >= start and record.timestamp >= when:
                     return record.offset, record.timestamp
             pos += header.size

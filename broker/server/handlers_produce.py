@@ -31,9 +31,10 @@ async def _durable(marks: list[tuple[PartitionLog, int]]) -> None:
         await plog.wait_durable(mark)
 
 
-def _max_message_bytes(plog: PartitionLog) -> int:
-    """The topic's max.message.bytes: the one place Produce reads it (the topic config owns it)."""
-    return plog.config.max_message_bytes
+def _topic_rules(plog: PartitionLog) -> tuple[int, bool]:
+    """The topic's max.message.bytes and whether it is compacted (records need keys): the one place
+    Produce reads the topic config, which owns them."""
+    return plog.config.max_message_bytes, plog.config.compact
 
 
 def _append_one(
@@ -47,7 +48,8 @@ def _append_one(
     try:
         if not records:
             raise InvalidRecordError("Produce requests must have one complete record batch per partition")
-        accepted = validate_produce_batch(records, _max_message_bytes(plog))
+        max_message_bytes, compacted = _topic_rules(plog)
+        accepted = validate_produce_batch(records, max_message_bytes, compacted=compacted)
         header = accepted.header
         decision = ctx.producer_state.check(topic, partition, header)
         if decision.duplicate_of is not None:

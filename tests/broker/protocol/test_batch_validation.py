@@ -15,7 +15,7 @@ from broker.errors import (
     InvalidTimestampError,
     RecordTooLargeError,
 )
-from broker.protocol.batch_validation import _fast_max_timestamp, _scan_records, validate_produce_batch
+from broker.protocol.batch_validation import _fast_scan, _scan_records, validate_produce_batch
 from broker.protocol.records import Compression, RecordSpec, decode_records, encode_batch, verify_batch
 
 LIMIT = 1024 * 1024 + 12
@@ -120,6 +120,17 @@ def test_log_append_time_from_a_producer_is_an_invalid_timestamp_for_every_recor
     assert [index for index, _ in error.record_errors] == [0, 1, 2]
 
 
+@pytest.mark.parametrize("codec", [Compression.NONE, Compression.LZ4])
+def test_a_compacted_topic_refuses_records_without_a_key(codec: Compression) -> None:
+    batch = encode_batch([RecordSpec(b"a", key=b"k"), RecordSpec(b"b"), RecordSpec(b"c", key=b"")], compression=codec)
+    assert validate_produce_batch(batch, LIMIT).data == batch  # not compacted: fine
+    with pytest.raises(InvalidRecordError) as info:
+        validate_produce_batch(batch, LIMIT, compacted=True)
+    assert type(info.value) is InvalidRecordError
+    assert [index for index, _ in info.value.record_errors] == [1]  # an empty key is a key
+    assert "without key" in str(info.value)
+
+
 @pytest.mark.parametrize("codec", list(Compression))
 def test_a_wrong_max_timestamp_is_corrected_as_kafka_does(codec: Compression) -> None:
     batch = edited(encode_batch(specs(3), compression=codec), ">q", 35, TS + 10**9)
@@ -171,14 +182,14 @@ def test_any_resealed_byte_change_is_refused_or_stays_decodable(case: tuple[byte
     mutated[61 + where % (len(batch) - 61)] = value
     data = reseal(mutated)
     count = struct.unpack_from(">i", data, 57)[0]
-    fast = _fast_max_timestamp(data, count)
+    fast = _fast_scan(data, count, True)
     try:
-        exact = _scan_records(data, 61, len(data), count)
+        exact, null_keys = _scan_records(data, 61, len(data), count)
     except InvalidRecordError:
         assert fast is None
     else:
         base = struct.unpack_from(">q", data, 27)[0]
-        assert fast is None or fast == max(base + exact, -1)
+        assert fast is None or fast == (max(base + exact, -1), null_keys)
     try:
         accepted = validate_produce_batch(data, LIMIT)
     except InvalidRecordError:

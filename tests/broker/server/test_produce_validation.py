@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import cramjam
 import crc32c
+import pytest
 
+from broker.groups.coordinator import GroupCoordinator
+from broker.groups.offsets import MemoryOffsetStore
+from broker.log.config import TopicConfig
+from broker.log.memory import MemoryLogStore
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import Compression, RecordSpec, encode_batch
-from broker.server.kafka import KafkaServer
+from broker.server.kafka import KafkaServer, KafkaServerConfig
 from tests.broker.server.conftest import SluiceProcess
 from tests.broker.server.raw_client import RawClient
 from tests.broker.server.test_kafka_server import fetch_values, produce, records, server
@@ -122,3 +129,37 @@ def test_real_clients_compressed_batches_pass_validation(tmp_path: Path, sluice_
         consumer.close()
     assert sorted(got) == sorted(expected)
     assert "rejected record batch" not in server.log_text()
+
+
+@pytest.fixture
+async def local_server() -> AsyncIterator[KafkaServer]:
+    """Advertised at 127.0.0.1, for a real client to connect to in-process."""
+    coordinator = GroupCoordinator(MemoryOffsetStore())
+    await coordinator.start()
+    srv = KafkaServer(MemoryLogStore(default_partitions=1), coordinator,
+                      KafkaServerConfig(port=0, advertised_host="127.0.0.1"))
+    await srv.start()
+    yield srv
+    await srv.stop()
+    await coordinator.stop()
+
+
+async def test_a_compacted_topic_refuses_keyless_records_from_librdkafka(local_server: KafkaServer) -> None:
+    """confluent-kafka produces one keyed and one keyless record to a compacted topic: Kafka refuses
+    the keyless one's batch with INVALID_RECORD, and so does Sluice."""
+    from confluent_kafka import KafkaError, Producer
+
+    local_server.ctx.store.create_topic("compacted", 1, TopicConfig().with_kafka_configs({"cleanup.policy": "compact"}))
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{local_server.port}", "linger.ms": 0, "retries": 0,
+                         "enable.idempotence": False})
+    reports: dict[bytes, int] = {}
+
+    def delivered(err: KafkaError | None, msg: Any) -> None:
+        reports[msg.value()] = err.code() if err is not None else 0
+
+    producer.produce("compacted", b"keyed", key=b"k", on_delivery=delivered)
+    assert await asyncio.to_thread(producer.flush, 10) == 0
+    producer.produce("compacted", b"keyless", on_delivery=delivered)
+    assert await asyncio.to_thread(producer.flush, 10) == 0
+    assert reports == {b"keyed": 0, b"keyless": KafkaError.INVALID_RECORD}
+    assert local_server.ctx.store.partition("compacted", 0).high_watermark == 1
