@@ -129,6 +129,8 @@ class MqttSettings(BaseModel):
     session_expiry_s: int = Field(default=86_400, ge=0, le=0xFFFFFFFF)  # 3.1.1 clean session = 0 sessions
     max_session_expiry_s: int = Field(default=86_400, ge=0, le=0xFFFFFFFF)  # cap on MQTT 5 Session Expiry
     connect_timeout_s: float = 10.0
+    max_connections: int = Field(default=10_000, ge=0)  # open at once; more are closed at accept (0 = no limit)
+    max_connections_per_address: int = Field(default=0, ge=0)  # open at once from one client IP (0 = no limit)
     protocol_versions: list[int] = Field(default_factory=lambda: [4, 5])  # 4 = MQTT 3.1.1, 5 = MQTT 5.0
     backlog: int = 4096
     bridges: list[MqttBridgeSettings] = Field(default_factory=list)
@@ -152,6 +154,8 @@ class TcpSettings(BaseModel):
     idle_timeout_s: float = 300.0  # close connections silent for this long (0 = never)
     read_bytes: int = 64 * 1024  # bytes read per batch of lines
     backlog: int = 4096
+    max_connections: int = Field(default=10_000, ge=0)  # all TCP listeners together; more are closed (0 = no limit)
+    max_connections_per_address: int = Field(default=0, ge=0)  # open at once from one client IP (0 = no limit)
     listeners: list[TcpListenerSettings] = Field(default_factory=list)
 
 

@@ -19,6 +19,8 @@ Series (``_total`` is added to counters by the exposition format):
   ``sluice_mqtt_messages_in``, ``sluice_mqtt_bytes_in``, ``sluice_mqtt_messages_delivered``,
   ``sluice_mqtt_deliveries_dropped``, ``sluice_mqtt_duplicates``, ``sluice_mqtt_protocol_errors``,
   ``sluice_mqtt_refused_logins``, ``sluice_mqtt_queue_drops``, ``sluice_mqtt_sessions_expired``,
+  ``sluice_mqtt_connections_refused{reason}`` (and ``sluice_tcp_connections_refused{reason}``: connection
+  caps, ``reason`` = ``max_connections`` | ``max_connections_per_address``),
   ``sluice_mqtt_append_errors``, ``sluice_mqtt_wills_published``, ``sluice_mqtt_read_pauses``.
 - ``sluice_bridge_connected{bridge,broker}`` (gauge 0/1), ``sluice_bridge_last_message_age_seconds``
   (gauge, absent before the first message), counters ``sluice_bridge_messages``, ``sluice_bridge_bytes``,
@@ -41,10 +43,12 @@ from broker.server.stats import KafkaStats
 from sluice.runtime import Runtime
 
 if TYPE_CHECKING:
+    from ingest.admission import Admission
     from ingest.bridge import MqttBridge
     from ingest.mqtt.hub import Hub
 
 __all__ = [
+    "AdmissionCollector",
     "BridgeCollector",
     "KafkaCollector",
     "MqttCollector",
@@ -143,6 +147,7 @@ def mqtt_status(hub: Hub, endpoint: str | None = None) -> dict[str, Any]:
         "offline_sessions": offline,
         "subscriptions": len(hub.tree),
         "retained_messages": len(hub.retained),
+        "connections_refused": sum(hub.admission.refused.values()),
         **asdict(hub.stats),
     }
 
@@ -164,6 +169,24 @@ _MQTT_COUNTERS = (
 )
 
 
+class AdmissionCollector(Collector):
+    """A device front door's connection caps (``ingest.admission.Admission``): refusals by reason."""
+
+    def __init__(self, door: str, admission: Admission) -> None:
+        self.door = door
+        self.admission = admission
+
+    def collect(self) -> Iterator[Metric]:
+        refused = CounterMetricFamily(
+            f"sluice_{self.door}_connections_refused",
+            f"{self.door.upper()} connections closed at accept for a connection cap, by the setting reached",
+            labels=["reason"],
+        )
+        for reason in ("max_connections", "max_connections_per_address"):
+            refused.add_metric([reason], self.admission.refused.get(reason, 0))
+        yield refused
+
+
 class MqttCollector(Collector):
     """The MQTT listener's hub: live sizes as gauges, ``HubStats`` as counters."""
 
@@ -171,6 +194,7 @@ class MqttCollector(Collector):
         self.hub = hub
 
     def collect(self) -> Iterator[Metric]:
+        yield from AdmissionCollector("mqtt", self.hub.admission).collect()
         status = mqtt_status(self.hub)
         yield GaugeMetricFamily("sluice_mqtt_connections", "Open MQTT connections", value=status["connections"])
         yield GaugeMetricFamily("sluice_mqtt_sessions", "MQTT sessions (connected or kept)", value=status["sessions"])

@@ -7,11 +7,14 @@ health registry.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
+from ingest.admission import Admission, ConnectionLimits
 from ingest.file.source import FileSource, FileSourceConfig, PositionStore
 from ingest.routing import KeySpec, RouteRule, TimeSpec
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
+from sluice.front_metrics import AdmissionCollector, publish_collector
 from sluice.ingest_wiring import ingest_core
 from sluice.runtime import Runtime
 
@@ -42,7 +45,11 @@ class TcpIngestComponent:
         configs = [base]
         for extra in tcp.listeners:
             configs.append(replace(base, name=extra.name, port=extra.port, format=extra.format, ack=extra.ack))
-        self.listeners = [TcpLineListener(c, core.sink, core.health) for c in configs]
+        # One admission for every TCP listener: the caps count their connections together.
+        self.admission = Admission("TCP", ConnectionLimits(tcp.max_connections, tcp.max_connections_per_address),
+                                   logging.getLogger("ingest.tcp"))
+        self.listeners = [TcpLineListener(c, core.sink, core.health, admission=self.admission) for c in configs]
+        publish_collector(runtime, AdmissionCollector("tcp", self.admission))
 
     async def start(self) -> None:
         for listener in self.listeners:

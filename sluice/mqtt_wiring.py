@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hmac
 
+from ingest.admission import ConnectionLimits
 from ingest.bridge import BridgeConfig, MqttBridge
 from ingest.mqtt.hub import Authenticator, Hub, HubConfig
 from ingest.mqtt.listener import MqttListener, SinkPort
@@ -54,6 +55,7 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
         connect_timeout_s=settings.connect_timeout_s,
         backlog_high_bytes=core.sink.max_pending_bytes,
         protocol_versions=tuple(settings.protocol_versions),
+        connection_limits=ConnectionLimits(settings.max_connections, settings.max_connections_per_address),
     )
     hub = Hub(SinkPort(core.sink, MQTT_SOURCE), config, _password_check(settings.users) if settings.users else None)
     runtime.registries["mqtt"] = hub

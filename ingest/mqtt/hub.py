@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from ingest.admission import Admission, ConnectionLimits
 from ingest.mqtt.packets import MQTT_5, MQTT_311, Publish, Subscription, Will
 from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
 
@@ -69,6 +70,7 @@ class HubConfig:
     backlog_high_bytes: int = 64 * 1024 * 1024
     max_write_buffer: int = 4 * 1024 * 1024  # QoS 0 deliveries beyond this to a slow client are dropped
     protocol_versions: tuple[int, ...] = (MQTT_311, MQTT_5)
+    connection_limits: ConnectionLimits = ConnectionLimits()  # refused at accept beyond these (admission.py)
 
 
 @dataclass(slots=True)
@@ -99,7 +101,11 @@ class Hub:
     tree: SubscriptionTree[SessionState, Subscription] = field(default_factory=SubscriptionTree)
     retained: RetainedStore = field(default_factory=RetainedStore)
     stats: HubStats = field(default_factory=HubStats)
+    admission: Admission = field(init=False)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.admission = Admission("MQTT", self.config.connection_limits, log)
 
     # ------------------------------------------------------------------ connect / sessions
     @property

@@ -4,6 +4,8 @@ Rules
 -----
 States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost socket all lead to CLOSED).
 
+* Admission: beyond the hub's connection caps (total, per client address) a socket is closed as soon as
+  it is accepted, before CONNECT is read (as Mosquitto does at max_connections); see ``ingest/admission.py``.
 * NEW accepts only CONNECT (the codec refuses any other first byte: the socket is closed without an answer).
   A protocol level we do not accept gets CONNACK 0x01 in 3.1.1 format (levels < 5) or 0x84 in 5.0 format,
   then close. An empty client id is refused (3.1.1, 0x02) unless the session is clean; under 5.0 one is
@@ -111,6 +113,8 @@ class MqttConnection(asyncio.BufferedProtocol):
     """One client socket: decodes packets, drives the rules above, writes answers."""
 
     __slots__ = (
+        "_address",
+        "_admitted",
         "_aliases",
         "_arrival_ms",
         "_batch",
@@ -152,10 +156,19 @@ class MqttConnection(asyncio.BufferedProtocol):
         self._queue: deque[list[Accepted]] | None = None
         self._queued = 0
         self._will: Will | None = None
+        self._address = "?"
+        self._admitted = False
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        peer = transport.get_extra_info("peername")
+        self._address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if self.hub.admission.admit(self._address) is not None:  # over a connection cap: closed unread
+            self.state = _CLOSED
+            transport.close()
+            return
+        self._admitted = True
         self.last_rx = time.monotonic()
         self.hub.connections.add(self)
         self.hub.stats.connections_total += 1
@@ -195,6 +208,10 @@ class MqttConnection(asyncio.BufferedProtocol):
             self._protocol_error(self.decoder.error)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self._admitted:
+            return
+        self._admitted = False
+        self.hub.admission.release(self._address)
         was_connected = self.state == _CONNECTED
         self.state = _CLOSED
         self.hub.connections.discard(self)

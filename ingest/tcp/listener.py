@@ -16,7 +16,9 @@ cannot take the batch at all the server writes ``FATAL <reason>`` and closes the
 after the last ``ACK`` were not stored. Without ack mode the server never writes to the socket.
 
 A connection that sends nothing for ``idle_timeout_s`` is closed. Any error in one connection is
-logged and closes that connection only.
+logged and closes that connection only. Beyond the connection caps (``ingest/admission.py``: total and
+per client address, shared by the TCP listeners of one Sluice) a new connection is closed unread; in ack
+mode it first gets ``FATAL too many connections (<setting> reached)``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ingest.admission import Admission
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
 from ingest.routing import SourceRef
@@ -92,10 +95,12 @@ class TcpLineListener:
         health: HealthRegistry,
         *,
         clock: Callable[[], float] = time.time,
+        admission: Admission | None = None,
     ) -> None:
         self.config = config
         self.sink = sink
         self.health = health
+        self.admission = admission if admission is not None else Admission("TCP", log=log)  # may be shared
         self.source = SourceRef("tcp", config.name, payload_format(config.format))
         self._clock = clock
         self._server: asyncio.Server | None = None
@@ -149,10 +154,17 @@ class TcpLineListener:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        reason = self.admission.admit(address)
+        if reason is not None:  # over a connection cap: closed unread (ack mode is told why first)
+            if self.config.ack:
+                writer.write(f"FATAL too many connections ({reason} reached)\n".encode())
+            writer.close()
+            return
         self._connections.add(task)
         self._writers.add(writer)
         self.health.connection_opened(self.source)
-        peer = writer.get_extra_info("peername")
         try:
             await self._serve(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -169,6 +181,7 @@ class TcpLineListener:
         except Exception:
             log.exception("tcp connection failed", extra={"listener": self.config.name, "peer": str(peer)})
         finally:
+            self.admission.release(address)
             self.health.connection_closed(self.source)
             self._writers.discard(writer)
             self._connections.discard(task)

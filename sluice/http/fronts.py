@@ -48,6 +48,7 @@ class MqttListenerStatus(BaseModel):
     subscriptions: int
     retained_messages: int
     connections_total: int
+    connections_refused: int = Field(0, description="Connections closed at accept for a connection cap")
     messages_in: int
     bytes_in: int
     duplicates: int
