@@ -48,6 +48,7 @@ class StorageSettings(BaseModel):
     default_partitions: int = 1
     auto_create_topics: bool = True
     retention_check_interval_s: float = 60.0
+    cleaner_interval_s: float = 15.0  # log compaction passes (Kafka's log.cleaner.backoff.ms)
 
     def topic_defaults(self) -> TopicConfig:
         return TopicConfig(

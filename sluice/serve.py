@@ -17,6 +17,7 @@ from pathlib import Path
 
 from broker.errors import StorageError
 from broker.log.api import LogStore
+from broker.log.cleaner import LogCleaner
 from broker.log.memory import MemoryLogStore
 from broker.log.segment import SegmentLogStore
 from sluice.components import build_components
@@ -74,6 +75,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     runtime = Runtime(settings, store)
     started: list[Component] = []
     retention = asyncio.create_task(_retention_loop(store, settings.storage.retention_check_interval_s))
+    cleaner = asyncio.create_task(LogCleaner(store).run(settings.storage.cleaner_interval_s))
     try:
         for component in build_components(runtime):
             await component.start()
@@ -84,6 +86,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         log.info("shutting down")
     finally:
         retention.cancel()
+        cleaner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await cleaner  # no rename may land after the store closes
         for component in reversed(started):
             try:
                 await component.stop()

@@ -53,6 +53,7 @@ _NOTES = {
     "storage.default_partitions": "partitions of auto-created topics",
     "storage.auto_create_topics": "create unknown topics on first produce/metadata",
     "storage.retention_check_interval_s": "how often retention runs",
+    "storage.cleaner_interval_s": "pause between log-compaction passes over `cleanup.policy=compact` topics",
     "kafka.enabled": "Kafka wire protocol listener",
     "kafka.port": "Kafka protocol port (0 = a free port)",
     "kafka.max_request_bytes": "larger requests close the connection",

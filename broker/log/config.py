@@ -104,6 +104,12 @@ class TopicConfig:
         """Retention by time and size applies (a compact-only topic is never trimmed)."""
         return "delete" in self.cleanup_policy.split(",")
 
+    @property
+    def max_segment_ms(self) -> int:
+        """Roll age: a compacted topic rolls by max.compaction.lag.ms too, so the active segment (never
+        cleaned) cannot hold records past that lag (Kafka's LogConfig.maxSegmentMs)."""
+        return min(self.segment_ms, self.max_compaction_lag_ms) if self.compact else self.segment_ms
+
     # -- Kafka names ---------------------------------------------------------------------------
 
     def with_kafka_configs(self, configs: Mapping[str, str | None]) -> TopicConfig:

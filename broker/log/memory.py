@@ -77,6 +77,8 @@ class MemoryPartitionLog(PartitionLog):
 
     def enforce_retention(self, now_ms: int) -> int:
         removed = 0
+        if not self.config.delete:
+            return 0  # cleanup.policy=compact: never trimmed by time or size
         retention_ms = self.config.retention_ms
         retention_bytes = self.config.retention_bytes
         # Keep the newest batch so the high watermark stays anchored (like Kafka's active segment).

@@ -170,7 +170,7 @@ class SegmentPartitionLog(PartitionLog):
             return False
         return (
             seg.size + incoming > min(self.config.segment_bytes, MAX_SEGMENT_BYTES)
-            or now - seg.created_ms >= self.config.segment_ms
+            or now - seg.created_ms >= self.config.max_segment_ms
             or header.last_offset - seg.base_offset > MAX_RELATIVE_OFFSET
         )
 
@@ -336,6 +336,8 @@ class SegmentPartitionLog(PartitionLog):
 
     def enforce_retention(self, now_ms: int) -> int:
         removed = 0
+        if not self.config.delete:
+            return 0  # cleanup.policy=compact: the cleaner keeps it small, never time or size
         retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
         while len(self._segments) > 1:
             seg = self._segments[0]
@@ -357,6 +359,33 @@ class SegmentPartitionLog(PartitionLog):
                 "partition": f"{self.topic}-{self.partition}", "bytes": removed,
                 "log_start_offset": self.log_start_offset})
         return removed
+
+
+    # -- compaction hooks (broker/log/cleaner.py) ---------------------------------------------
+
+    def cleanable_segments(self) -> list[Segment]:
+        """Closed segments, oldest first, up to the first one with an fsync pending (never the active one)."""
+        out: list[Segment] = []
+        for seg in self._segments[:-1]:
+            if seg.busy:
+                break
+            out.append(seg)
+        return out
+
+    def can_replace(self, old: Segment) -> bool:
+        """``old`` is still a closed segment of this open partition with no fsync in flight."""
+        return (not self._closed and self._failed is None and not old.busy
+                and any(seg is old for seg in self._segments[:-1]))
+
+    def replace_segment(self, old: Segment, new: Segment) -> None:
+        """Put ``new`` (same base offset; its files already renamed over ``old``'s) in ``old``'s place.
+        Reads are synchronous, so none is half on each; ``old``'s descriptors (of the replaced files) close."""
+        i = next(j for j, seg in enumerate(self._segments) if seg is old)
+        self._segments[i] = new
+        self._size += new.size - old.size
+        if self._open_closed.pop(old.base_offset, None) is not None:
+            self._open_closed[new.base_offset] = new
+        old.close()
 
 
 def _fsync_all(targets: list[tuple[int, bool]]) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "RecordTuple",
     "encode_batch",
     "encode_record_tuples",
+    "reencode_batch",
     "iter_batches",
     "split_complete_batches",
     "unpack_header",
@@ -455,3 +456,41 @@ def decode_all(buf: bytes | memoryview) -> list[Record]:
         out.extend(decode_records(view[pos : pos + header.size], header))
         pos += header.size
     return out
+
+
+def reencode_batch(
+    header: BatchHeader, records: Sequence[Record], *, compression: Compression | None = None
+) -> bytes:
+    """A batch with ``header``'s offsets, producer fields and attributes holding only ``records``
+    (each keeping its own offset and timestamp), compressed with ``compression`` (default: as before).
+
+    For the log cleaner (records dropped, offsets kept: the batch still spans base..last offset, so
+    the log stays dense and consumers skip the gaps) and for ``compression.type`` (same records, another
+    codec). No records gives an empty batch, which Kafka clients step over."""
+    codec = header.compression if compression is None else compression
+    base_ts = header.base_timestamp
+    body = bytearray()
+    for rec in records:
+        key, value = rec.key, rec.value
+        inner = b"".join((
+            b"\x00",
+            _varint(rec.timestamp - base_ts),
+            _varint(rec.offset - header.base_offset),
+            _varint(-1) if key is None else _varint(len(key)) + key,
+            _varint(-1) if value is None else _varint(len(value)) + value,
+            _varint(len(rec.headers)),
+            *(_encode_header(hkey, hvalue) for hkey, hvalue in rec.headers),
+        ))
+        body += _varint(len(inner))
+        body += inner
+    payload = _compress(codec, bytes(body)) if records else b""
+    attributes = (header.attributes & ~ATTR_COMPRESSION_MASK) | (int(codec) if records else 0)
+    if header.attributes & ATTR_LOG_APPEND_TIME or not records:
+        max_ts = header.max_timestamp
+    else:
+        max_ts = max(rec.timestamp for rec in records)
+    after_crc = _AFTER_CRC.pack(attributes, header.last_offset_delta, base_ts, max_ts, header.producer_id,
+                                header.producer_epoch, header.base_sequence, len(records)) + payload
+    batch_length = BATCH_HEADER_SIZE - LOG_OVERHEAD + len(payload)
+    return _BEFORE_CRC.pack(header.base_offset, batch_length, header.partition_leader_epoch, MAGIC_V2,
+                            crc32c.crc32c(after_crc)) + after_crc

@@ -1,0 +1,149 @@
+"""Log compaction on the segment store: latest per key, offsets kept, tombstones, lags, restarts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from broker.log.cleaner import LogCleaner
+from broker.log.config import TopicConfig
+from broker.log.segment import SegmentLogStore, SegmentPartitionLog
+from broker.protocol.records import RecordSpec, decode_records, encode_batch, iter_batches
+from tests.broker.log.helpers import FakeClock, open_store
+
+COMPACT = TopicConfig(segment_bytes=1024, index_interval_bytes=128).with_kafka_configs(
+    {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "60000",
+     "flush.policy": "os"})
+Seen = dict[int, tuple[bytes | None, bytes | None]]
+
+
+def read_like_a_consumer(log: SegmentPartitionLog) -> Seen:
+    """offset -> (key, value) of every record, stepping over batches as consumers do (last offset + 1)."""
+    out: Seen = {}
+    offset = log.log_start_offset
+    while offset < log.high_watermark:
+        data = log.read(offset, 4096)
+        assert data, f"nothing at {offset} below {log.high_watermark}"
+        for pos, header in iter_batches(data):
+            for record in decode_records(memoryview(data)[pos : pos + header.size], header):
+                if record.offset >= offset:
+                    out[record.offset] = (record.key, record.value)
+            offset = header.last_offset + 1
+    return out
+
+
+async def produce(store: SegmentLogStore, topic: str, pairs: Sequence[tuple[bytes, bytes | None]]) -> None:
+    for key, value in pairs:
+        await store.append(topic, 0, encode_batch([RecordSpec(value, key=key)], timestamp=1_700_000_000_000))
+
+
+def latest_per_key(seen: Seen) -> dict[bytes | None, tuple[int, bytes | None]]:
+    latest: dict[bytes | None, tuple[int, bytes | None]] = {}
+    for offset in sorted(seen):
+        key, value = seen[offset]
+        latest[key] = (offset, value)
+    return latest
+
+
+def part(store: SegmentLogStore, topic: str = "c") -> SegmentPartitionLog:
+    log = store.partition(topic, 0)
+    assert isinstance(log, SegmentPartitionLog)
+    return log
+
+
+async def test_cleaner_keeps_latest_per_key_with_offsets_and_survives_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    store = await open_store(tmp_path, clock=clock)
+    store.create_topic("c", 1, COMPACT)
+    pairs = [(b"k%d" % (i % 7), b"v%d-%s" % (i, b"x" * 40)) for i in range(300)]
+    await produce(store, "c", pairs)
+    log = part(store)
+    before = read_like_a_consumer(log)
+    hw, segments = log.high_watermark, log.segment_count
+    assert segments > 10
+    await store.flush()
+
+    stats = await LogCleaner(store, clock=clock).clean_once()
+    assert len(stats) == 1 and stats[0].records_removed > 0
+    after = read_like_a_consumer(log)
+    assert log.high_watermark == hw and log.log_start_offset == 0
+    assert latest_per_key(after) == latest_per_key(before)  # nothing a consumer needs is lost
+    assert all(before[offset] == kv for offset, kv in after.items())  # offsets never change
+    assert len(after) < len(before) // 3
+    # Within the cleaned segments exactly one record per key remains.
+    cleaned_end = log.cleanable_segments()[-1].end_offset
+    cleaned_keys = [kv[0] for offset, kv in after.items() if offset < cleaned_end]
+    assert len(cleaned_keys) == len(set(cleaned_keys))
+
+    await store.append("c", 0, encode_batch([RecordSpec(b"new", key=b"k1")]))
+    await store.close()
+    with caplog.at_level(logging.WARNING):
+        reopened = await open_store(tmp_path, clock=clock)
+    assert "truncated" not in caplog.text
+    again = read_like_a_consumer(part(reopened))
+    assert {o: kv for o, kv in again.items() if o < hw} == after
+    assert again[hw] == (b"k1", b"new")
+    await reopened.close()
+
+
+async def test_tombstones_go_after_delete_retention(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = await open_store(tmp_path, clock=clock)
+    store.create_topic("c", 1, COMPACT)
+    await produce(store, "c", [(b"gone", b"value"), (b"kept", b"value")])
+    await produce(store, "c", [(b"gone", None)])
+    await produce(store, "c", [(b"filler-%d" % i, b"y" * 200) for i in range(20)])  # roll past them
+    await store.flush()
+    log = part(store)
+    cleaner = LogCleaner(store, clock=clock)
+
+    await cleaner.clean_once()
+    values = {kv[0]: kv[1] for kv in read_like_a_consumer(log).values()}
+    assert values[b"gone"] is None  # the tombstone stays for delete.retention.ms ...
+    assert b"value" not in [v for k, v in values.items() if k == b"gone"]
+
+    clock.now += 61  # ... and goes after it, even though nothing new made the log dirty
+    stats = await cleaner.clean_once()
+    assert stats and stats[0].tombstones_removed == 1
+    keys = [kv[0] for kv in read_like_a_consumer(log).values()]
+    assert b"gone" not in keys and b"kept" in keys
+    await store.close()
+
+
+async def test_min_compaction_lag_and_dirty_ratio_hold_cleaning_back(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = await open_store(tmp_path, clock=clock)
+    config = COMPACT.with_kafka_configs({"min.compaction.lag.ms": "10000", "min.cleanable.dirty.ratio": "0.9"})
+    store.create_topic("c", 1, config)
+    await produce(store, "c", [(b"k", b"v%d-%s" % (i, b"x" * 100)) for i in range(60)])
+    await store.flush()
+    cleaner = LogCleaner(store, clock=clock)
+    assert await cleaner.clean_once() == []  # younger than the lag
+    clock.now += 11
+    assert len(await cleaner.clean_once()) == 1
+    await produce(store, "c", [(b"k", b"more-%d-%s" % (i, b"x" * 100)) for i in range(10)])
+    await store.flush()
+    clock.now += 11
+    assert await cleaner.clean_once() == []  # a little dirt on a clean log: below the 0.9 ratio
+    await store.close()
+
+
+async def test_compact_only_topics_are_never_trimmed(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = await open_store(tmp_path, clock=clock)
+    store.create_topic("c", 1, COMPACT.with_kafka_configs({"retention.ms": "1", "retention.bytes": "10"}))
+    store.create_topic("both", 1, COMPACT.with_kafka_configs({"cleanup.policy": "compact,delete",
+                                                              "retention.ms": "1"}))
+    for topic in ("c", "both"):
+        await produce(store, topic, [(b"k%d" % i, b"x" * 100) for i in range(40)])
+    await store.flush()
+    clock.now += 10
+    store.enforce_retention()
+    assert part(store, "c").log_start_offset == 0
+    assert part(store, "both").log_start_offset > 0
+    await store.close()
