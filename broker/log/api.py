@@ -30,7 +30,14 @@ from broker.errors import (
 )
 from broker.log.config import TopicConfig, validate_topic_name
 from broker.log.partitioner import StickyPartitioner, partition_for_key
-from broker.protocol.records import BatchHeader, RecordSpec, encode_batch, iter_batches, with_base_offset
+from broker.protocol.records import (
+    BatchHeader,
+    RecordSpec,
+    encode_batch,
+    iter_batches,
+    recompress_batches,
+    with_base_offset,
+)
 
 __all__ = ["MAX_PARTITIONS", "AppendResult", "LogStore", "PartitionLog", "TopicInfo", "wait_for_any"]
 
@@ -184,7 +191,8 @@ class PartitionLog(ABC):
                 f"record batch of {len(data)} bytes exceeds max.message.bytes={self.config.max_message_bytes} "
                 f"for {self.topic}-{self.partition}"
             )
-        view = memoryview(data)
+        codec = self.config.recompress_to
+        view = memoryview(data if codec is None else recompress_batches(data, codec))
         parsed = list(iter_batches(view))
         next_offset = self.high_watermark
         stored: list[tuple[bytearray, BatchHeader]] = []

@@ -181,6 +181,10 @@ class LogCleaner:
 
     async def clean_partition(self, plog: SegmentPartitionLog) -> CleanStats | None:
         started = time.monotonic()
+        if len(plog.cleanable_segments()) < plog.segment_count - 1:
+            # A rolled segment still waits for its fsync (under flush=os a roll during a running sync
+            # is only synced by the next one): sync now rather than leave it uncleanable.
+            await plog.flush()
         now = int(self._clock() * 1000)
         segments = self._due(plog, now)
         if not segments:

@@ -25,6 +25,7 @@ from enum import StrEnum
 
 from broker.errors import InvalidConfigError, InvalidTopicError
 from broker.log.config_defs import CONFIG_DEFS, LONG_MAX, SLUICE_CONFIGS, normalize
+from broker.protocol.records import Compression
 
 __all__ = ["KAFKA_CONFIG_NAMES", "FlushPolicy", "TopicConfig", "validate_kafka_configs", "validate_topic_name"]
 
@@ -57,6 +58,8 @@ _FIELDS: dict[str, str] = {
     "compression.type": "compression_type",
     "message.timestamp.type": "message_timestamp_type",
 }
+_CODECS = {"uncompressed": Compression.NONE, "gzip": Compression.GZIP, "snappy": Compression.SNAPPY,
+           "lz4": Compression.LZ4, "zstd": Compression.ZSTD}
 _FLUSH_NAMES = ("flush.policy", "flush.messages", "flush.ms")
 
 
@@ -103,6 +106,11 @@ class TopicConfig:
     def delete(self) -> bool:
         """Retention by time and size applies (a compact-only topic is never trimmed)."""
         return "delete" in self.cleanup_policy.split(",")
+
+    @property
+    def recompress_to(self) -> Compression | None:
+        """The codec appends are rewritten in (``compression.type``); None keeps batches as the producer sent."""
+        return None if self.compression_type == "producer" else _CODECS[self.compression_type]
 
     @property
     def max_segment_ms(self) -> int:

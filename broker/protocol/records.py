@@ -46,6 +46,7 @@ __all__ = [
     "RecordTuple",
     "encode_batch",
     "encode_record_tuples",
+    "recompress_batches",
     "reencode_batch",
     "iter_batches",
     "split_complete_batches",
@@ -483,7 +484,7 @@ def reencode_batch(
         ))
         body += _varint(len(inner))
         body += inner
-    payload = _compress(codec, bytes(body)) if records else b""
+    payload = compress(codec, bytes(body)) if records else b""
     attributes = (header.attributes & ~ATTR_COMPRESSION_MASK) | (int(codec) if records else 0)
     if header.attributes & ATTR_LOG_APPEND_TIME or not records:
         max_ts = header.max_timestamp
@@ -494,3 +495,21 @@ def reencode_batch(
     batch_length = BATCH_HEADER_SIZE - LOG_OVERHEAD + len(payload)
     return _BEFORE_CRC.pack(header.base_offset, batch_length, header.partition_leader_epoch, MAGIC_V2,
                             crc32c.crc32c(after_crc)) + after_crc
+
+
+def recompress_batches(
+    buf: bytes | bytearray | memoryview, codec: Compression
+) -> bytes | bytearray | memoryview:
+    """``buf`` with every data batch compressed with ``codec`` (a topic's ``compression.type``); batches
+    already in it, and control batches, are kept byte for byte. CRCs are checked before rewriting."""
+    view = memoryview(buf)
+    parts: list[bytes | memoryview] = []
+    changed = False
+    for pos, header in iter_batches(view):
+        batch = view[pos : pos + header.size]
+        if header.is_control or header.compression is codec:
+            parts.append(batch)
+            continue
+        parts.append(reencode_batch(header, decode_records(batch, header), compression=codec))
+        changed = True
+    return b"".join(parts) if changed else buf

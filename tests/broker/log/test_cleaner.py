@@ -11,7 +11,7 @@ import pytest
 from broker.log.cleaner import LogCleaner
 from broker.log.config import TopicConfig
 from broker.log.segment import SegmentLogStore, SegmentPartitionLog
-from broker.protocol.records import RecordSpec, decode_records, encode_batch, iter_batches
+from broker.protocol.records import Compression, RecordSpec, decode_records, encode_batch, iter_batches
 from tests.broker.log.helpers import FakeClock, open_store
 
 COMPACT = TopicConfig(segment_bytes=1024, index_interval_bytes=128).with_kafka_configs(
@@ -146,4 +146,19 @@ async def test_compact_only_topics_are_never_trimmed(tmp_path: Path) -> None:
     store.enforce_retention()
     assert part(store, "c").log_start_offset == 0
     assert part(store, "both").log_start_offset > 0
+    await store.close()
+
+
+@pytest.mark.parametrize(("setting", "expected"), [
+    ("zstd", Compression.ZSTD), ("uncompressed", Compression.NONE), ("producer", Compression.GZIP)])
+async def test_compression_type_recompresses_appends(tmp_path: Path, setting: str, expected: Compression) -> None:
+    store = await open_store(tmp_path)
+    store.create_topic("z", 1, TopicConfig().with_kafka_configs({"compression.type": setting}))
+    sent = [RecordSpec(b"value-%d" % i, key=b"k%d" % i, headers=(("h", b"x"),)) for i in range(50)]
+    await store.append("z", 0, encode_batch(sent, compression=Compression.GZIP, timestamp=1_700_000_000_000))
+    data = store.partition("z", 0).read(0, 1 << 20)
+    [(pos, header)] = list(iter_batches(data))
+    assert header.compression is expected
+    assert [(r.key, r.value, r.headers, r.offset) for r in decode_records(data, header)] == [
+        (s.key, s.value, s.headers, i) for i, s in enumerate(sent)]
     await store.close()
