@@ -128,7 +128,10 @@ class FileSource:
         self._stopping = asyncio.Event()
         self.finished = asyncio.Event()  # replay reached the end (or the source stopped)
         self.lines_written = 0
-        self.offset = 0
+        self.offset = 0  # byte offset of the next unread line (saved after each durable write)
+        self.read_offset = 0  # bytes of the current file read so far (a partial last line included)
+        self.files_opened = 0  # the file, then each file that replaced it (rotation, truncation)
+        self.following = asyncio.Event()  # set once the file is open and its start offset chosen
 
     async def start(self) -> None:
         self.health.register(self.source)
@@ -194,11 +197,14 @@ class FileSource:
             await f.seek(offset)
             read_offset = offset
             framer = LineFramer(config.max_line_bytes)
-            self.offset = offset
+            self.offset = self.read_offset = offset
+            self.files_opened += 1
+            self.following.set()
             while True:
                 data = await f.read(config.read_bytes)
                 if data:
                     read_offset += len(data)
+                    self.read_offset = read_offset
                     await self._write(framer.feed(data), stream, st, read_offset - framer.pending)
                     if self._stopping.is_set():
                         return False

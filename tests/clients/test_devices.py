@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import aiomqtt
@@ -73,6 +73,14 @@ async def ack_server() -> AsyncIterator[LineServer]:
     await server.stop()
 
 
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait for a condition the device's own task makes true (its state, not a fixed delay)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
 def test_parse_answer() -> None:
     assert parse_answer(b"ACK 12\n") == ("ACK", "12")
     assert parse_answer(b"ERR 3 json: bad\n") == ("ERR", "3 json: bad")
@@ -96,8 +104,8 @@ async def test_tcp_device_buffers_while_down_then_delivers(tmp_path: Path) -> No
     await dev.start()
     for i in range(20):
         await dev.send(f"line {i}")
-    await asyncio.sleep(0.1)
-    assert dev.stats.queued == 20 and dev.stats.sent == 0 and dev.stats.last_error
+    await until(lambda: dev.stats.last_error is not None)  # its connect attempt has failed
+    assert dev.stats.queued == 20 and dev.stats.sent == 0 and not dev.stats.connected
     server = LineServer(port, ack=True)
     await server.start()
     try:
@@ -193,8 +201,8 @@ async def test_mqtt_device_buffers_across_a_broker_restart(mosquitto: Mosquitto)
     mosquitto.stop()
     for i in range(5):
         await dev.send({"n": i})
-    await asyncio.sleep(0.3)
-    assert dev.stats.queued > 0
+    await until(lambda: dev.stats.disconnects >= 1)  # delivering failed: the device noticed the broker is gone
+    assert dev.stats.queued == 5 and dev.stats.sent == 0  # kept while the broker is down
     mosquitto.start()
     await dev.flush(timeout=10)
     await dev.close()

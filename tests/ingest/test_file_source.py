@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypedDict, Unpack
 
@@ -47,6 +48,13 @@ async def _wait(store: LogStore, topic: str, count: int) -> None:
         await asyncio.sleep(0.02)
 
 
+async def _until(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 15
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
 def _lines(start: int, stop: int) -> str:
     return "".join(json.dumps({"device_id": f"d{i % 3}", "ts": 1_700_000_000_000 + i, "i": i}) + "\n"
                    for i in range(start, stop))
@@ -85,11 +93,11 @@ async def test_tail_follows_appends_truncation_and_rotation(tmp_path: Path) -> N
     src = _source(store, tmp_path, path, rules=False, format="raw", mode="tail", start="end", poll_interval_s=0.02)
     await src.start()
     try:
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(src.following.wait(), 15)  # "end" is where the file ended when it was opened
         with path.open("a") as f:
             f.write("line one\nline tw")
             f.flush()
-            await asyncio.sleep(0.1)
+            await _until(lambda: src.read_offset == path.stat().st_size, "the partial line read")
             f.write("o\n")
         await _wait(store, "file", 2)
         assert [r.value for r in records(store, "file")] == [b"line one", b"line two"]
@@ -98,9 +106,10 @@ async def test_tail_follows_appends_truncation_and_rotation(tmp_path: Path) -> N
         path.write_text("after rotation\n")
         await _wait(store, "file", 3)
         assert records(store, "file")[-1].value == b"after rotation"
-        # truncation in place
+        assert src.files_opened == 2
+        # truncation in place: noticed (the file is followed from 0 again) before anything new is written
         path.write_text("")
-        await asyncio.sleep(0.1)
+        await _until(lambda: src.files_opened == 3, "the truncation noticed")
         path.write_text("fresh\n")
         await _wait(store, "file", 4)
         assert records(store, "file")[-1].value == b"fresh"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -12,9 +13,16 @@ from ingest.errors import SinkError
 from ingest.health import HealthRegistry
 from ingest.routing import RawMessage, RouteDefaults, Router, RouteRule, SourceRef
 from ingest.sink import DEFAULT_MAX_PENDING_BYTES, IngestSink
-from tests.ingest.conftest import SlowLogStore, records
+from tests.ingest.conftest import GatedLogStore, records
 
 TCP = SourceRef("tcp", "default", "json")
+
+
+async def _until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.001)
 
 
 def _sink(store: MemoryLogStore, *, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES) -> IngestSink:
@@ -88,21 +96,21 @@ async def test_dead_letter_failure_raises_so_the_caller_does_not_ack() -> None:
 
 
 async def test_write_returns_only_after_the_durable_append() -> None:
-    store = SlowLogStore(0.2)
+    store = GatedLogStore()  # the disk's flush waits for the gate
     sink = _sink(store)
     task = asyncio.create_task(sink.write(TCP, [RawMessage(b'{"device_id": "a"}')]))
-    await asyncio.sleep(0.05)
-    assert not task.done()  # the record is written but the slow fsync has not returned
+    await _until(lambda: store.has_topic("tcp") and store.partition("tcp", 0).high_watermark == 1)
+    assert not task.done()  # the record is written but its flush has not returned
     assert sink.pending_bytes > 0
+    store.gate.set()
     await task
     assert sink.pending_bytes == 0
 
 
 async def test_backpressure_bounds_pending_bytes_and_loses_nothing() -> None:
-    store = SlowLogStore(0.01)
+    store = GatedLogStore()
     sink = _sink(store, max_pending_bytes=10_000)
     peak = 0
-    writers_waiting = 0
 
     async def writer(w: int) -> None:
         for n in range(20):
@@ -110,17 +118,19 @@ async def test_backpressure_bounds_pending_bytes_and_loses_nothing() -> None:
             await sink.write(TCP, batch)
 
     async def watch() -> None:
-        nonlocal peak, writers_waiting
+        nonlocal peak
         while True:
             peak = max(peak, sink.pending_bytes)
-            writers_waiting = max(writers_waiting, len(sink._waiters))
             await asyncio.sleep(0)
 
     watcher = asyncio.create_task(watch())
-    await asyncio.gather(*(writer(w) for w in range(50)))
+    writers = asyncio.gather(*(writer(w) for w in range(50)))
+    await _until(lambda: sink.saturated and len(sink._waiters) > 0)  # the disk is stalled: writers queue up
+    assert sink.pending_bytes <= 10_000
+    store.gate.set()
+    await writers
     watcher.cancel()
     assert peak <= 10_000
-    assert writers_waiting > 0  # writers were made to wait
     assert len(records(store, "tcp")) == 50 * 20
     snap = sink.health.snapshot()[0]
     assert snap["pauses"] >= 1 and snap["paused_s"] > 0
@@ -135,16 +145,17 @@ async def test_a_write_larger_than_the_budget_goes_through_alone() -> None:
 
 
 async def test_cancelled_waiter_gives_back_nothing_it_did_not_take() -> None:
-    store = SlowLogStore(0.1)
+    store = GatedLogStore()
     sink = _sink(store, max_pending_bytes=200)
     first = asyncio.create_task(sink.write(TCP, [RawMessage(b'{"device_id": "a"}' + b" " * 100)]))
-    await asyncio.sleep(0.01)
+    await _until(lambda: sink.pending_bytes > 0)
     second = asyncio.create_task(sink.write(TCP, [RawMessage(b'{"device_id": "b"}' + b" " * 100)]))
-    await asyncio.sleep(0.01)
+    await _until(lambda: len(sink._waiters) == 1)
     assert sink.saturated
     second.cancel()
     with pytest.raises(asyncio.CancelledError):
         await second
+    store.gate.set()
     await first
     assert sink.pending_bytes == 0 and not sink.saturated
 
