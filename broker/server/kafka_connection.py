@@ -200,8 +200,8 @@ class KafkaConnection:
             self._reading.cancel()
 
     def _log_failure(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
+        if not task.done() or task.cancelled():
+            return  # not done: serve() was cancelled again while its tasks were ending (shutdown)
         exc = task.exception()
         if exc is None or isinstance(exc, ConnectionError):
             return
