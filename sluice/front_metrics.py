@@ -10,7 +10,8 @@ Series (``_total`` is added to counters by the exposition format):
 
 - ``sluice_kafka_connections{listener}`` (gauge), ``sluice_kafka_connections_accepted_total{listener}``,
   ``sluice_kafka_requests_total{api}``, ``sluice_kafka_produce_records_total``,
-  ``sluice_kafka_produce_bytes_total``, ``sluice_kafka_fetch_bytes_total``,
+  ``sluice_kafka_produce_bytes_total``, ``sluice_kafka_produce_storage_errors_total``,
+  ``sluice_kafka_fetch_bytes_total``,
   ``sluice_kafka_errors_total{code,error}``, ``sluice_kafka_connections_closed_bad_input_total``,
   ``sluice_kafka_connections_refused_total{reason}``, ``sluice_kafka_connections_closed_idle_total``,
   ``sluice_kafka_requests_cancelled_total``.
@@ -104,6 +105,11 @@ class KafkaCollector(Collector):
         )
         yield CounterMetricFamily(
             "sluice_kafka_produce_bytes", "Record batch bytes appended by Kafka Produce requests", value=s.produce_bytes
+        )
+        yield CounterMetricFamily(
+            "sluice_kafka_produce_storage_errors",
+            "Produce partitions answered KAFKA_STORAGE_ERROR (a write or its fsync failed)",
+            value=s.produce_storage_errors,
         )
         yield CounterMetricFamily(
             "sluice_kafka_fetch_bytes", "Record batch bytes returned by Kafka Fetch responses", value=s.fetch_bytes

@@ -83,6 +83,7 @@ class SegmentPartitionLog(PartitionLog):
         self._dir_dirty = False
         self._dir_fd: int | None = None
         self._failed: StorageError | None = None
+        self._write_failing = False  # a write failed and none has fully succeeded since (logged once)
         self._closed = False
         self._open_closed: OrderedDict[int, Segment] = OrderedDict()
         self.recovery_point = point
@@ -121,9 +122,14 @@ class SegmentPartitionLog(PartitionLog):
         if self._closed:
             raise StorageError(f"partition {self.topic}-{self.partition} is closed")
         now = self._now_ms()
+        whole = True  # every byte and index entry written: ends a run of failures
         for data, header in batches:
             if self._should_roll(len(data), header, now):
-                self._roll(now)
+                try:
+                    self._roll(now)
+                except StorageError as exc:
+                    self._log_write_failure(str(exc))
+                    raise
             seg = self._active
             position = seg.size
             assert seg.fd is not None and seg.index is not None and seg.index_fd is not None
@@ -131,9 +137,9 @@ class SegmentPartitionLog(PartitionLog):
                 write_all(seg.fd, data)
             except OSError as exc:
                 self._undo_partial_write(seg, position)
-                raise StorageError(
-                    f"cannot append to {seg.log_path}: {exc.strerror}; the batch was not stored"
-                ) from exc
+                error = StorageError(f"cannot append to {seg.log_path}: {exc.strerror}; the batch was not stored")
+                self._log_write_failure(str(error))
+                raise error from exc
             seg.size += len(data)
             self._size += len(data)
             seg.end_offset = header.last_offset + 1
@@ -150,8 +156,22 @@ class SegmentPartitionLog(PartitionLog):
                     assert seg.time_fd is not None
                     write_all(seg.time_fd, time_bytes)
             except OSError as exc:  # the batch is stored; a short index is repaired on restart
-                log.error("cannot write index entry", extra={"segment": str(seg.log_path), "error": exc.strerror})
+                whole = False
+                self._log_write_failure(f"cannot write an index entry of {seg.log_path}: {exc.strerror}")
         self.flusher.note_write()
+        if whole and self._write_failing:
+            self._write_failing = False
+            log.info(f"partition {self.topic}-{self.partition} is writable again")
+
+    def _log_write_failure(self, reason: str) -> None:
+        """Log a failed write once per run of failures: a full disk fails every append until space is
+        freed, and each one is answered (and counted) by the front door that asked."""
+        if self._write_failing:
+            return
+        self._write_failing = True
+        sticky = f"; {self._failed}" if self._failed is not None else ""
+        log.error(f"write failed for partition {self.topic}-{self.partition}: {reason}{sticky}; "
+                  "further failures are not logged until a write succeeds")
 
     def _undo_partial_write(self, seg: Segment, position: int) -> None:
         """Cut off whatever part of a failed write reached the file, so the log stays whole batches."""

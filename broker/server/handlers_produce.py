@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
-from broker.errors import BrokerError, InvalidRecordError, UnknownTopicError
+from broker.errors import BrokerError, InvalidRecordError, StorageError, UnknownTopicError
 from broker.log.api import PartitionLog
 from broker.protocol.batch_validation import validate_produce_batch
 from broker.protocol.kafka.produce import ProducePartitionResponse, ProduceResponse, ProduceTopicResponse
@@ -24,11 +24,32 @@ __all__ = ["handle_init_producer_id", "handle_produce"]
 log = logging.getLogger("broker.server.kafka")
 
 
-async def _durable(marks: list[tuple[PartitionLog, int]]) -> None:
+async def _durable(marks: list[tuple[PartitionLog, int]]) -> dict[tuple[str, int], StorageError]:
+    """Wait for each partition's writes; the partitions whose flush failed, with the failure."""
+    failed: dict[tuple[str, int], StorageError] = {}
     for plog, mark in marks:
         # The flush policy's wait for this request's own writes (appended synchronously at dispatch):
         # not for those of requests dispatched since, which would cost each response another fsync.
-        await plog.wait_durable(mark)
+        try:
+            await plog.wait_durable(mark)
+        except StorageError as exc:  # logged once by the store, with the partition; answered here
+            failed[(plog.topic, plog.partition)] = exc
+    return failed
+
+
+def _with_storage_errors(
+    response: ProduceResponse, failed: dict[tuple[str, int], StorageError]
+) -> ProduceResponse:
+    """``response`` with KAFKA_STORAGE_ERROR for every partition whose writes did not reach the disk."""
+    topics = []
+    for topic in response.topics:
+        parts = tuple(
+            ProducePartitionResponse(p.index, ErrorCode.KAFKA_STORAGE_ERROR, error_message=str(exc))
+            if (exc := failed.get((topic.name, p.index))) is not None else p
+            for p in topic.partitions
+        )
+        topics.append(ProduceTopicResponse(topic.name, parts))
+    return ProduceResponse(tuple(topics))
 
 
 def _topic_rules(plog: PartitionLog) -> tuple[int, bool]:
@@ -69,6 +90,8 @@ def _append_one(
     except BrokerError as exc:
         code = error_code_for(exc)
         record_errors: tuple[tuple[int, str | None], ...] = ()
+        if code == ErrorCode.KAFKA_STORAGE_ERROR:
+            ctx.stats.produce_storage_errors += 1  # logged by the store, once per failure
         if isinstance(exc, InvalidRecordError):
             record_errors = tuple(exc.record_errors)
             log.warning(
@@ -111,8 +134,12 @@ def handle_produce(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> Await
         if acks == 0:
             ctx.stats.count_response(response)  # nobody hears about these errors but the metrics
             return None
-        await _durable(marks)
-        return response
+        failed = await _durable(marks)
+        if not failed:
+            return response
+        ctx.stats.produce_storage_errors += sum(
+            1 for t in response.topics for p in t.partitions if p.error_code == 0 and (t.name, p.index) in failed)
+        return _with_storage_errors(response, failed)
 
     return finish()
 

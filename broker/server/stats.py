@@ -9,6 +9,8 @@ time in the assembly (``sluice/front_metrics.py``), so the broker imports no met
   we do not serve share one entry, ``UNKNOWN_API`` (-1), so random keys cannot grow the series count.
 - produce: records and bytes of batches appended (duplicates of idempotent retries are not counted again).
 - fetch: record bytes handed back in Fetch responses.
+- produce_storage_errors: Produce partitions answered KAFKA_STORAGE_ERROR because a write or its fsync
+  failed (the store logs each failure once, with the partition).
 - errors: by Kafka error code, for every non-zero ``error_code`` in a response (per topic, partition or
   group), plus ``closed_bad_input``: connections closed for a malformed frame or request.
 - requests_cancelled: requests still pending when their connection ended (peer gone, idle, refused input).
@@ -38,6 +40,7 @@ class KafkaStats:
         "fetch_bytes",
         "produce_bytes",
         "produce_records",
+        "produce_storage_errors",
         "requests",
         "requests_cancelled",
     )
@@ -48,6 +51,7 @@ class KafkaStats:
         self.requests: dict[int, int] = {}
         self.produce_records = 0
         self.produce_bytes = 0
+        self.produce_storage_errors = 0
         self.fetch_bytes = 0
         self.errors: dict[int, int] = {}
         self.closed_bad_input = 0
