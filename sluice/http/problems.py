@@ -9,6 +9,7 @@ Domain errors are translated here, once, at the boundary::
     OffsetOutOfRangeError    416  offset-out-of-range
     RecordTooLargeError      413  record-too-large
     InvalidRecordError       400  invalid-record
+    StorageError             503  storage-error    (the disk failed: send the records again)
     malformed JSON body      400  malformed-body
     number out of range      400  out-of-range     (Kafka's INT32/INT64 ranges, see limits.py)
     body over the limit      413  body-too-large   (http.max_body_bytes, see limits.py)
@@ -37,6 +38,7 @@ from broker.errors import (
     InvalidTopicError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    StorageError,
     TopicExistsError,
     UnknownTopicError,
 )
@@ -105,7 +107,7 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
         422: "Invalid request parameters",
         500: "Internal error",
         501: "Not supported by this Sluice",
-        503: "Not ready",
+        503: "Not ready, or a storage failure (send again)",
     }.items()
 }
 
@@ -117,6 +119,7 @@ _DOMAIN: list[tuple[type[BrokerError], int, str, str]] = [
     (OffsetOutOfRangeError, 416, "offset-out-of-range", "Offset out of range"),
     (RecordTooLargeError, 413, "record-too-large", "Record too large"),
     (InvalidRecordError, 400, "invalid-record", "Invalid record"),
+    (StorageError, 503, "storage-error", "Storage failure"),  # our side, not the request's: send it again
 ]
 
 
@@ -161,6 +164,8 @@ def install_problem_handlers(app: FastAPI) -> None:
     async def on_broker(request: Request, exc: Exception) -> JSONResponse:
         for cls, status, slug, title in _DOMAIN:
             if isinstance(exc, cls):
+                if status >= 500:
+                    log.error("storage failure in HTTP request", extra={"path": request.url.path, "error": str(exc)})
                 return problem_response(status, slug, title, str(exc), request.url.path)
         log.error("broker error in HTTP request", extra={"path": request.url.path, "error": str(exc)})
         return problem_response(500, "broker-error", "Broker error", str(exc), request.url.path)

@@ -92,7 +92,7 @@ def _partition_of(store: LogStore, topic: str, count: int, explicit: int | None,
     description="Records are grouped per partition and each group is appended as one batch; the response "
     "returns once they are as durable as the topic's flush policy promises. Unknown topics are created "
     "when storage.auto_create_topics is on.",
-    responses={k: PROBLEM_RESPONSES[k] for k in (400, 404, 413, 422)},
+    responses={k: PROBLEM_RESPONSES[k] for k in (400, 404, 413, 422, 503)},
 )
 async def produce(topic: str, body: ProduceRequest, ctx: Ctx) -> ProduceResponse:
     store = ctx.store

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
 
+from broker.errors import StorageError
+from broker.log.api import AppendResult
+from broker.log.memory import MemoryLogStore
 from broker.protocol.records import RecordSpec
+from sluice.config import Settings
+from sluice.http import create_app
 from sluice.runtime import Runtime
 
 PROBLEM = "application/problem+json"
@@ -239,3 +245,19 @@ async def test_stream_errors(client: httpx.AsyncClient) -> None:
     assert_problem(
         await client.get("/topics/s/stream", params={"offset": 9, "partition": 0}), 416, "offset-out-of-range"
     )
+
+
+class FailingDiskStore(MemoryLogStore):
+    """The in-memory store on a disk that refuses every append (as the segment store does on EIO/ENOSPC)."""
+
+    async def append(self, topic: str, partition: int, batch: bytes | bytearray | memoryview) -> AppendResult:
+        raise StorageError(f"cannot append to {topic}-{partition}: No space left on device; the batch was not stored")
+
+
+async def test_storage_failure_is_503_not_500(tmp_path: Path) -> None:
+    runtime = Runtime(Settings(data_dir=tmp_path), FailingDiskStore())
+    app = create_app(runtime)
+    app.state.ctx.accepting = True
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sluice.test") as client:
+        resp = await client.post("/topics/t/records", json={"records": [{"value": 1}]})
+    assert_problem(resp, 503, "storage-error", "No space left on device")
