@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inputs", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=0.0, help="at most this many inputs per second (0: no limit)")
+    parser.add_argument("--connections", type=int, default=4, help="concurrent client connections (threads)")
     parser.add_argument("--deadline", type=float, default=10.0, help="seconds before a missing answer is a hang")
     parser.add_argument("--fd-slack", type=int, default=64, help="non-socket fds the broker may gain (segments)")
     parser.add_argument("--rss-growth-mib", type=int, default=256, help="RSS growth that counts as a finding")
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM ends the campaign like Ctrl-C does: the broker is stopped and its log kept
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     campaign = Campaign(
-        build_target(args.target, args.deadline, args.kafka_seeds_per_version),
+        [build_target(args.target, args.deadline, args.kafka_seeds_per_version) for _ in range(args.connections)],
         inputs=args.inputs,
         seed=args.seed,
         out_dir=out,

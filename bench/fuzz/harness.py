@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -331,11 +332,12 @@ class CampaignReport:
 
 
 class Campaign:
-    """Runs ``inputs`` steps of one target against a fresh broker and collects findings."""
+    """Sends ``inputs`` inputs of one target to a fresh broker over ``len(targets)`` concurrent client
+    connections (one thread each, their own random streams) and collects findings."""
 
     def __init__(
         self,
-        target: Target,
+        targets: Target | list[Target],
         *,
         inputs: int,
         seed: int,
@@ -346,7 +348,8 @@ class Campaign:
         max_restarts: int = 5,
         progress: Callable[[str], None] | None = None,
     ) -> None:
-        self.target = target
+        self.targets = targets if isinstance(targets, list) else [targets]
+        self.target = self.targets[0]
         self.inputs = inputs
         self.seed = seed
         self.out_dir = out_dir
@@ -357,10 +360,15 @@ class Campaign:
         self.progress = progress or (lambda _msg: None)
         self.findings: list[Finding] = []
         self._saved_log_findings = 0
+        self._sent = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._broken = threading.Event()  # a worker found the broker unresponsive
 
     def _save(self, finding: Finding) -> None:
-        self.findings.append(finding)
-        n = len(self.findings)
+        with self._lock:
+            self.findings.append(finding)
+            n = len(self.findings)
         stem = self.out_dir / f"{finding.kind}-{n:04d}"
         if finding.connections:
             stem.with_suffix(".bin").write_bytes(b"".join(finding.connections[-1]))
@@ -376,7 +384,7 @@ class Campaign:
     def _check_log(self, broker: BrokerProcess, final: bool = False) -> None:
         for text in broker.new_log_findings(final):
             kind = "traceback" if _TRACEBACK in text else "error-log"
-            finding = Finding(kind, text, self.target.recent())
+            finding = Finding(kind, text, self._recent())
             if self._saved_log_findings < 200:  # the count keeps going; the files stop at 200
                 self._save(finding)
             else:
@@ -397,70 +405,126 @@ class Campaign:
 
     def run(self, command: str) -> CampaignReport:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        rng = random.Random(self.seed)
+        rngs = [random.Random(self.seed * 1000 + i) for i in range(len(self.targets))]
         with self._broker() as broker:
             broker.start()
-            self.target.attach(broker, rng)
+            for target, rng in zip(self.targets, rngs, strict=True):
+                target.attach(broker, rng)
             time.sleep(1.0)  # let startup settle before the baseline figures
             before = broker.figures()
             started = time.monotonic()
-            last_report = started
-            sent = 0
-            while sent < self.inputs:
-                try:
-                    self.target.step(rng)
-                    if sent + 1 == self.inputs:
-                        self.target.flush()
-                except Hang as exc:
-                    self._save(Finding("hang", str(exc), self.target.recent()))
-                    self.target.close_all()
-                    if not self.target.probe():
-                        self._save(Finding("unresponsive", f"no answer to a probe after: {exc}"))
-                        if not self._restart(broker, rng):
-                            break
-                sent += 1
+            while self._sent < self.inputs:
+                self._stop.clear()
+                workers = [
+                    threading.Thread(target=self._work, args=(target, rng, started), daemon=True)
+                    for target, rng in zip(self.targets, rngs, strict=True)
+                ]
+                for worker in workers:
+                    worker.start()
+                broken = self._supervise(broker, workers, started)
+                self._stop.set()
+                for worker in workers:
+                    worker.join()
+                if broken is None:
+                    continue  # every input sent
                 code = broker.exited()
+                self._check_log(broker, final=True)
                 if code is not None:
-                    self._check_log(broker, final=True)
-                    self._save(Finding("crash", f"broker exited with {code}", self.target.recent()))
-                    if not self._restart(broker, rng):
-                        break
-                self._check_log(broker)  # after every input, so a finding keeps the connection that caused it
-                if self.rate > 0:
-                    ahead = sent / self.rate - (time.monotonic() - started)
-                    if ahead > 0:
-                        time.sleep(ahead)
-                now = time.monotonic()
-                if now - last_report >= 30:
-                    last_report = now
-                    fig = broker.figures()
-                    self.progress(
-                        f"{sent:,}/{self.inputs:,} inputs, {sent / (now - started):,.0f}/s, "
-                        f"fds {fig.fds} sockets {fig.sockets} partitions {fig.partitions} "
-                        f"RSS {fig.rss_kib // 1024} MiB, "
-                        f"findings {len(self.findings)}"
-                    )
+                    self._save(Finding("crash", f"broker exited with {code}", self._recent()))
+                if not self._restart(broker, rngs):
+                    break
             seconds = time.monotonic() - started
-            self.target.close_all()
+            for target in self.targets:
+                target.close_all()
             after = self._settled_figures(broker, before)
             self._check_log(broker)
             if broker.exited() is None:
                 self._leak_findings(before, after)
-                for failure in self.target.client_check():
+                for failure in self.targets[0].client_check():
                     self._save(Finding("client-check", failure))
             self._check_log(broker, final=True)
             return CampaignReport(
-                self.target.name, self.seed, sent, seconds, before, after, self.findings,
+                self.target.name, self.seed, self._sent, seconds, before, after, self.findings,
                 broker.starts, command, self.out_dir,
             )
 
-    def _restart(self, broker: BrokerProcess, rng: random.Random) -> bool:
+    def _recent(self) -> list[list[bytes]]:
+        """The recent connections of every worker (read while they run: retried if one changed meanwhile)."""
+        for _ in range(10):
+            try:
+                return [list(conn) for target in self.targets for conn in target.recent()]
+            except RuntimeError:  # a deque mutated during iteration
+                continue
+        return []
+
+    def _take_input(self) -> bool:
+        with self._lock:
+            if self._sent >= self.inputs or self._stop.is_set():
+                return False
+            self._sent += 1
+            return True
+
+    def _work(self, target: Target, rng: random.Random, started: float) -> None:
+        """One client connection's loop (a thread): inputs until the campaign has sent them all, then the
+        answers to what it still has pending."""
+        more = True
+        while more:
+            more = self._take_input()
+            try:
+                if more:
+                    target.step(rng)
+                else:
+                    target.flush()
+            except Hang as exc:
+                self._save(Finding("hang", str(exc), target.recent()))
+                target.close_all()
+                if not target.probe():
+                    self._save(Finding("unresponsive", f"no answer to a probe after: {exc}"))
+                    self._broken.set()
+                    return
+            except OSError as exc:  # the broker refused or reset a new connection: judged by the probe
+                target.close_all()
+                if not target.probe():
+                    self._save(Finding("unresponsive", f"cannot connect: {exc!r}", target.recent()))
+                    self._broken.set()
+                    return
+            if more and self.rate > 0:
+                ahead = self._sent / self.rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+
+    def _supervise(self, broker: BrokerProcess, workers: list[threading.Thread], started: float) -> str | None:
+        """Watch the broker while the workers run: its log after every few milliseconds (findings keep the
+        connections that were open), its exit. Returns why the run must stop early, or None when done."""
+        last_report = time.monotonic()
+        while any(w.is_alive() for w in workers):
+            time.sleep(0.01)
+            if broker.exited() is not None:
+                return "crash"
+            if self._broken.is_set():
+                return "unresponsive"
+            self._check_log(broker)
+            now = time.monotonic()
+            if now - last_report >= 30:
+                last_report = now
+                fig = broker.figures()
+                self.progress(
+                    f"{self._sent:,}/{self.inputs:,} inputs, {self._sent / (now - started):,.0f}/s, "
+                    f"fds {fig.fds} sockets {fig.sockets} partitions {fig.partitions} "
+                    f"RSS {fig.rss_kib // 1024} MiB, findings {len(self.findings)}"
+                )
+        return "crash" if broker.exited() is not None else None
+
+    def _restart(self, broker: BrokerProcess, rngs: list[random.Random]) -> bool:
         if broker.starts > self.max_restarts:
             return False
-        self.target.close_all()
+        for target in self.targets:
+            target.close_all()
         broker.stop()
         broker.start()
-        self.target.attach(broker, rng)
+        for target, rng in zip(self.targets, rngs, strict=True):
+            target.attach(broker, rng)
+        self._broken.clear()
         return True
 
     def _settled_figures(self, broker: BrokerProcess, before: ProcessFigures) -> ProcessFigures:

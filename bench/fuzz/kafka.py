@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import random
 import socket
 import struct
@@ -137,6 +138,12 @@ def generated_requests(per_version: int, seed: int) -> list[bytes]:
     return frames
 
 
+@functools.cache
+def _generated(per_version: int) -> list[bytes]:
+    """Drawn once per process: every connection of a campaign mutates the same well-formed requests."""
+    return generated_requests(per_version, seed=1)
+
+
 def _tame(entity: Any, rng: random.Random) -> Any:
     """Mostly short waits, so the campaign does not spend its time in long polls (mutations undo this)."""
     changes: dict[str, Any] = {}
@@ -218,8 +225,7 @@ class KafkaTarget:
     def attach(self, broker: BrokerProcess, rng: random.Random) -> None:
         self.broker = broker
         if not self.seeds:
-            captured = load_captured()
-            self.seeds = captured + generated_requests(self.per_version, rng.randrange(1 << 30))
+            self.seeds = load_captured() + _generated(self.per_version)
 
     # ------------------------------------------------------------------ inputs
 
