@@ -20,13 +20,15 @@ uses get tombstones. Hence with ``cleanup.policy=compact`` the topic keeps exact
 complete checkpoint of every partition (plus the other slot), and a crash in the middle of a
 write leaves the previous one in force.
 
-Without compaction the attached store trims: a checkpoint is one batch covering every partition,
-so the topic is created with ``retention.bytes=0`` and tiny segments, and retention (which always
-keeps the newest batch / active segment) runs after each save: the topic holds about one
-checkpoint. Restoring a partition uses the newest complete record for it, so scaled-out instances
-each write their own partitions and a partition moving to another instance takes exactly its own
-keys along. Output is written before the checkpoint that covers it: after a crash the input after
-the checkpoint is replayed (at-least-once, with deterministic output keys).
+Checkpoint topics are created with ``cleanup.policy=compact`` (Sluice's cleaner, or Kafka's, keeps
+the newest record per key). The attached store also trims (``compact,delete``): a checkpoint is one
+batch covering every partition, so the topic has ``retention.bytes=0`` and tiny segments, and
+retention (which always keeps the newest batch / active segment) runs after each save: the topic
+holds about one checkpoint. Readers step over the offsets compaction removed (batch last offsets).
+Restoring a partition uses the newest complete record for it, so scaled-out instances each write
+their own partitions and a partition moving to another instance takes exactly its own keys along.
+Output is written before the checkpoint that covers it: after a crash the input after the
+checkpoint is replayed (at-least-once, with deterministic output keys).
 
 Version 1 (one unkeyed record per checkpoint, every partition in it) is still read.
 """
@@ -43,7 +45,7 @@ import msgpack
 from broker.errors import BrokerError
 from broker.log.api import LogStore
 from broker.log.config import TopicConfig
-from broker.protocol.records import RecordSpec, decode_all
+from broker.protocol.records import RecordSpec, decode_records, iter_batches
 from processors.errors import CheckpointError
 from processors.executor import Executor, TopicPartition
 from processors.time import NO_TIME
@@ -316,7 +318,8 @@ class LogCheckpointStore:
     @staticmethod
     def _trimmed(config: TopicConfig) -> TopicConfig:
         return config.with_kafka_configs({"max.message.bytes": str(MAX_CHECKPOINT_BYTES), "retention.bytes": "0",
-                                          "retention.ms": "-1", "segment.bytes": str(TRIM_SEGMENT_BYTES)})
+                                          "retention.ms": "-1", "segment.bytes": str(TRIM_SEGMENT_BYTES),
+                                          "cleanup.policy": "compact,delete"})
 
     async def load(self, tps: Collection[TopicPartition] | None = None) -> dict[TopicPartition, PartitionRestore]:
         try:
@@ -327,11 +330,15 @@ class LogCheckpointStore:
                 values: list[CheckpointRecord] = []
                 offset = max(lo, log.log_start_offset)
                 while offset < hi:
-                    records = [r for r in decode_all(log.read(offset, 4 * 1024 * 1024)) if offset <= r.offset < hi]
-                    if not records:
+                    data = log.read(offset, 4 * 1024 * 1024)
+                    if not data:
                         break
-                    values.extend((r.key or b"", r.value) for r in records)
-                    offset = records[-1].offset + 1
+                    view = memoryview(data)
+                    for pos, header in iter_batches(view, verify=False):
+                        batch = view[pos : pos + header.size]
+                        values.extend((r.key or b"", r.value) for r in decode_records(batch, header)
+                                      if offset <= r.offset < hi)
+                        offset = header.last_offset + 1  # compaction may have emptied a batch: step over it
                 return values
 
             return await load_from_tail(read, log.log_start_offset, log.high_watermark, tps, self.codec)

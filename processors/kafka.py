@@ -26,6 +26,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
     CommitFailedError,
     IllegalGenerationError,
@@ -36,6 +37,7 @@ from aiokafka.errors import (
 from aiokafka.structs import OffsetAndMetadata
 
 from processors.checkpoint import (
+    MAX_CHECKPOINT_BYTES,
     CheckpointCodec,
     CheckpointRecord,
     PartitionRestore,
@@ -53,6 +55,7 @@ MAX_REQUEST_BYTES = 16 * 1024 * 1024
 # how aiokafka reports a commit lost to a rebalance (it wraps the three group errors in CommitFailedError)
 COMMIT_LOST = (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError)
 
+_TOPIC_ALREADY_EXISTS = 36
 log = logging.getLogger("processors.kafka")
 
 
@@ -198,9 +201,28 @@ class KafkaCheckpointStore:
         self.topic = checkpoint_topic(pipeline)
         self.sink = sink
         self.codec = CheckpointCodec()
+        self._topic_ready = False
+
+    async def _ensure_topic(self) -> None:
+        """Create the checkpoint topic compacted before the first write (auto-creation would make it
+        ``delete``): restores read the newest record per key, which is exactly what compaction keeps."""
+        if self._topic_ready:
+            return
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        try:
+            await admin.start()
+            response = await admin.create_topics([NewTopic(self.topic, 1, 1, topic_configs={
+                "cleanup.policy": "compact", "max.message.bytes": str(MAX_CHECKPOINT_BYTES)})])
+        finally:
+            await admin.close()
+        for _name, code, *rest in getattr(response, "topic_errors", []):
+            if code not in (0, _TOPIC_ALREADY_EXISTS):
+                raise CheckpointError(f"cannot create {self.topic} (error {code}): {rest[0] if rest else ''}")
+        self._topic_ready = True
 
     async def save(self, records: list[CheckpointRecord]) -> None:
         try:
+            await self._ensure_topic()
             await self.sink.send_in_order(self.topic, records)
         except KafkaError as exc:
             raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc

@@ -204,6 +204,7 @@ async def test_the_checkpoint_topic_holds_about_one_checkpoint_after_many(any_st
     finally:
         await runner.stop(checkpoint=False)
     log = store.partition("_checkpoints.restart", 0)
+    assert store.topic("_checkpoints.restart").config.cleanup_policy == "compact,delete"
     assert log.high_watermark == 2 * 60  # one record per source partition per checkpoint
     assert log.log_start_offset >= log.high_watermark - 2 * 2
     newest = max(sizes[-5:])

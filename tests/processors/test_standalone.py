@@ -262,5 +262,12 @@ async def test_a_checkpoint_larger_than_the_brokers_record_limit_round_trips(slu
         await store.save(records)
         loaded = (await store.load())[("t", 0)]
         assert len(loaded.ops["1"]) == 40_000 and loaded.offset == 5
+        # Created compacted (issue 13, item 4): the newest record per key is all a restore reads.
+        from confluent_kafka.admin import AdminClient, ConfigResource
+
+        resource = ConfigResource(ConfigResource.Type.TOPIC, store.topic)
+        admin = AdminClient({"bootstrap.servers": sluice.bootstrap})
+        described = next(iter(admin.describe_configs([resource]).values())).result(10)
+        assert described["cleanup.policy"].value == "compact"
     finally:
         await sink.stop()
