@@ -44,6 +44,7 @@ def broker_main(root: Path, port_file: Path, seconds: float, flush: str) -> None
     import uvloop
 
     import broker.log.segment as segment
+    import broker.log.segment_partition as segment_partition
     from broker.groups.coordinator import GroupCoordinator
     from broker.groups.offsets import MemoryOffsetStore
     from broker.log.config import FlushPolicy, TopicConfig
@@ -53,7 +54,7 @@ def broker_main(root: Path, port_file: Path, seconds: float, flush: str) -> None
     writes: list[float] = []
     fsyncs: list[float] = []
     slow: list[tuple[str, float, float]] = []
-    write_all, fsync_all = segment.write_all, segment._fsync_all
+    write_all, fsync_all = segment_partition.write_all, segment_partition._fsync_all
     store_points = segment.SegmentLogStore._store_points
 
     def timed_write_all(fd: int, data: Any) -> None:
@@ -61,9 +62,9 @@ def broker_main(root: Path, port_file: Path, seconds: float, flush: str) -> None
         write_all(fd, data)
         writes.append(time.perf_counter() - started)
 
-    def timed_fsync_all(targets: list[tuple[int, bool]]) -> None:
+    def timed_fsync_all(files: list[int], dirs: list[Path]) -> None:
         started = time.perf_counter()
-        fsync_all(targets)
+        fsync_all(files, dirs)
         took = time.perf_counter() - started
         fsyncs.append(took)
         if took > SLOW_S:
@@ -84,8 +85,8 @@ def broker_main(root: Path, port_file: Path, seconds: float, flush: str) -> None
         elif time.perf_counter() - gc_started[0] > SLOW_S:
             slow.append((f"gc gen {info['generation']}", gc_started[0] - t0, time.perf_counter() - gc_started[0]))
 
-    segment.write_all = timed_write_all
-    segment._fsync_all = timed_fsync_all
+    segment_partition.write_all = timed_write_all
+    segment_partition._fsync_all = timed_fsync_all
     segment.SegmentLogStore._store_points = timed_store_points  # type: ignore[method-assign]
     gc.callbacks.append(on_gc)
 

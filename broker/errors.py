@@ -14,7 +14,8 @@ One root, so callers can catch everything the broker raises::
     │   ├── TopicExistsError
     │   ├── InvalidTopicError       name breaks Kafka's naming rules
     │   ├── InvalidPartitionsError
-    │   └── InvalidConfigError      a topic config name or value Kafka would refuse (also a ValueError)
+    │   ├── InvalidConfigError      a topic config name or value Kafka would refuse (also a ValueError)
+    │   └── PolicyViolationError    a limit of this broker (partitions per request or in total)
     ├── OffsetOutOfRangeError
     └── StorageError                our side: the data directory cannot be used
 """
@@ -30,6 +31,7 @@ __all__ = [
     "InvalidTimestampError",
     "InvalidTopicError",
     "OffsetOutOfRangeError",
+    "PolicyViolationError",
     "RecordTooLargeError",
     "StorageError",
     "TopicError",
@@ -92,6 +94,10 @@ class InvalidPartitionsError(TopicError):
 
 class InvalidConfigError(TopicError, ValueError):
     """A topic config name is unknown or its value is out of Kafka's range."""
+
+
+class PolicyViolationError(TopicError):
+    """The request is valid but breaks a limit this broker enforces (Kafka's POLICY_VIOLATION)."""
 
 
 class OffsetOutOfRangeError(BrokerError):

@@ -10,6 +10,7 @@ versions (a consumer-group member and a producer) live in ``processors.kafka``.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -22,6 +23,8 @@ from processors.executor import OutRecord, RecordLike, TopicPartition
 from processors.fastdecode import decode_from
 
 __all__ = ["AssignmentListener", "LogSink", "LogSource", "Sink", "Source"]
+
+logger = logging.getLogger("processors.sources")
 
 AssignmentListener = Callable[[list[TopicPartition]], Awaitable[None]]
 
@@ -49,6 +52,7 @@ class LogSource:
         self.topics = topics
         self.max_bytes = max_bytes
         self.positions: dict[TopicPartition, int] = {}
+        self.positions_lost = 0  # positions found beyond a partition's log end (records lost in a crash)
         self._rr = 0
 
     async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
@@ -80,6 +84,15 @@ class LogSource:
         offset = self.positions[tp]
         if offset < log.log_start_offset:  # retention removed what we had not read: resume at the start
             offset = log.log_start_offset
+        elif offset > log.log_end_offset:
+            # The checkpoint points past what survived a restart (an unsynced tail lost in a power cut):
+            # say so, and go on with what is appended from now on rather than re-reading the partition.
+            self.positions_lost += 1
+            logger.error("source position is beyond the end of its partition: records the processor had read "
+                       "did not survive a restart; resuming at the high watermark", extra={
+                           "topic": tp[0], "partition": tp[1], "position": offset,
+                           "log_end_offset": log.log_end_offset, "resume_at": log.high_watermark})
+            offset = self.positions[tp] = log.high_watermark
         try:
             data = log.read(offset, self.max_bytes)
         except OffsetOutOfRangeError:

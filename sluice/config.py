@@ -18,7 +18,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from broker.log.config import FlushPolicy, TopicConfig
+from broker.log.api import MAX_PARTITIONS, PartitionLimits
+from broker.log.config import FlushPolicy, TopicConfig, Visibility
 
 __all__ = [
     "FileSourceSettings",
@@ -49,6 +50,16 @@ class StorageSettings(BaseModel):
     auto_create_topics: bool = True
     retention_check_interval_s: float = 60.0
     cleaner_interval_s: float = 15.0  # log compaction passes (Kafka's log.cleaner.backoff.ms)
+    # With flush=always, consumers see a record once it is fsynced ("durable") or once written ("written").
+    visibility: Visibility = Visibility.DURABLE
+    # Descriptors segment files may hold at once, all partitions together; 0 = half the soft RLIMIT_NOFILE.
+    max_open_files: int = Field(default=0, ge=0)  # otherwise at least 4 (one segment's files)
+    # Partitions one request may create (Kafka's controller: 10,000), and the most the broker holds.
+    max_partitions_per_request: int = Field(default=MAX_PARTITIONS, ge=1)
+    max_partitions: int = Field(default=50_000, ge=1)
+
+    def partition_limits(self) -> PartitionLimits:
+        return PartitionLimits(per_request=self.max_partitions_per_request, total=self.max_partitions)
 
     def topic_defaults(self) -> TopicConfig:
         return TopicConfig(

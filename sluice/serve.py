@@ -47,10 +47,12 @@ def open_store(settings: Settings) -> LogStore:
         "default_config": storage.topic_defaults(),
         "default_partitions": storage.default_partitions,
         "auto_create_topics": storage.auto_create_topics,
+        "limits": storage.partition_limits(),
     }
     if storage.backend == "memory":
         return MemoryLogStore(**common)  # type: ignore[arg-type]
-    return SegmentLogStore(settings.data_dir / "logs", **common)  # type: ignore[arg-type]
+    return SegmentLogStore(settings.data_dir / "logs", **common,  # type: ignore[arg-type]
+                           max_open_files=storage.max_open_files or None, visibility=storage.visibility)
 
 
 async def _retention_loop(store: LogStore, interval: float) -> None:

@@ -4,6 +4,18 @@
 all of the logic here and one test suite (``tests/broker/log/test_store_contract.py``):
 ``MemoryLogStore`` (tests, benchmarks, ``--storage memory``) and ``SegmentLogStore`` (segment files).
 
+Two ends: the *log end offset* is where the next append goes; the *high watermark* is what readers
+(Fetch, ListOffsets, processors, HTTP) see. They are equal unless a store shows only durable records
+(``SegmentLogStore`` with ``flush=always`` and ``visibility=durable``): then the high watermark moves
+when an fsync completes, so nothing a consumer saw (or a processor checkpointed) can vanish in a
+power cut. A reader asking for an offset beyond the log end is told so (``OffsetOutOfRangeError``):
+after a restart that lost an unsynced tail, its position points at records that no longer exist.
+
+Topic changes are all-or-nothing: ``create_topic`` and ``create_partitions`` check every limit first
+(``PartitionLimits``), then open the partitions (no disk work for the segment store: a partition's
+directory appears with its first write) and save the metadata; if saving fails, the change is undone
+and nothing is left behind.
+
 A ``PartitionLog`` stores Kafka RecordBatch v2 bytes as they came, after checking header and CRC
 and rewriting the base offset. ``append`` returns once the batch is as durable as the topic's flush
 policy promises (``append_nowait`` + ``wait_durable`` split the same work in two, for callers that
@@ -16,14 +28,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from broker.errors import (
+    BrokerError,
     InvalidPartitionsError,
     OffsetOutOfRangeError,
+    PolicyViolationError,
     RecordTooLargeError,
     TopicExistsError,
     UnknownTopicError,
@@ -39,9 +54,42 @@ from broker.protocol.records import (
     with_base_offset,
 )
 
-__all__ = ["MAX_PARTITIONS", "AppendResult", "LogStore", "PartitionLog", "TopicInfo", "wait_for_any"]
+__all__ = [
+    "MAX_PARTITIONS",
+    "AppendResult",
+    "LogStore",
+    "PartitionLimits",
+    "PartitionLog",
+    "TopicInfo",
+    "wait_for_any",
+]
 
-MAX_PARTITIONS = 10_000
+log = logging.getLogger("broker.log")
+
+MAX_PARTITIONS = 10_000  # Kafka's controller bound on partitions created by one request
+EXCESSIVE_PARTITIONS = "Excessively large number of partitions per request."  # Kafka's message
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLimits:
+    """Caps on partitions, checked before anything is created.
+
+    ``per_request``: partitions one request may create (CreateTopics over all its topics,
+    CreatePartitions, one HTTP create); above it Kafka's controller answers ``POLICY_VIOLATION``.
+    ``total``: partitions the store may hold at once (each costs memory and, when used, descriptors);
+    a create that would pass it is refused with ``POLICY_VIOLATION`` too.
+    """
+
+    per_request: int = MAX_PARTITIONS
+    total: int = 50_000
+
+    def check_request(self, requested: int) -> None:
+        """Raise ``PolicyViolationError`` when one request asks for more than ``per_request`` partitions."""
+        if requested > self.per_request:
+            raise PolicyViolationError(
+                f"{EXCESSIVE_PARTITIONS} {requested} requested, the limit (storage.max_partitions_per_request) "
+                f"is {self.per_request}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +128,13 @@ class PartitionLog(ABC):
 
     @property
     @abstractmethod
+    def log_end_offset(self) -> int:
+        """The offset the next appended record gets."""
+
+    @property
     def high_watermark(self) -> int:
-        """The offset the next record will get; readers see everything below it."""
+        """Readers see everything below it: the log end, unless the store shows only durable records."""
+        return self.log_end_offset
 
     @property
     @abstractmethod
@@ -106,9 +159,9 @@ class PartitionLog(ABC):
     def read(self, offset: int, max_bytes: int) -> bytes:
         """Stored batches starting with the one holding ``offset``, about ``max_bytes`` long.
 
-        At least one whole batch is returned even when it is larger than ``max_bytes``;
-        an empty result means ``offset`` is at (or past) the high watermark.
-        Raises ``OffsetOutOfRangeError`` when ``offset`` is below the log start or above the end.
+        At least one whole batch is returned even when it is larger than ``max_bytes``; nothing at or
+        beyond the high watermark is returned (an empty result means ``offset`` is at or past it).
+        Raises ``OffsetOutOfRangeError`` when ``offset`` is below the log start or above the log end.
         """
 
     @abstractmethod
@@ -125,6 +178,9 @@ class PartitionLog(ABC):
 
     @abstractmethod
     async def close(self) -> None: ...
+
+    def abandon(self) -> None:  # noqa: B027 - optional hook: nothing to release in memory
+        """Release a partition that was never used (a create that failed), without waiting."""
 
     def tail_headers(self, max_bytes: int) -> list[BatchHeader]:
         """Headers of the last stored batches, oldest first, covering at least the last ``max_bytes``
@@ -167,11 +223,20 @@ class PartitionLog(ABC):
         return result
 
     def _check_range(self, offset: int) -> None:
-        """Raise OffsetOutOfRangeError unless log start ≤ ``offset`` ≤ high watermark (for ``read``)."""
-        if offset < self.log_start_offset or offset > self.high_watermark:
+        """Raise OffsetOutOfRangeError unless log start ≤ ``offset`` ≤ log end (for ``read``).
+
+        Like Kafka, an offset between the high watermark and the log end is in range (it reads as
+        empty until the high watermark passes it)."""
+        if offset < self.log_start_offset:
             raise OffsetOutOfRangeError(
-                f"offset {offset} is outside [{self.log_start_offset}, {self.high_watermark}] "
-                f"for {self.topic}-{self.partition}"
+                f"offset {offset} of {self.topic}-{self.partition} is below the log start offset "
+                f"{self.log_start_offset} (retention or deletion removed it)"
+            )
+        if offset > self.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} of {self.topic}-{self.partition} is beyond the log end offset "
+                f"{self.log_end_offset}: records at or after {self.log_end_offset} that the reader was at "
+                "no longer exist (e.g. an unsynced tail lost in a crash); reset the position"
             )
 
     async def wait_durable(self, mark: int | None = None) -> None:
@@ -194,7 +259,7 @@ class PartitionLog(ABC):
         codec = self.config.recompress_to
         view = memoryview(data if codec is None else recompress_batches(data, codec))
         parsed = list(iter_batches(view))
-        next_offset = self.high_watermark
+        next_offset = self.log_end_offset
         stored: list[tuple[bytearray, BatchHeader]] = []
         max_ts = -1
         for pos, header in parsed:
@@ -202,15 +267,20 @@ class PartitionLog(ABC):
             stored.append((batch, _rebased(header, next_offset)))
             next_offset += header.last_offset_delta + 1
             max_ts = max(max_ts, header.max_timestamp)
-        base = self.high_watermark
+        base = self.log_end_offset
         self._write(stored)
         self._wake_readers()
         return AppendResult(base, next_offset - 1, int(time.time() * 1000), self.log_start_offset, max_ts)
 
     async def wait_for_data(self, offset: int, timeout: float) -> bool:
-        """Wait until the high watermark passes ``offset`` or ``timeout`` seconds elapse."""
+        """Wait until the high watermark passes ``offset`` or ``timeout`` seconds elapse.
+
+        Raises ``OffsetOutOfRangeError`` at once when ``offset`` is beyond the log end: waiting would
+        later hand out records after a gap nobody was told about."""
         if self.high_watermark > offset:
             return True
+        if offset > self.log_end_offset:
+            self._check_range(offset)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (offset, future)
         self._waiters.append(entry)
@@ -273,22 +343,27 @@ class LogStore(ABC):
         default_config: TopicConfig | None = None,
         default_partitions: int = 1,
         auto_create_topics: bool = True,
+        limits: PartitionLimits | None = None,
     ) -> None:
         self.default_config = default_config or TopicConfig()
         self.default_partitions = default_partitions
         self.auto_create_topics = auto_create_topics
+        self.limits = limits or PartitionLimits()
         self._topics: dict[str, TopicInfo] = {}
         self._partitions: dict[str, list[PartitionLog]] = {}
+        self._deleting: set[str] = set()
         self._sticky = StickyPartitioner()
 
     # -- what implementations provide -------------------------------------------------
 
     @abstractmethod
-    def _open_partition(self, info: TopicInfo, partition: int) -> PartitionLog: ...
+    def _open_partition(self, info: TopicInfo, partition: int) -> PartitionLog:
+        """A new, empty partition. Should not touch the disk (the segment store creates files on the
+        first write): whatever it does is undone by ``_remove_partition_data`` if the create fails."""
 
     @abstractmethod
     def _persist_topics(self) -> None:
-        """Save topic metadata (no-op in memory)."""
+        """Save topic metadata atomically (no-op in memory)."""
 
     @abstractmethod
     def _remove_partition_data(self, info: TopicInfo, partition: int) -> None: ...
@@ -298,6 +373,34 @@ class LogStore(ABC):
 
     # -- topics --------------------------------------------------------------------------
 
+    @property
+    def total_partitions(self) -> int:
+        return sum(len(logs) for logs in self._partitions.values())
+
+    def validate_create(self, name: str, partitions: int | None = None) -> int:
+        """Every check ``create_topic`` makes, without creating (CreateTopics ``validate_only``);
+        returns the partition count the topic would get."""
+        validate_topic_name(name)
+        if name in self._topics:
+            raise TopicExistsError(f"topic {name!r} already exists")
+        if name in self._deleting:
+            raise TopicExistsError(f"topic {name!r} is marked for deletion")
+        count = self.default_partitions if partitions is None else partitions
+        if count < 1:
+            raise InvalidPartitionsError(f"Number of partitions was set to an invalid non-positive value ({count}).")
+        self._check_new_partitions(name, count)
+        return count
+
+    def _check_new_partitions(self, topic: str, count: int) -> None:
+        """The per-request and total caps for ``count`` partitions about to be added to ``topic``."""
+        self.limits.check_request(count)
+        total = self.total_partitions
+        if total + count > self.limits.total:
+            raise PolicyViolationError(
+                f"adding {count} partitions to {topic!r} would bring the broker to {total + count} "
+                f"partitions; the limit (storage.max_partitions) is {self.limits.total}"
+            )
+
     def create_topic(
         self,
         name: str,
@@ -306,23 +409,67 @@ class LogStore(ABC):
         *,
         internal: bool = False,
     ) -> TopicInfo:
-        validate_topic_name(name)
-        if name in self._topics:
-            raise TopicExistsError(f"topic {name!r} already exists")
-        count = self.default_partitions if partitions is None else partitions
-        if not 1 <= count <= MAX_PARTITIONS:
-            raise InvalidPartitionsError(f"partition count must be between 1 and {MAX_PARTITIONS}, got {count}")
+        """Create a topic, all or nothing: on any failure no trace of it is left, in memory or on disk."""
+        count = self.validate_create(name, partitions)
         info = TopicInfo(name, count, config or self.default_config, int(time.time() * 1000), internal)
-        self._partitions[name] = [self._open_partition(info, p) for p in range(count)]
-        self._topics[name] = info
-        self._persist_topics()
+        logs: list[PartitionLog] = []
+        try:
+            for p in range(count):
+                logs.append(self._open_partition(info, p))
+            self._topics[name] = info
+            self._partitions[name] = logs
+            self._persist_topics()
+        except BaseException:
+            self._topics.pop(name, None)
+            self._partitions.pop(name, None)
+            self._undo_partitions(info, logs, range(count))
+            raise
         return info
+
+    def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> TopicInfo:
+        """Grow ``name`` to ``total`` partitions, all or nothing (Kafka's CreatePartitions rules)."""
+        info = self.topic(name)
+        if total < info.partitions:
+            raise InvalidPartitionsError(
+                f"Topic currently has {info.partitions} partitions, which is higher than the requested {total}."
+            )
+        if total == info.partitions:
+            raise InvalidPartitionsError(f"Topic already has {info.partitions} partitions.")
+        self._check_new_partitions(name, total - info.partitions)
+        if validate_only:
+            return replace(info, partitions=total)
+        grown = replace(info, partitions=total)
+        logs = self._partitions[name]
+        added: list[PartitionLog] = []
+        try:
+            for p in range(info.partitions, total):
+                added.append(self._open_partition(grown, p))
+            logs.extend(added)
+            self._topics[name] = grown
+            self._persist_topics()
+        except BaseException:
+            del logs[info.partitions :]
+            self._topics[name] = info
+            self._undo_partitions(grown, added, range(info.partitions, total))
+            raise
+        return grown
+
+    def _undo_partitions(self, info: TopicInfo, logs: Sequence[PartitionLog], numbers: range) -> None:
+        """Best effort cleanup after a failed create: close what was opened, remove what was made."""
+        for plog in logs:
+            plog.abandon()
+        for p in numbers:
+            try:
+                self._remove_partition_data(info, p)
+            except BrokerError as exc:
+                log.error("cannot remove a partition of a failed create", extra={
+                    "topic": info.name, "partition": p, "error": str(exc)})
 
     async def alter_topic_config(self, name: str, config: TopicConfig) -> TopicInfo:
         """Change a topic's config in place (retention, segment size, flush policy, ...)."""
         info = replace(self.topic(name), config=config)
-        for log in self._partitions[name]:
-            await log.reconfigure(config)
+        for plog in self._partitions[name]:
+            await plog.reconfigure(config)
         self._topics[name] = info
         self._persist_topics()
         return info
@@ -337,13 +484,29 @@ class LogStore(ABC):
         return self.create_topic(name)
 
     async def delete_topic(self, name: str) -> None:
+        """Remove a topic: first from memory and the metadata file (so concurrent deletes, appends and
+        lookups see it gone at once), then close its partitions and delete their files."""
         info = self.topic(name)
-        for log in self._partitions.pop(name):
-            await log.close()
+        logs = self._partitions.pop(name)
         del self._topics[name]
-        for p in range(info.partitions):
-            self._remove_partition_data(info, p)
-        self._persist_topics()
+        try:
+            self._persist_topics()
+        except BaseException:
+            self._topics[name] = info
+            self._partitions[name] = logs
+            raise
+        self._deleting.add(name)
+        try:
+            for plog in logs:
+                try:
+                    await plog.close()
+                except BrokerError as exc:  # a failed partition: its data is being deleted anyway
+                    log.warning("partition of a deleted topic did not close cleanly", extra={
+                        "topic": name, "partition": plog.partition, "error": str(exc)})
+            for p in range(info.partitions):
+                self._remove_partition_data(info, p)
+        finally:
+            self._deleting.discard(name)
 
     def topic(self, name: str) -> TopicInfo:
         try:
@@ -393,14 +556,14 @@ class LogStore(ABC):
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        return sum(log.enforce_retention(now) for logs in self._partitions.values() for log in logs)
+        return sum(plog.enforce_retention(now) for logs in self._partitions.values() for plog in logs)
 
     async def flush(self) -> None:
-        for logs in self._partitions.values():
-            for log in logs:
-                await log.flush()
+        for logs in list(self._partitions.values()):
+            for plog in logs:
+                await plog.flush()
 
     async def close(self) -> None:
-        for logs in self._partitions.values():
-            for log in logs:
-                await log.close()
+        for logs in list(self._partitions.values()):
+            for plog in logs:
+                await plog.close()

@@ -27,7 +27,14 @@ from broker.errors import InvalidConfigError, InvalidTopicError
 from broker.log.config_defs import CONFIG_DEFS, LONG_MAX, SLUICE_CONFIGS, normalize
 from broker.protocol.records import Compression
 
-__all__ = ["KAFKA_CONFIG_NAMES", "FlushPolicy", "TopicConfig", "validate_kafka_configs", "validate_topic_name"]
+__all__ = [
+    "KAFKA_CONFIG_NAMES",
+    "FlushPolicy",
+    "TopicConfig",
+    "Visibility",
+    "validate_kafka_configs",
+    "validate_topic_name",
+]
 
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME = 249
@@ -37,6 +44,13 @@ class FlushPolicy(StrEnum):
     ALWAYS = "always"  # fsync before acknowledging (group commit shares one fsync)
     INTERVAL = "interval"  # fsync every flush_interval_ms
     OS = "os"  # never fsync explicitly; the OS writes back
+
+
+class Visibility(StrEnum):
+    """When readers see a record written under ``flush=always`` (other policies always show it at once)."""
+
+    DURABLE = "durable"  # once fsynced: the high watermark moves with the fsync (survives a power cut)
+    WRITTEN = "written"  # once written to the page cache: lower latency, may vanish in a power cut
 
 
 # Every topic config name served (Kafka's and Sluice's flush.policy), sorted.

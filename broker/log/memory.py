@@ -32,7 +32,7 @@ class MemoryPartitionLog(PartitionLog):
         return self._start
 
     @property
-    def high_watermark(self) -> int:
+    def log_end_offset(self) -> int:
         return self._end
 
     @property

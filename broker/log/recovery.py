@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker.errors import InvalidRecordError, StorageError
-from broker.log.files import atomic_write, read_json
+from broker.log.fdcache import FdCache
+from broker.log.files import atomic_write, fsync_dir, read_json
 from broker.log.index import SegmentIndex
-from broker.log.segment_file import Segment
+from broker.log.segment_file import UNBOUNDED_FDS, Segment
 from broker.protocol.records import BATCH_HEADER_SIZE, decode_header, verify_batch
 
 __all__ = [
@@ -113,14 +114,17 @@ def _list_segments(directory: Path) -> list[int]:
     return sorted(bases)
 
 
-def recover_partition(directory: Path, *, interval: int, point: RecoveryPoint | None, now_ms: int) -> Recovered:
+def recover_partition(
+    directory: Path, *, interval: int, point: RecoveryPoint | None, now_ms: int, fds: FdCache = UNBOUNDED_FDS
+) -> Recovered:
     """Open the segments of one partition directory, scanning and repairing the unflushed tail."""
     try:
         bases = _list_segments(directory)
     except OSError as exc:
         raise StorageError(f"cannot list partition directory {directory}: {exc.strerror}") from exc
     if not bases:
-        seg = Segment.create(directory, 0, now_ms, interval)
+        seg = Segment.create(directory, 0, now_ms, interval, fds)
+        fsync_dir(directory)  # the new segment's directory entries, before anything is appended to it
         return Recovered([seg], RecoveryPoint(0, 0, 0, -1, now_ms), 0, 0)
 
     segments: list[Segment] = []
@@ -128,7 +132,7 @@ def recover_partition(directory: Path, *, interval: int, point: RecoveryPoint | 
         st = os.stat(directory / f"{base:020d}.log")
         end = bases[i + 1] if i + 1 < len(bases) else base
         segments.append(Segment(directory, base, size=st.st_size, end_offset=end,
-                                last_write_ms=int(st.st_mtime * 1000), created_ms=now_ms))
+                                last_write_ms=int(st.st_mtime * 1000), created_ms=now_ms, fds=fds))
 
     # Where trusted bytes end: (segment index, index state at that position, next offset).
     start_i, index, position, expected = _resume_point(segments, point, interval)
@@ -158,6 +162,8 @@ def recover_partition(directory: Path, *, interval: int, point: RecoveryPoint | 
             for dropped in later:
                 dropped.delete()
             del segments[i + 1 :]
+            if later:
+                fsync_dir(directory)
         seg.index = index
         if end > position or error is not None:
             _sync_log(seg)
@@ -174,6 +180,7 @@ def recover_partition(directory: Path, *, interval: int, point: RecoveryPoint | 
         active.index = SegmentIndex(interval)
     if point is not None and point.segment == active.base_offset:
         active.created_ms = point.created_ms
+    active.active = True
     active.open_log()
     active.open_index_writers(*active.index.to_bytes())
     recovered_point = RecoveryPoint(active.base_offset, active.size, active.end_offset,

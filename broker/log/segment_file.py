@@ -1,9 +1,11 @@
 """One segment on disk: ``<base>.log`` with its ``.index`` and ``.timeindex``, and their file descriptors.
 
-A segment is *active* (the partition appends to it; its log and index files are open for writing)
-or *closed* (read-only; its index is loaded lazily on the first read and rebuilt from the log when
-missing or inconsistent, so a lost or damaged index never loses data). Reads use ``os.pread`` in
-the event loop: page-cache reads are microseconds, a thread hop would cost more.
+A segment is *active* (the partition appends to it) or *closed* (read-only; its index is loaded
+lazily on the first read and rebuilt from the log when missing or inconsistent, so a lost or damaged
+index never loses data). Descriptors are opened on use and counted by the store's ``FdCache``, which
+may close them again at any time the segment has no fsync in flight: every use goes through
+``open_log`` / ``index_writer`` / ``time_writer``, never a stored descriptor. Reads use ``os.pread``
+in the event loop: page-cache reads are microseconds, a thread hop would cost more.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from broker.errors import InvalidRecordError, StorageError
+from broker.log.fdcache import FdCache
 from broker.log.files import atomic_write, write_all
 from broker.log.index import SegmentIndex
 from broker.protocol.records import BATCH_HEADER_SIZE, BatchHeader, decode_header, split_complete_batches
 
-__all__ = ["MAX_SEGMENT_BYTES", "Segment", "segment_name"]
+__all__ = ["MAX_SEGMENT_BYTES", "UNBOUNDED_FDS", "Segment", "segment_name"]
 
 log = logging.getLogger("broker.log.segment")
 
@@ -27,6 +30,7 @@ log = logging.getLogger("broker.log.segment")
 MAX_SEGMENT_BYTES = 2**31 - 1
 MAX_RELATIVE_OFFSET = 2**31 - 1
 _HEADER_CHUNK = 16 * 1024
+UNBOUNDED_FDS = FdCache(None)  # for segments opened outside a store (tools, tests): counted, never trimmed
 
 
 def segment_name(base_offset: int) -> str:
@@ -46,20 +50,23 @@ class Segment:
         last_write_ms: int,
         created_ms: int,
         index: SegmentIndex | None = None,
+        fds: FdCache = UNBOUNDED_FDS,
     ) -> None:
         self.directory = directory
+        self.fds = fds
         self.base_offset = base_offset
         self.size = size
         self.end_offset = end_offset  # offset after the last stored record
         self.last_write_ms = last_write_ms
         self.created_ms = created_ms
         self.index = index
-        self.fd: int | None = None  # log file; read-write for the active segment
-        self.index_fd: int | None = None  # open only while the segment is (or was just) active
+        self.fd: int | None = None  # log file (O_APPEND: the active segment writes through it)
+        self.index_fd: int | None = None  # index files, appended to while the segment is active
         self.time_fd: int | None = None
         self.dirty_log = False  # written since the last fsync
         self.dirty_index = False  # index files written and not yet fsynced (after a roll)
         self.syncing = 0  # fsyncs in flight using this segment's descriptors
+        self.active = False  # the partition appends here; its index lives in memory, built by us
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -80,6 +87,10 @@ class Segment:
         return self.stem.with_suffix(".timeindex")
 
     @property
+    def open_fds(self) -> int:
+        return (self.fd is not None) + (self.index_fd is not None) + (self.time_fd is not None)
+
+    @property
     def busy(self) -> bool:
         """Descriptors that must not be closed yet: unsynced data or an fsync in flight."""
         return self.dirty_log or self.dirty_index or self.syncing > 0
@@ -87,33 +98,75 @@ class Segment:
     # -- opening and closing ----------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int, now_ms: int, interval: int) -> Segment:
-        """A new, empty active segment (its files created now)."""
+    def planned(cls, directory: Path, base_offset: int, now_ms: int, interval: int,
+                fds: FdCache = UNBOUNDED_FDS) -> Segment:
+        """A new, empty active segment whose files do not exist yet (``create_files`` makes them)."""
         seg = cls(directory, base_offset, size=0, end_offset=base_offset, last_write_ms=now_ms,
-                  created_ms=now_ms, index=SegmentIndex(interval))
-        try:
-            seg.fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-            if os.fstat(seg.fd).st_size:
-                raise StorageError(f"cannot create segment {seg.log_path}: a non-empty file is already there")
-        except OSError as exc:
-            seg.close()
-            raise StorageError(f"cannot create segment {seg.log_path}: {exc.strerror}") from exc
-        seg.open_index_writers(b"", b"")
+                  created_ms=now_ms, index=SegmentIndex(interval), fds=fds)
+        seg.active = True
         return seg
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, now_ms: int, interval: int,
+               fds: FdCache = UNBOUNDED_FDS) -> Segment:
+        """A new, empty active segment (its files created now)."""
+        seg = cls.planned(directory, base_offset, now_ms, interval, fds)
+        seg.create_files()
+        return seg
+
+    def create_files(self) -> None:
+        """Create the empty log and index files of a planned segment (the caller fsyncs the directory)."""
+        try:
+            fd = self._open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+            self.fd = fd
+            if os.fstat(fd).st_size:
+                raise StorageError(f"cannot create segment {self.log_path}: a non-empty file is already there")
+        except OSError as exc:
+            self.close()
+            raise StorageError(f"cannot create segment {self.log_path}: {exc.strerror}") from exc
+        self.open_index_writers(b"", b"")
+
+    def _open(self, path: Path, flags: int) -> int:
+        return self.fds.open(path, flags, self)
 
     def open_log(self) -> int:
         if self.fd is None:
             try:
-                self.fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND)
+                self.fd = self._open(self.log_path, os.O_RDWR | os.O_APPEND)
             except OSError as exc:
                 raise StorageError(f"cannot open segment {self.log_path}: {exc.strerror}") from exc
+        else:
+            self.fds.touch(self)
         return self.fd
 
+    def index_writer(self) -> int:
+        """The offset index, open for appending (reopened after the cache closed it)."""
+        if self.index_fd is None:
+            self.index_fd = self._open_for_append(self.index_path)
+        return self.index_fd
+
+    def time_writer(self) -> int:
+        """The time index, open for appending (reopened after the cache closed it)."""
+        if self.time_fd is None:
+            self.time_fd = self._open_for_append(self.time_path)
+        return self.time_fd
+
+    def _open_for_append(self, path: Path) -> int:
+        try:
+            return self._open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        except OSError as exc:
+            raise StorageError(f"cannot open index file {path}: {exc.strerror}") from exc
+
     def open_index_writers(self, index: bytes, times: bytes) -> None:
-        """(Re)write both index files with the given content and keep them open for appending."""
+        """(Re)write both index files with the given content, leaving them open for appending."""
         try:
             for path, data, attr in ((self.index_path, index, "index_fd"), (self.time_path, times, "time_fd")):
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+                old = getattr(self, attr)
+                if old is not None:
+                    setattr(self, attr, None)
+                    os.close(old)
+                    self.fds.closed(self, 1)
+                fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
                 setattr(self, attr, fd)
                 write_all(fd, data)
         except OSError as exc:
@@ -123,13 +176,15 @@ class Segment:
         for attr in ("index_fd", "time_fd"):
             fd = getattr(self, attr)
             if fd is not None:
-                os.close(fd)
                 setattr(self, attr, None)
+                os.close(fd)
+                self.fds.closed(self, 1)
 
     def close_log(self) -> None:
         if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+            fd, self.fd = self.fd, None
+            os.close(fd)
+            self.fds.closed(self, 1)
 
     def close(self) -> None:
         self.close_log()
@@ -177,11 +232,13 @@ class Segment:
             start = index.positions[i] if i >= 0 else 0
         return [header for _, header in self.iter_headers(start)]
 
-    def read_batches(self, position: int, max_bytes: int, *, at_least_one: bool) -> bytes:
-        """Whole batches from ``position`` up to ``max_bytes`` (or one whole batch if ``at_least_one``)."""
-        if position >= self.size:
+    def read_batches(self, position: int, max_bytes: int, *, at_least_one: bool, end: int | None = None) -> bytes:
+        """Whole batches from ``position`` up to ``max_bytes`` (or one whole batch if ``at_least_one``),
+        none past byte ``end`` (a batch boundary; default: the segment's size)."""
+        end = self.size if end is None else min(end, self.size)
+        if position >= end:
             return b""
-        want = min(max(max_bytes, BATCH_HEADER_SIZE), self.size - position)
+        want = min(max(max_bytes, BATCH_HEADER_SIZE), end - position)
         buf = self.pread(want, position)
         _, complete = split_complete_batches(buf)
         if complete:
@@ -252,7 +309,7 @@ class Segment:
             if pos == position and header.base_offset != self.base_offset + rel:
                 # The entry does not point at the batch it names. A closed segment's files came from
                 # disk: rebuild them and search again. The active index is built in memory by us.
-                if self.index_fd is not None or not retry:
+                if self.active or not retry:
                     return self._locate_by_scan(offset)
                 self.index = self.rebuild_index(interval, "inconsistent")
                 return self.locate(offset, interval, retry=False)

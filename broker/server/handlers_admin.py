@@ -66,8 +66,27 @@ async def handle_metadata(ctx: BrokerContext, body: Any, conn: ConnectionInfo, v
     }
 
 
+def _requested_partitions(ctx: BrokerContext, topics: Any) -> int:
+    """Partitions a CreateTopics request asks for in all, counted as Kafka's controller does."""
+    total = 0
+    for topic in topics:
+        if topic.assignments:
+            total += len(topic.assignments)
+        elif int(topic.num_partitions) == -1:
+            total += ctx.store.default_partitions
+        elif int(topic.num_partitions) > 0:
+            total += int(topic.num_partitions)
+    return total
+
+
 async def handle_create_topics(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
+    try:  # Kafka fails the whole request when it would create too many partitions (KAFKA-17870)
+        ctx.store.limits.check_request(_requested_partitions(ctx, body.topics))
+    except BrokerError as exc:
+        log.warning("create topics refused", extra={"error": str(exc), "peer": conn.peer_host})
+        return {"throttle_time": 0, "topics": [
+            {"name": str(t.name), "error_code": error_code_for(exc), "error_message": str(exc)} for t in body.topics]}
     for topic in body.topics:
         name = str(topic.name)
         result: dict[str, Any] = {"name": name, "error_code": ErrorCode.NONE, "error_message": None}
@@ -93,9 +112,10 @@ async def handle_create_topics(ctx: BrokerContext, body: Any, conn: ConnectionIn
             result["error_code"] = ErrorCode.TOPIC_ALREADY_EXISTS
             result["error_message"] = f"topic {name!r} already exists"
             continue
-        if body.validate_only:
-            continue
         try:
+            if body.validate_only:
+                ctx.store.validate_create(name, count)
+                continue
             ctx.store.create_topic(name, count, config)
             log.info("topic created", extra={"topic": name, "partitions": count, "peer": conn.peer_host})
         except BrokerError as exc:

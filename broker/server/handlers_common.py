@@ -15,6 +15,7 @@ from broker.errors import (
     InvalidTimestampError,
     InvalidTopicError,
     OffsetOutOfRangeError,
+    PolicyViolationError,
     RecordTooLargeError,
     StorageError,
     TopicExistsError,
@@ -71,6 +72,7 @@ _ERRORS: tuple[tuple[type[BrokerError], ErrorCode], ...] = (
     (InvalidTopicError, ErrorCode.INVALID_TOPIC_EXCEPTION),
     (InvalidPartitionsError, ErrorCode.INVALID_PARTITIONS),
     (InvalidConfigError, ErrorCode.INVALID_CONFIG),
+    (PolicyViolationError, ErrorCode.POLICY_VIOLATION),
     (OffsetOutOfRangeError, ErrorCode.OFFSET_OUT_OF_RANGE),
     (StorageError, ErrorCode.KAFKA_STORAGE_ERROR),
 )

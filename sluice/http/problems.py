@@ -6,6 +6,7 @@ Domain errors are translated here, once, at the boundary::
     TopicExistsError         409  topic-exists
     InvalidTopicError        400  invalid-topic-name
     InvalidPartitionsError   400  invalid-partitions
+    PolicyViolationError     400  policy-violation
     OffsetOutOfRangeError    416  offset-out-of-range
     RecordTooLargeError      413  record-too-large
     InvalidRecordError       400  invalid-record
@@ -37,6 +38,7 @@ from broker.errors import (
     InvalidRecordError,
     InvalidTopicError,
     OffsetOutOfRangeError,
+    PolicyViolationError,
     RecordTooLargeError,
     StorageError,
     TopicExistsError,
@@ -116,6 +118,7 @@ _DOMAIN: list[tuple[type[BrokerError], int, str, str]] = [
     (TopicExistsError, 409, "topic-exists", "Topic already exists"),
     (InvalidTopicError, 400, "invalid-topic-name", "Invalid topic name"),
     (InvalidPartitionsError, 400, "invalid-partitions", "Invalid partition count"),
+    (PolicyViolationError, 400, "policy-violation", "Refused by a broker limit"),
     (OffsetOutOfRangeError, 416, "offset-out-of-range", "Offset out of range"),
     (RecordTooLargeError, 413, "record-too-large", "Record too large"),
     (InvalidRecordError, 400, "invalid-record", "Invalid record"),

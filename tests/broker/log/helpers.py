@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict, Unpack
 
-from broker.log.api import PartitionLog
-from broker.log.config import TopicConfig
+from broker.log.api import PartitionLimits, PartitionLog
+from broker.log.config import TopicConfig, Visibility
 from broker.log.segment import SegmentLogStore
 from broker.protocol.records import Record, RecordSpec, decode_all, encode_batch
 
@@ -31,6 +31,7 @@ class LogStoreOptions(TypedDict, total=False):
     default_config: TopicConfig | None
     default_partitions: int
     auto_create_topics: bool
+    limits: PartitionLimits | None
 
 
 class SegmentStoreOptions(LogStoreOptions, total=False):
@@ -39,6 +40,8 @@ class SegmentStoreOptions(LogStoreOptions, total=False):
     clock: Callable[[], float]
     checkpoint_interval_s: float
     sync_threads: int
+    max_open_files: int | None
+    visibility: Visibility
 
 
 class FakeClock:

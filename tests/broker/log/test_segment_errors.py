@@ -91,17 +91,22 @@ async def test_second_store_on_the_same_directory_is_refused(tmp_path: Path) -> 
     await store.close()
 
 
-async def test_partition_path_taken_by_a_file_fails_topic_creation_only(tmp_path: Path) -> None:
+async def test_partition_path_taken_by_a_file_fails_that_partitions_writes_only(tmp_path: Path) -> None:
+    """A partition's directory is made by its first write, so that is what fails (creating needs no files)."""
     store = await stored_store(tmp_path)
     (tmp_path / "other-0").write_text("in the way")  # tests run as root: modes would not stop us
+    store.create_topic("other", 1)
     with pytest.raises(StorageError, match="cannot create partition directory .*other-0"):
-        store.create_topic("other", 1)
-    assert [t.name for t in store.list_topics()] == ["keep"]
+        await store.append_records("other", [RecordSpec(b"refused")], partition=0)
+    assert store.partition("other", 0).log_end_offset == 0
     await store.append_records("keep", [RecordSpec(b"still fine")], partition=0)
+    (tmp_path / "other-0").unlink()
+    await store.append_records("other", [RecordSpec(b"now stored")], partition=0)
     await store.close()
     store = await open_store(tmp_path)
-    assert [t.name for t in store.list_topics()] == ["keep"]
+    assert sorted(t.name for t in store.list_topics()) == ["keep", "other"]
     assert store.partition("keep", 0).high_watermark == 6
+    assert [r.value for r in all_records(store.partition("other", 0))] == [b"now stored"]
     await store.close()
 
 
@@ -130,11 +135,11 @@ async def test_failed_fsync_is_reported_and_the_partition_refuses_more_writes(
 ) -> None:
     import errno
 
-    import broker.log.segment as segment_module
+    import broker.log.segment_partition as segment_module
 
     store = await stored_store(tmp_path)
 
-    def failing(targets: list[tuple[int, bool]]) -> None:
+    def failing(files: list[int], dirs: list[Path]) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(segment_module, "_fsync_all", failing)  # the disk reports EIO on fsync

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import broker.log.segment as segment_module
+import broker.log.segment_partition as segment_module
 from broker.log.config import FlushPolicy, TopicConfig
 from broker.log.segment import SegmentLogStore, SegmentPartitionLog
 from broker.protocol.records import RecordSpec, decode_all, encode_batch
@@ -203,12 +203,12 @@ async def test_flush_always_shares_one_fsync_between_concurrent_appends(tmp_path
 async def test_appends_during_an_fsync_wait_for_the_next_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gate = threading.Event()
     calls: list[int] = []
-    real: Callable[[list[tuple[int, bool]]], None] = segment_module._fsync_all
+    real: Callable[[list[int], list[Path]], None] = segment_module._fsync_all
 
-    def gated(targets: list[tuple[int, bool]]) -> None:
-        calls.append(len(targets))
+    def gated(files: list[int], dirs: list[Path]) -> None:
+        calls.append(len(files) + len(dirs))
         gate.wait(10)
-        real(targets)
+        real(files, dirs)
 
     monkeypatch.setattr(segment_module, "_fsync_all", gated)
     store = await open_store(tmp_path)
@@ -239,12 +239,12 @@ async def test_a_marked_wait_ends_with_the_fsync_that_covers_its_writes(
     more for theirs."""
     turns = threading.Semaphore(0)  # one release lets one fsync round finish
     calls: list[int] = []
-    real: Callable[[list[tuple[int, bool]]], None] = segment_module._fsync_all
+    real: Callable[[list[int], list[Path]], None] = segment_module._fsync_all
 
-    def gated(targets: list[tuple[int, bool]]) -> None:
-        calls.append(len(targets))
+    def gated(files: list[int], dirs: list[Path]) -> None:
+        calls.append(len(files) + len(dirs))
         turns.acquire(timeout=10)
-        real(targets)
+        real(files, dirs)
 
     async def until_fsync_calls(n: int) -> None:
         while len(calls) < n:

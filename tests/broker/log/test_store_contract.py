@@ -139,7 +139,19 @@ async def test_wait_for_data_wakes_on_append(store: LogStore) -> None:
     assert not waiter.done()
     await store.append("t", 0, batch(b"x"))
     assert await waiter is True
-    assert await log.wait_for_data(5, timeout=0.01) is False
+    assert await log.wait_for_data(1, timeout=0.01) is False
+
+
+async def test_waiting_beyond_the_log_end_is_refused_not_silently_skipped(store: LogStore) -> None:
+    """A reader whose position is past the log end (its records did not survive a restart) is told so
+    at once: waiting would later hand it records after a gap it never heard of."""
+    store.create_topic("t", 1)
+    log = store.partition("t", 0)
+    await store.append("t", 0, batch(b"x"))
+    with pytest.raises(OffsetOutOfRangeError, match="beyond the log end offset 1"):
+        await log.wait_for_data(5, timeout=5)
+    with pytest.raises(OffsetOutOfRangeError, match="beyond the log end offset 1"):
+        log.read(5, 100)
 
 
 async def test_retention_by_bytes_drops_oldest_and_moves_log_start(store: LogStore) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from broker.log import segment
+from broker.log import segment_partition as segment
 from broker.log.segment import SegmentLogStore
 from broker.protocol.kafka import ApiKey
 from broker.protocol.kafka_codes import ErrorCode
@@ -29,7 +29,7 @@ from tests.broker.server.raw_client import RawClient
 
 
 class FailingFsync:
-    """Stands in for ``segment._fsync_all``: raises EIO for the next ``armed`` calls, then syncs for real."""
+    """Stands in for ``segment_partition._fsync_all``: raises EIO for the next ``armed`` calls, then syncs for real."""
 
     def __init__(self, real: Any) -> None:
         self.real = real
@@ -37,7 +37,7 @@ class FailingFsync:
         self.failed = 0
         self._lock = threading.Lock()  # called from the store's worker threads
 
-    def __call__(self, targets: list[tuple[int, bool]]) -> None:
+    def __call__(self, files: list[int], dirs: list[Path]) -> None:
         with self._lock:
             fail = self.armed > 0
             if fail:
@@ -45,7 +45,7 @@ class FailingFsync:
                 self.failed += 1
         if fail:
             raise OSError(errno.EIO, "Input/output error")
-        self.real(targets)
+        self.real(files, dirs)
 
 
 @pytest.fixture
