@@ -1,6 +1,7 @@
 """Kafka protocol throughput and latency: Sluice vs Redis Streams vs NATS JetStream, in one run.
 
-Run: ``python -m bench.bench_kafka`` (add ``--quick`` for a smoke run). Needs gcc and librdkafka-dev
+Run: ``python -m bench.bench_kafka`` (add ``--quick`` for a smoke run, ``--latency-only`` for the
+latency table alone). Needs gcc and librdkafka-dev
 (``scripts/install-system-deps.sh bench``). Every server is started by the benchmark on a free
 loopback port with a fresh temporary data directory:
 
@@ -93,9 +94,10 @@ def process(
 
 
 @contextmanager
-def sluice(data_dir: Path, flush: str = "always") -> Iterator[tuple[str, int]]:
+def sluice(data_dir: Path, flush: str = "always", visibility: str = "durable") -> Iterator[tuple[str, int]]:
     env = {**os.environ, "SLUICE_KAFKA__PORT": "0", "SLUICE_MQTT__ENABLED": "false", "SLUICE_TCP__ENABLED": "false",
-           "SLUICE_HTTP__ENABLED": "false", "SLUICE_STORAGE__FLUSH": flush, "SLUICE_LOG_LEVEL": "WARNING"}
+           "SLUICE_HTTP__ENABLED": "false", "SLUICE_STORAGE__FLUSH": flush, "SLUICE_LOG_LEVEL": "WARNING",
+           "SLUICE_STORAGE__VISIBILITY": visibility}
     with process([sys.executable, "-m", "sluice.cli", "serve", "--data-dir", str(data_dir)], env=env) as proc:
         endpoints = data_dir / "endpoints.json"
         deadline = time.monotonic() + 30
@@ -469,11 +471,16 @@ def latency_phase(root: Path, seconds: float) -> dict[str, list[float]]:
         print(f"latency {key}: p50 {statistics.median(values):.2f} ms, p99 {pct(values, 0.99):.2f} ms", flush=True)
 
     root.mkdir()
-    for flush, acks in (("os", "1"), ("always", "all")):
+    # flush=always twice: consumers see a record once fsynced (visibility=durable, the default) or once
+    # written (visibility=written, the pre-issue-11 behaviour); the difference is what durability costs.
+    for flush, acks, visibility in (("os", "1", ""), ("always", "all", "durable"), ("always", "all", "written")):
         for linger in (0, 1):
             os.sync()
-            with sluice(root / f"sluice-{flush}-{linger}", flush) as (bootstrap, _pid):
-                record(f"sluice {acks_label(acks)} flush={flush} linger.ms={linger}",
+            mode = f" visibility={visibility}" if visibility else ""
+            with sluice(root / f"sluice-{flush}{visibility}-{linger}", flush, visibility or "durable") as (
+                bootstrap, _pid
+            ):
+                record(f"sluice {acks_label(acks)} flush={flush}{mode} linger.ms={linger}",
                        kafka_latency(bootstrap, "latency", seconds, acks, linger))
     for durable in (False, True):
         os.sync()
@@ -495,6 +502,11 @@ def main() -> None:
     if "--loadgen-procs" in sys.argv:
         LOADGEN_PROCS = int(sys.argv[sys.argv.index("--loadgen-procs") + 1])
     n_small, n_large, seconds = (50_000, 20_000, 2.0) if quick else (300_000, 100_000, 5.0)
+    if "--latency-only" in sys.argv:  # the latency table alone (every system, side by side)
+        with tempfile.TemporaryDirectory() as tmp:
+            lat = latency_phase(Path(tmp) / "latency", seconds)
+        print_latency(lat)
+        return
     # C load generators: records per run (split over their processes); Redis XADD gets the same total.
     c_total = {100: 200_000, 1024: 40_000} if quick else {100: 2_000_000, 1024: 400_000}
     for tool in ("redis-server", "redis-benchmark", "nats-server", "kcat", "gcc"):
@@ -572,10 +584,14 @@ def main() -> None:
         broker = f"{broker_cpu[name]:.2f}" if name in broker_cpu else ""
         client = f"{client_cpu[name]:.2f}" if name in client_cpu else ""
         print(f"| {name} | {value:,.0f} | {broker} | {client} |")
+    print_latency(lat)
+    report_targets(results, lat)
+
+
+def print_latency(lat: dict[str, list[float]]) -> None:
     print("\n| latency at 10k records/s | p50 ms | p99 ms | records |\n|---|---:|---:|---:|")
     for name, values in lat.items():
         print(f"| {name} | {statistics.median(values):.2f} | {pct(values, 0.99):.2f} | {len(values)} |")
-    report_targets(results, lat)
 
 
 def report_targets(results: dict[str, float], lat: dict[str, list[float]]) -> None:
