@@ -14,6 +14,7 @@ from broker.groups.group import GroupSettings
 from broker.groups.offsets import DurableOffsetStore, MemoryOffsetStore, OffsetStore
 from broker.server.kafka import KafkaListenerConfig, KafkaServer, KafkaServerConfig
 from broker.server.producer_state import ProducerIdAllocator, rebuild
+from broker.txn import TxnSettings
 from sluice.front_metrics import KafkaCollector, publish_collector
 from sluice.runtime import Runtime
 
@@ -49,6 +50,11 @@ class KafkaComponent:
                 connections_max_idle_ms=kafka.connections_max_idle_ms,
                 max_connections=kafka.max_connections,
                 max_connections_per_address=kafka.max_connections_per_address,
+                transactions=TxnSettings(
+                    max_timeout_ms=kafka.transaction_max_timeout_ms,
+                    abort_check_interval_ms=kafka.transaction_abort_check_interval_ms,
+                    id_expiration_ms=kafka.transactional_id_expiration_ms,
+                ),
                 extra_listeners=tuple(
                     KafkaListenerConfig(**extra.model_dump()) for extra in kafka.extra_listeners
                 ),

@@ -22,10 +22,13 @@ from broker.errors import (
     UnknownTopicError,
     UnsupportedMagicError,
 )
+from broker.groups.offsets import CommittedOffset
 from broker.log.api import LogStore
 from broker.protocol.kafka_codes import ErrorCode
 from broker.server.producer_state import ProducerIdAllocator, ProducerStateTable
 from broker.server.stats import KafkaStats
+from broker.txn.coordinator import TransactionCoordinator
+from broker.txn.metadata import PendingOffset, TopicPartition
 
 __all__ = ["DEFAULT_LISTENER", "NODE_ID", "BrokerContext", "ConnectionInfo", "error_code_for", "millis"]
 
@@ -48,6 +51,17 @@ class BrokerContext:
     # the listener it arrived on (Metadata, FindCoordinator), the default one otherwise.
     listener_addresses: dict[str, tuple[str, int]] = field(default_factory=dict)
     stats: KafkaStats = field(default_factory=KafkaStats)  # plain counters for metrics
+    transactions: TransactionCoordinator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.transactions = TransactionCoordinator(self.store, self._allocate_producer_id, self._commit_txn_offsets)
+
+    def _allocate_producer_id(self) -> int:
+        return self.producer_ids.allocate()  # looked up per call: serve replaces producer_ids after construction
+
+    async def _commit_txn_offsets(self, group_id: str, offsets: dict[TopicPartition, PendingOffset]) -> None:
+        await self.coordinator.offsets.commit(
+            group_id, {tp: CommittedOffset(offset, metadata) for tp, (offset, metadata) in offsets.items()})
 
     def advertised_for(self, conn: ConnectionInfo) -> tuple[str, int]:
         """The (host, port) a client connected through ``conn.listener`` should use to reach us."""

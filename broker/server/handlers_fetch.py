@@ -5,7 +5,9 @@ any partition has an error, or ``max_wait_ms`` is 0; otherwise it waits for an a
 requested partition (``PartitionLog.wait_for_data``) until ``max_wait_ms`` has passed. Sizes follow
 KIP-74 (see ``_read_all``): the response stays within ``max_bytes`` and each partition within its
 ``partition_max_bytes``, except that the first partition with data gets at least one whole batch.
-Last stable offset = high watermark (no transactions); preferred read replica = -1.
+The last stable offset comes from the transaction coordinator (the high watermark when no
+transaction is open); ``read_committed`` (isolation level 1) reads stop there and carry the aborted
+transactions overlapping what they return. Preferred read replica = -1.
 
 ListOffsets by timestamp answers, as Kafka does, the offset and timestamp of the first record (by
 offset) whose timestamp is ≥ the one asked for: the store finds the first batch whose max timestamp
@@ -29,6 +31,7 @@ __all__ = ["handle_fetch", "handle_list_offsets"]
 
 LATEST = -1
 EARLIEST = -2
+READ_COMMITTED = 1
 
 
 def _read_within(plog: PartitionLog, offset: int, budget: int, at_least_one: bool) -> bytes:
@@ -48,6 +51,7 @@ def _read_all(ctx: BrokerContext, body: Any) -> tuple[FetchResponse, int, bool, 
     # larger than max_bytes plus that one batch.
     remaining = max(int(body.max_bytes), 0)
     at_least_one = True
+    read_committed = int(body.isolation_level) == READ_COMMITTED
     total = 0
     errors = False
     waitable: list[tuple[PartitionLog, int]] = []
@@ -77,15 +81,40 @@ def _read_all(ctx: BrokerContext, body: Any) -> tuple[FetchResponse, int, bool, 
                 errors = True
                 parts.append(FetchPartitionResponse(index, error_code_for(exc), hw, hw, start, b""))
                 continue
+            lso = ctx.transactions.last_stable_offset(plog)
+            aborted: tuple[tuple[int, int], ...] | None = None
+            if read_committed:
+                data, aborted = _committed_part(ctx, plog, offset, data, lso)
             if data:
                 at_least_one = False
             total += len(data)
             remaining = max(remaining - len(data), 0)
             if not data and offset >= hw:  # only an append can add data here (an over-budget one has it)
                 waitable.append((plog, offset))
-            parts.append(FetchPartitionResponse(index, ErrorCode.NONE, hw, hw, start, data))
+            elif not data and read_committed and offset >= lso:
+                waitable.append((plog, hw))  # held back by an open transaction: its marker is an append
+            parts.append(FetchPartitionResponse(index, ErrorCode.NONE, hw, lso, start, data,
+                                                aborted_transactions=aborted))
         topics.append(FetchTopicResponse(name, tuple(parts)))
     return FetchResponse(tuple(topics)), total, errors, waitable
+
+
+def _committed_part(ctx: BrokerContext, plog: PartitionLog, offset: int, data: bytes,
+                    lso: int) -> tuple[bytes, tuple[tuple[int, int], ...]]:
+    """For read_committed: the batches below the last stable offset, and the aborted transactions
+    that overlap them (the consumer drops those producers' batches up to their abort markers)."""
+    if not data:
+        return data, ()
+    headers, _ = split_complete_batches(data)
+    end = 0
+    last = offset
+    for header in headers:
+        if header.base_offset >= lso:
+            break
+        end += header.size
+        last = header.last_offset + 1
+    kept = data[:end] if end < len(data) else data
+    return kept, tuple(ctx.transactions.aborted_between(plog, offset, last)) if kept else ()
 
 
 async def handle_fetch(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> FetchResponse:
@@ -134,7 +163,8 @@ async def handle_list_offsets(ctx: BrokerContext, body: Any, conn: ConnectionInf
             try:
                 plog = ctx.store.partition(name, index)
                 if when == LATEST:
-                    entry["offset"] = plog.high_watermark
+                    committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
+                    entry["offset"] = ctx.transactions.last_stable_offset(plog) if committed else plog.high_watermark
                 elif when == EARLIEST:
                     entry["offset"] = plog.log_start_offset
                 else:

@@ -17,7 +17,9 @@ from broker.log.api import PartitionLog
 from broker.protocol.batch_validation import validate_produce_batch
 from broker.protocol.kafka.produce import ProducePartitionResponse, ProduceResponse, ProduceTopicResponse
 from broker.protocol.kafka_codes import ErrorCode
+from broker.protocol.records import BatchHeader
 from broker.server.handlers_common import BrokerContext, ConnectionInfo, error_code_for
+from broker.server.handlers_txn import handle_init_transactional_producer
 
 __all__ = ["handle_init_producer_id", "handle_produce"]
 
@@ -58,6 +60,21 @@ def _topic_rules(plog: PartitionLog) -> tuple[int, bool]:
     return plog.config.max_message_bytes, plog.config.compact
 
 
+def _transaction_refusal(
+    ctx: BrokerContext, topic: str, partition: int, header: BatchHeader, conn: ConnectionInfo
+) -> ErrorCode | None:
+    """Why a transactional batch may not be appended (epoch fenced, partition not in the producer's
+    open transaction: the coordinator's checks), or None."""
+    if not header.is_transactional:
+        return None
+    code = ctx.transactions.check_produce(topic, partition, header)
+    if code == ErrorCode.NONE:
+        return None
+    log.info("transactional produce refused", extra={"topic": topic, "partition": partition, "error": code.name,
+                                                      "producer_id": header.producer_id, "peer": conn.peer_host})
+    return code
+
+
 def _append_one(
     ctx: BrokerContext, topic: str, partition: int, records: bytes | None, conn: ConnectionInfo
 ) -> tuple[ProducePartitionResponse, PartitionLog | None]:
@@ -72,6 +89,9 @@ def _append_one(
         max_message_bytes, compacted = _topic_rules(plog)
         accepted = validate_produce_batch(records, max_message_bytes, compacted=compacted)
         header = accepted.header
+        refusal = _transaction_refusal(ctx, topic, partition, header, conn)
+        if refusal is not None:
+            return ProducePartitionResponse(partition, refusal, error_message=f"transaction: {refusal.name}"), None
         decision = ctx.producer_state.check(topic, partition, header)
         if decision.duplicate_of is not None:
             return ProducePartitionResponse(partition, ErrorCode.NONE, decision.duplicate_of, -1,
@@ -85,6 +105,8 @@ def _append_one(
             return ProducePartitionResponse(partition, decision.error), None
         result = plog.append_nowait(accepted.data)
         ctx.producer_state.record(topic, partition, header, result.base_offset)
+        if header.is_transactional:
+            ctx.transactions.appended(topic, partition, header.producer_id, result.base_offset)
         ctx.stats.produce_records += result.last_offset - result.base_offset + 1
         ctx.stats.produce_bytes += len(accepted.data)
     except BrokerError as exc:
@@ -144,13 +166,10 @@ def handle_produce(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> Await
     return finish()
 
 
-async def handle_init_producer_id(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+async def handle_init_producer_id(ctx: BrokerContext, body: Any, conn: ConnectionInfo,
+                                  version: int) -> dict[str, Any]:
     if body.transactional_id is not None:
-        # Transactions are not served (AddPartitionsToTxn/EndTxn are not advertised).
-        log.warning("transactional producer refused", extra={"transactional_id": body.transactional_id,
-                                                              "peer": conn.peer_host})
-        return {"throttle_time": 0, "error_code": ErrorCode.INVALID_REQUEST, "producer_id": -1,
-                "producer_epoch": -1}
+        return await handle_init_transactional_producer(ctx, body, conn, version)
     try:
         producer_id = ctx.producer_ids.allocate()  # may write the next reserved block under the data dir
     except BrokerError as exc:

@@ -8,6 +8,7 @@ TxnOffsetCommit always, as Kafka's offsets log answers it).
 
 from __future__ import annotations
 
+import datetime
 import logging
 from typing import Any
 
@@ -27,6 +28,12 @@ __all__ = [
 ]
 
 log = logging.getLogger("broker.server.kafka")
+
+
+def _instant(ms: int) -> datetime.datetime:
+    """A start time as kio writes it. Kafka answers -1 for "no transaction yet"; kio's reader (and
+    some clients) refuse negative timestamps, so that is sent as 0, the epoch."""
+    return datetime.datetime.fromtimestamp(max(ms, 0) / 1000, tz=datetime.UTC)
 
 
 def _fenced_for(version: int, first_version_with_fenced: int, code: ErrorCode) -> ErrorCode:
@@ -145,7 +152,7 @@ async def handle_describe_transactions(ctx: BrokerContext, body: Any, conn: Conn
         if md is None:
             code = ErrorCode.INVALID_REQUEST if not txn_id else ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
             states.append({"error_code": code, "transactional_id": txn_id, "transaction_state": "",
-                           "transaction_timeout": 0, "transaction_start_time": -1, "producer_id": -1,
+                           "transaction_timeout": 0, "transaction_start_time": _instant(-1), "producer_id": -1,
                            "producer_epoch": -1, "topics": []})
             continue
         topics: dict[str, list[int]] = {}
@@ -153,7 +160,7 @@ async def handle_describe_transactions(ctx: BrokerContext, body: Any, conn: Conn
             topics.setdefault(topic, []).append(partition)
         states.append({"error_code": ErrorCode.NONE, "transactional_id": txn_id,
                        "transaction_state": md.state.value, "transaction_timeout": md.timeout_ms,
-                       "transaction_start_time": md.start_ms, "producer_id": md.producer_id,
+                       "transaction_start_time": _instant(md.start_ms), "producer_id": md.producer_id,
                        "producer_epoch": md.producer_epoch,
                        "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()]})
     return {"throttle_time": 0, "transaction_states": states}

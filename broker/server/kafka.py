@@ -45,8 +45,10 @@ from broker.server import handlers_configs as configs
 from broker.server import handlers_fetch as fetching
 from broker.server import handlers_groups as groups
 from broker.server import handlers_produce as producing
+from broker.server import handlers_txn as txn
 from broker.server.handlers_common import DEFAULT_LISTENER, BrokerContext, ConnectionInfo
 from broker.server.kafka_connection import CloseConnection, KafkaConnection, Response
+from broker.txn.coordinator import TxnSettings
 
 __all__ = ["KafkaListenerConfig", "KafkaServer", "KafkaServerConfig", "handle_request"]
 
@@ -72,7 +74,13 @@ _HANDLERS: dict[int, Handler] = {
     ApiKey.API_VERSIONS: lambda c, h, b, n: admin.handle_api_versions(c, b, n),
     ApiKey.CREATE_TOPICS: lambda c, h, b, n: admin.handle_create_topics(c, b, n),
     ApiKey.DELETE_TOPICS: lambda c, h, b, n: admin.handle_delete_topics(c, b, n),
-    ApiKey.INIT_PRODUCER_ID: lambda c, h, b, n: producing.handle_init_producer_id(c, b, n),
+    ApiKey.INIT_PRODUCER_ID: lambda c, h, b, n: producing.handle_init_producer_id(c, b, n, h.api_version),
+    ApiKey.ADD_PARTITIONS_TO_TXN: lambda c, h, b, n: txn.handle_add_partitions_to_txn(c, b, n, h.api_version),
+    ApiKey.ADD_OFFSETS_TO_TXN: lambda c, h, b, n: txn.handle_add_offsets_to_txn(c, b, n, h.api_version),
+    ApiKey.END_TXN: lambda c, h, b, n: txn.handle_end_txn(c, b, n, h.api_version),
+    ApiKey.TXN_OFFSET_COMMIT: lambda c, h, b, n: txn.handle_txn_offset_commit(c, b, n),
+    ApiKey.DESCRIBE_TRANSACTIONS: lambda c, h, b, n: txn.handle_describe_transactions(c, b, n),
+    ApiKey.LIST_TRANSACTIONS: lambda c, h, b, n: txn.handle_list_transactions(c, b, n),
     ApiKey.DESCRIBE_CONFIGS: lambda c, h, b, n: configs.handle_describe_configs(c, b, n),
     ApiKey.ALTER_CONFIGS: lambda c, h, b, n: configs.handle_alter_configs(c, b, n),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: lambda c, h, b, n: configs.handle_incremental_alter_configs(c, b, n),
@@ -106,6 +114,7 @@ class KafkaServerConfig:
     advertised_port: int | None = None  # default: the bound port
     max_request_bytes: int = 100 * 1024 * 1024
     extra_listeners: tuple[KafkaListenerConfig, ...] = ()
+    transactions: TxnSettings = TxnSettings()
     connections_max_idle_ms: int = 10 * 60 * 1000  # Kafka's connections.max.idle.ms; 0 = never
     max_connections: int = 1000  # all listeners together; 0 = no limit
     max_connections_per_address: int = 0  # per client IP address; 0 = no limit (Kafka's default)
@@ -123,6 +132,7 @@ class KafkaServer:
         self.config = config
         self.ctx = BrokerContext(store, coordinator, config.advertised_host or config.host,
                                  config.advertised_port or config.port)
+        self.ctx.transactions.settings = config.transactions
         self.stats = self.ctx.stats  # plain counters, read at scrape time (broker.server.stats)
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[None]] = set()
@@ -132,6 +142,7 @@ class KafkaServer:
         self.listener_ports: dict[str, int] = {}  # extra listener name -> bound port
 
     async def start(self) -> None:
+        await self.ctx.transactions.start()  # finishes transactions a crash left prepared, before any client
         try:
             main = await asyncio.start_server(self._on_connect, self.config.host, self.config.port)
             self._servers.append(main)
@@ -161,6 +172,7 @@ class KafkaServer:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
         self._servers = []
+        await self.ctx.transactions.stop()
 
     # -- connections ------------------------------------------------------------------------
 

@@ -75,9 +75,15 @@ class ApiKey(enum.IntEnum):
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
     INIT_PRODUCER_ID = 22
+    ADD_PARTITIONS_TO_TXN = 24
+    ADD_OFFSETS_TO_TXN = 25
+    END_TXN = 26
+    TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     INCREMENTAL_ALTER_CONFIGS = 44
+    DESCRIBE_TRANSACTIONS = 65
+    LIST_TRANSACTIONS = 66
 
 
 API_VERSIONS_KEY = int(ApiKey.API_VERSIONS)
@@ -109,7 +115,13 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.API_VERSIONS, 0, 3),
         ApiSpec(ApiKey.CREATE_TOPICS, 2, 4),
         ApiSpec(ApiKey.DELETE_TOPICS, 1, 3),
-        ApiSpec(ApiKey.INIT_PRODUCER_ID, 0, 1),
+        ApiSpec(ApiKey.INIT_PRODUCER_ID, 0, 4),
+        ApiSpec(ApiKey.ADD_PARTITIONS_TO_TXN, 0, 3),
+        ApiSpec(ApiKey.ADD_OFFSETS_TO_TXN, 0, 3),
+        ApiSpec(ApiKey.END_TXN, 0, 3),
+        ApiSpec(ApiKey.TXN_OFFSET_COMMIT, 0, 3),
+        ApiSpec(ApiKey.DESCRIBE_TRANSACTIONS, 0, 0),
+        ApiSpec(ApiKey.LIST_TRANSACTIONS, 0, 1),
         ApiSpec(ApiKey.DESCRIBE_CONFIGS, 1, 4),
         ApiSpec(ApiKey.ALTER_CONFIGS, 0, 2),
         ApiSpec(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1),
