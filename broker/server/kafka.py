@@ -15,7 +15,9 @@ on — e.g. ``localhost:9092`` for clients on the host and ``sluice:29092`` insi
 
 Bad input never takes the broker down: a negative or oversized length, a truncated frame at EOF or
 an undecodable request closes that connection with a WARNING; an unknown API key or version is
-answered UNSUPPORTED_VERSION and the connection stays open.
+answered UNSUPPORTED_VERSION and the connection stays open. A request that fails inside the broker (a
+bug) is answered as Kafka does, UNKNOWN_SERVER_ERROR in every error code of its response
+(``broker.protocol.kafka.error_responses``), logged once with its traceback; the connection stays open.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from broker.protocol.kafka import (
     decode_request,
     encode_unsupported_version,
 )
+from broker.protocol.kafka.error_responses import error_response
 from broker.protocol.kafka_codes import ErrorCode
 from broker.server import handlers_admin as admin
 from broker.server import handlers_configs as configs
@@ -247,6 +250,34 @@ class KafkaServer:
             raise CloseConnection from exc
         header, body = request.header, request.body
         self.stats.request(header.api_key)
-        if header.api_key == ApiKey.PRODUCE:
-            return header, producing.handle_produce(self.ctx, body, conn)
-        return header, await _HANDLERS[header.api_key](self.ctx, header, body, conn)
+        try:
+            if header.api_key == ApiKey.PRODUCE:
+                pending = producing.handle_produce(self.ctx, body, conn)
+                return header, self._answer_failure(header, body, conn, pending)
+            return header, await _HANDLERS[header.api_key](self.ctx, header, body, conn)
+        except Exception as exc:
+            return header, self._internal_error(header, body, conn, exc)
+
+    async def _answer_failure(self, header: RequestHeader, body: Any, conn: ConnectionInfo,
+                              pending: Awaitable[Any]) -> Any:
+        try:
+            return await pending
+        except Exception as exc:
+            return self._internal_error(header, body, conn, exc)
+
+    def _internal_error(self, header: RequestHeader, body: Any, conn: ConnectionInfo, exc: Exception) -> Any:
+        """Kafka's answer to a request that failed inside the broker (a bug): UNKNOWN_SERVER_ERROR wherever
+        the response has an error code, the connection kept; logged once with the traceback, counted in
+        the errors metric like every answered error code."""
+        api = f"{ApiKey(header.api_key).name} v{header.api_version}"
+        extra = {"peer": conn.peer_host, "api_key": header.api_key, "correlation_id": header.correlation_id}
+        try:
+            response = error_response(header.api_key, header.api_version, body, ErrorCode.UNKNOWN_SERVER_ERROR)
+        except LookupError:
+            log.error(f"{api} request failed; closing the connection", exc_info=exc, extra=extra)
+            raise CloseConnection from exc
+        log.error(f"{api} request failed; answered UNKNOWN_SERVER_ERROR", exc_info=exc, extra=extra)
+        if header.api_key == ApiKey.PRODUCE and int(body.acks) == 0:
+            self.stats.count_response(response)
+            return None  # acks=0 hears nothing, as for any other error
+        return response

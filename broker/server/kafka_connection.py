@@ -151,7 +151,7 @@ class KafkaConnection:
                 self._in_flight -= 1
                 await self._responses.put(_CLOSE)
                 return
-            except Exception:  # a handler bug: logged once here, the connection ends after earlier answers
+            except Exception:  # even the error answer failed: logged once here, the connection ends
                 log.exception("Kafka request failed; closing the connection", extra={"peer": self.conn.peer_host})
                 self._in_flight -= 1
                 await self._responses.put(_CLOSE)

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import struct
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from broker.groups.offsets import MemoryOffsetStore
 from broker.log.memory import MemoryLogStore
 from broker.protocol.kafka import ApiKey
 from broker.protocol.kafka_codes import ErrorCode
+from broker.server import handlers_produce, kafka
 from broker.server.kafka import KafkaServer, KafkaServerConfig
 from broker.server.stats import UNKNOWN_API
 from sluice.front_metrics import KafkaCollector
@@ -105,3 +107,44 @@ async def test_unknown_api_keys_share_one_metric_series(server: KafkaServer) -> 
         for sample in family.samples
     }
     assert series == {"unknown": 3}
+
+
+async def test_a_failing_handler_is_answered_unknown_server_error_and_the_connection_goes_on(
+    server: KafkaServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug inside a handler: answered as Kafka does (UNKNOWN_SERVER_ERROR in every error code of that
+    API's response), logged once with its traceback, counted; the connection keeps working."""
+
+    async def broken_metadata(*args: Any) -> Any:
+        raise RuntimeError("injected handler bug")
+
+    def broken_produce(*args: Any) -> Any:
+        async def finish() -> Any:
+            raise RuntimeError("injected bug after the append")
+        return finish()
+
+    monkeypatch.setitem(kafka._HANDLERS, ApiKey.METADATA, broken_metadata)
+    monkeypatch.setattr(handlers_produce, "handle_produce", broken_produce)
+    client = await RawClient.connect(server.port)
+    with caplog.at_level(logging.WARNING):
+        meta = await client.request(ApiKey.METADATA, 8, {
+            "topics": [{"name": "a"}, {"name": "b"}], "allow_auto_topic_creation": False,
+            "include_cluster_authorized_operations": False, "include_topic_authorized_operations": False})
+        assert [(t.name, int(t.error_code)) for t in meta.topics] == [
+            ("a", ErrorCode.UNKNOWN_SERVER_ERROR), ("b", ErrorCode.UNKNOWN_SERVER_ERROR)]
+        produced = await client.request(ApiKey.PRODUCE, 8, {
+            "transactional_id": None, "acks": -1, "timeout": 5000,
+            "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": b"x"}]}]})
+        assert [(p.index, p.error_code) for p in produced.topics[0].partitions] == [
+            (0, ErrorCode.UNKNOWN_SERVER_ERROR)]
+        assert await _api_versions_ok(server.port)
+        versions = await client.request(ApiKey.API_VERSIONS, 0, {})
+        assert int(versions.error_code) == ErrorCode.NONE
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in errors] == [
+        "METADATA v8 request failed; answered UNKNOWN_SERVER_ERROR",
+        "PRODUCE v8 request failed; answered UNKNOWN_SERVER_ERROR",
+    ]
+    assert all(r.exc_info for r in errors)  # a bug: its traceback is logged, once
+    assert server.stats.errors[ErrorCode.UNKNOWN_SERVER_ERROR] == 3
+    await client.close()
