@@ -187,3 +187,62 @@ def test_abandoned_transaction_times_out(tmp_path: Path, sluice_factory: type[Sl
     plain.flush(30)
     # Once the coordinator aborts the transaction, the LSO passes it and the plain record is readable.
     assert _consume_all(server, "read_committed", 1, timeout_s=20) == [b"plain"]
+
+
+def test_aiokafka_consume_transform_produce_exactly_once(tmp_path: Path,
+                                                         sluice_factory: type[SluiceProcess]) -> None:
+    """aiokafka's transactional loop: outputs and input offsets commit together; an aborted round
+    leaves neither, and is redone from the committed offset."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    server = sluice_factory(tmp_path / "data")
+    server.start()
+    _create_topic(server, partitions=1)
+    inputs = [b"%d" % i for i in range(300)]
+
+    async def run() -> int | None:
+        plain = AIOKafkaProducer(bootstrap_servers=server.bootstrap)
+        await plain.start()
+        for value in inputs:
+            await plain.send(TOPIC, value)
+        await plain.stop()
+
+        consumer = AIOKafkaConsumer(TOPIC, bootstrap_servers=server.bootstrap, group_id="ctp",
+                                    enable_auto_commit=False, auto_offset_reset="earliest",
+                                    isolation_level="read_committed")
+        producer = AIOKafkaProducer(bootstrap_servers=server.bootstrap, transactional_id="ctp-1")
+        await consumer.start()
+        await producer.start()
+        tp = TopicPartition(TOPIC, 0)
+        done, rounds = 0, 0
+        try:
+            while done < len(inputs):
+                batches = await consumer.getmany(tp, timeout_ms=1000, max_records=50)
+                records = batches.get(tp, [])
+                if not records:
+                    continue
+                rounds += 1
+                await producer.begin_transaction()
+                for record in records:
+                    assert record.value is not None
+                    await producer.send("txn-out", b"x" + record.value)
+                await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, "ctp")
+                if rounds == 3:  # a failed round: nothing of it may stay, and it is redone
+                    await producer.abort_transaction()
+                    committed = await consumer.committed(tp)
+                    consumer.seek(tp, committed or 0)
+                    continue
+                await producer.commit_transaction()
+                done = records[-1].offset + 1
+            final = await consumer.committed(tp)
+        finally:
+            await producer.stop()
+            await consumer.stop()
+        return final
+
+    committed = asyncio.run(run())
+    assert committed == len(inputs)
+    outputs = _consume_all(server, "read_committed", len(inputs), topic="txn-out")
+    assert outputs == [b"x" + v for v in inputs]  # each exactly once, in order
