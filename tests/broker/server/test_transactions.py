@@ -246,3 +246,44 @@ def test_aiokafka_consume_transform_produce_exactly_once(tmp_path: Path,
     assert committed == len(inputs)
     outputs = _consume_all(server, "read_committed", len(inputs), topic="txn-out")
     assert outputs == [b"x" + v for v in inputs]  # each exactly once, in order
+
+
+def test_operators_see_open_transactions(tmp_path: Path, sluice_factory: type[SluiceProcess]) -> None:
+    """DescribeTransactions / ListTransactions (what kafka-transactions.sh calls) over the wire, and
+    read_committed ListOffsets(latest) answering the last stable offset."""
+    import asyncio
+
+    from broker.protocol.kafka import ApiKey
+    from tests.broker.server.raw_client import RawClient
+
+    server = sluice_factory(tmp_path / "data")
+    server.start()
+    _create_topic(server, partitions=1)
+    producer = _producer(server, "txn-ops")
+    producer.begin_transaction()
+    producer.produce(TOPIC, b"open")
+    producer.flush(30)
+
+    async def ask() -> tuple[Any, Any, Any]:
+        client = await RawClient.connect(server.port)
+        try:
+            listed = await client.request(ApiKey.LIST_TRANSACTIONS, 1, {
+                "state_filters": ["Ongoing"], "producer_id_filters": [], "duration_filter": -1})
+            described = await client.request(ApiKey.DESCRIBE_TRANSACTIONS, 0, {
+                "transactional_ids": ["txn-ops", "nobody"]})
+            offsets = await client.request(ApiKey.LIST_OFFSETS, 5, {
+                "replica_id": -1, "isolation_level": 1,
+                "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0, "current_leader_epoch": -1,
+                                                           "timestamp": -1}]}]})
+        finally:
+            await client.close()
+        return listed, described, offsets
+
+    listed, described, offsets = asyncio.run(ask())
+    assert [(s.transactional_id, s.transaction_state) for s in listed.transaction_states] == [("txn-ops", "Ongoing")]
+    ours, unknown = described.transaction_states
+    assert (ours.error_code, ours.transaction_state) == (0, "Ongoing")
+    assert [(t.topic, list(t.partitions)) for t in ours.topics] == [(TOPIC, [0])]
+    assert unknown.error_code == 105  # TRANSACTIONAL_ID_NOT_FOUND
+    assert offsets.topics[0].partitions[0].offset == 0  # the open transaction holds the LSO at its start
+    producer.commit_transaction(30)
