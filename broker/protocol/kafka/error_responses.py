@@ -84,6 +84,15 @@ _BUILDERS: dict[int, Callable[[Any, int], Any]] = {
     ApiKey.DELETE_TOPICS: lambda b, c: {"throttle_time": 0, "responses": [
         {"name": n, "error_code": c} for n in _items(b.topic_names)]},
     ApiKey.DESCRIBE_CONFIGS: _resources("results"),
+    ApiKey.ADD_PARTITIONS_TO_TXN: lambda b, c: {"throttle_time": 0, "results_by_topic_v3_and_below": [
+        {"name": t.name, "results_by_partition": [{"partition_index": i, "partition_error_code": c}
+                                                  for i in _items(t.partitions)]}
+        for t in _items(b.v3_and_below_topics)]},
+    ApiKey.TXN_OFFSET_COMMIT: lambda b, c: {"throttle_time": 0, "topics": _partitions(b, c)},
+    ApiKey.DESCRIBE_TRANSACTIONS: lambda b, c: {"throttle_time": 0, "transaction_states": [
+        {"error_code": c, "transactional_id": t, "transaction_state": "", "transaction_timeout": 0,
+         "transaction_start_time": 0, "producer_id": -1, "producer_epoch": -1, "topics": []}
+        for t in _items(b.transactional_ids)]},
 }
 
 

@@ -36,7 +36,7 @@ def error_codes(value: Any) -> list[int]:
     found: list[int] = []
     for f in fields(value):
         item = getattr(value, f.name)
-        if f.name == "error_code":
+        if f.name.endswith("error_code"):  # AddPartitionsToTxn says partition_error_code
             found.append(int(item))
         else:
             found += error_codes(item)
