@@ -54,6 +54,28 @@ CLIENT_SCRIPTS: dict[str, str] = {
         c.close()
         admin.list_groups(timeout=10)
         admin.describe_consumer_groups(["cap-ck-g"])["cap-ck-g"].result()
+        tx = ck.Producer({**conf, "transactional.id": "cap-tx"})
+        tx.init_transactions(10)
+        tx.begin_transaction()
+        tx.produce("cap-ck", b"in-a-transaction")
+        c2 = ck.Consumer({**conf, "group.id": "cap-tx-g"})
+        tx.send_offsets_to_transaction([ck.TopicPartition("cap-ck", 0, 1)], c2.consumer_group_metadata(), 10)
+        tx.commit_transaction(10)
+        tx.begin_transaction()
+        tx.produce("cap-ck", b"aborted")
+        tx.abort_transaction(10)
+        c2.close()
+        calls = [
+            lambda: admin.create_partitions([ka.NewPartitions("cap-ck", 3)]).values(),
+            lambda: admin.delete_records([ck.TopicPartition("cap-ck", 0, 1)]).values(),
+            lambda: admin.delete_consumer_groups(["cap-ck-g"]).values(),
+            lambda: admin.list_offsets({ck.TopicPartition("cap-ck", 0): ka.OffsetSpec.latest()}).values(),
+        ]
+        for call in calls:  # each API the broker serves; a refusal is fine, the request was captured
+            try:
+                for f in call(): f.result()
+            except Exception as exc:
+                print("refused:", exc)
         for f in admin.delete_topics(["cap-ck"]).values(): f.result()
     """,
     "aiokafka": """
