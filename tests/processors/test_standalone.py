@@ -271,3 +271,44 @@ async def test_a_checkpoint_larger_than_the_brokers_record_limit_round_trips(slu
         assert described["cleanup.policy"].value == "compact"
     finally:
         await sink.stop()
+
+
+async def test_a_commit_lost_to_a_rebalance_does_not_stop_the_processor(sluice: SluiceProcess, tmp_path: Path) -> None:
+    """Issue 12, item 8. The processor stalls (SIGSTOP, like a long GC pause) past its session
+    timeout while another member joins: the group rebalances without it. When it resumes, its
+    commit carries a generation the group has left behind (aiokafka: CommitFailedError from
+    UNKNOWN_MEMBER_ID / ILLEGAL_GENERATION). It must log that, rejoin and go on, not exit 1."""
+    readings = sensor_readings(60)
+    env = topics("race")
+    third = len(readings) // 3
+    await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings[:third])
+    a = Processor(sluice.bootstrap, env, tmp_path / "a.log")
+    rival = AIOKafkaConsumer(env["SENSORS_INPUT"], bootstrap_servers=sluice.bootstrap, group_id=env["SENSORS_GROUP"],
+                             enable_auto_commit=False, session_timeout_ms=6_000, heartbeat_interval_ms=500)
+    try:
+        deadline = time.monotonic() + 60
+        while len(finals(await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"]))) < 10:  # A owns and processes
+            assert time.monotonic() < deadline and a.proc.poll() is None, a.log.read_text()[-3000:]
+            await asyncio.sleep(0.2)
+        a.proc.send_signal(signal.SIGSTOP)
+        await rival.start()  # the group waits for A to rejoin, A's session (2 s) expires, the rival gets all
+        while len(rival.assignment()) < PARTITIONS:
+            assert time.monotonic() < deadline
+            await rival.getmany(timeout_ms=200)
+        await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings[third : 2 * third])
+        a.proc.send_signal(signal.SIGCONT)
+        while "offset commit lost to a group rebalance" not in a.log.read_text():
+            assert time.monotonic() < deadline and a.proc.poll() is None, a.log.read_text()[-3000:]
+            await asyncio.sleep(0.1)
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+        await rival.stop()  # leaves the group: A takes every partition back, with its checkpoints
+    # it rejoins and takes every partition back with its checkpoints, still running
+    deadline = time.monotonic() + 60
+    while not (a.assigned() and sorted(map(tuple, a.assigned()[-1])) == [(env["SENSORS_INPUT"], p)
+                                                                         for p in range(PARTITIONS)]
+               and len(a.assigned()) >= 2):
+        assert time.monotonic() < deadline and a.proc.poll() is None, a.log.read_text()[-3000:]
+        await asyncio.sleep(0.1)
+    assert a.restored()[-1] != "{}"
+    assert a.stop() == 0, a.log.read_text()[-3000:]
