@@ -79,6 +79,13 @@ class Runner:
         self._last_progress: tuple[Any, ...] = ()
         self._known: set[TopicPartition] = set()  # assigned, and the processor has been told so
         self._pending: set[TopicPartition] = set()  # being assigned (checkpoint loading)
+        # Per partition, a generation bumped when it is revoked or positioned by an assignment: a
+        # batch fetched (or queued) under an older one may predate that and is dropped; the
+        # assignment's seek (``_target``) reads it again. ``_held``: first offset held back while
+        # the partition's assignment was loading its checkpoint.
+        self._gen: dict[TopicPartition, int] = {}
+        self._target: dict[TopicPartition, int] = {}
+        self._held: dict[TopicPartition, int] = {}
         self._assigned = asyncio.Event()
         self._revokes: set[asyncio.Future[None]] = set()
         self._stopping = False
@@ -146,17 +153,25 @@ class Runner:
         self._pending.update(tps)  # before any await: the fetcher must not pass their data on yet
         self._assigned.clear()
         restores = await self.checkpoints.load(tps)
+        await self.in_q.put(("assign", [(tp, restores.get(tp)) for tp in tps], None))
+        # from here to the end no await: the fetcher sees these partitions pending, or positioned
         for tp in tps:
             r = restores.get(tp)
-            if r is not None and r.offset >= 0:
-                self.source.seek(tp, r.offset)
-        await self.in_q.put(("assign", [(tp, restores.get(tp)) for tp in tps], None))
+            held = self._held.pop(tp, None)
+            target = r.offset if r is not None and r.offset >= 0 else held
+            if target is not None:  # the checkpoint's offset, else the first record held back
+                self._gen[tp] = self._gen.get(tp, 0) + 1
+                self._target[tp] = target
+                self.source.seek(tp, target)
         self._pending.difference_update(tps)
         self._known.update(tps)
         self._assigned.set()
 
     async def _on_revoked(self, tps: list[TopicPartition]) -> None:
         self._known.difference_update(tps)
+        for tp in tps:
+            self._gen[tp] = self._gen.get(tp, 0) + 1
+            self._target.pop(tp, None)
         if not tps or self._stopping or self._tasks[0].done():
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -175,15 +190,27 @@ class Runner:
         cfg = self.config
         while True:
             paused = {tp for tp in self.executor.tracker.paused(self.clock.now_ms()) if isinstance(tp, tuple)}
+            before = dict(self._gen)
             batches = await self.source.fetch(cfg.max_batch_records, cfg.fetch_timeout_s, paused)
+            gens = [self._gen.get(tp, 0) for tp, _ in batches]  # now, before the puts below yield
             held_back = False
-            for tp, records in batches:
+            for (tp, records), gen in zip(batches, gens, strict=True):
+                if not records:
+                    continue
+                if gen != before.get(tp, 0):
+                    # revoked or repositioned while this fetch was in flight: the records may come from
+                    # before that; read again from where the assignment put the partition
+                    target = self._target.get(tp)
+                    if tp in self._known and target is not None:
+                        self.source.seek(tp, target)
+                    continue
                 if tp in self._known:
-                    await self.in_q.put(("data", tp, records))
+                    await self.in_q.put(("data", tp, (gen, records)))
                     self.max_in_q = max(self.max_in_q, self.in_q.qsize())
-                elif tp in self._pending and records:
-                    # fetched before its assignment (and restore) reached the processor: read it again later
-                    self.source.seek(tp, records[0].offset)
+                elif tp in self._pending:
+                    # fetched before its assignment (and restore) reached the processor: the assignment
+                    # seeks to its checkpoint, or back to the first record held back
+                    self._held[tp] = min(self._held.get(tp, records[0].offset), records[0].offset)
                     held_back = True
             if held_back:
                 with contextlib.suppress(TimeoutError):
@@ -201,9 +228,9 @@ class Runner:
             kind, arg, done = await self.in_q.get()
             now = self.clock.now_ms()
             if kind == "data":
-                tp, records = arg, done
-                assert isinstance(records, list)
-                self._process(tp, records, now)
+                tp, (epoch, records) = arg, done
+                if epoch == self._gen.get(tp, 0):  # else fetched before a revoke or repositioning
+                    self._process(tp, records, now)
             elif kind == "tick":
                 ex.tick(now)
             elif kind == "assign":
