@@ -89,6 +89,18 @@ _HANDLERS: dict[int, Handler] = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: lambda c, h, b, n: configs.handle_incremental_alter_configs(c, b, n),
 }
 
+# Handlers that may be cancelled when their connection ends: they only read, or wait without changing
+# anything on the way (a long-poll Fetch; JoinGroup/SyncGroup parked until the rebalance completes —
+# the coordinator forgets the waiter). Every other handler may change state across awaits (offsets,
+# topics, configs, transactions), so it runs to its end even if its client left and only its answer
+# is dropped, as in Kafka, where the request is completed whatever became of the connection.
+_CANCEL_SAFE = frozenset({
+    ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.METADATA, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
+    ApiKey.JOIN_GROUP, ApiKey.HEARTBEAT, ApiKey.SYNC_GROUP, ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS,
+    ApiKey.API_VERSIONS, ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_TRANSACTIONS, ApiKey.DESCRIBE_CONFIGS,
+})
+_DETACHED_STOP_TIMEOUT_S = 10.0  # on stop, time left to handlers whose clients are gone
+
 
 async def handle_request(ctx: BrokerContext, request: Request, conn: ConnectionInfo) -> Any:
     """The response body for a decoded request (None: no response, acks=0); no sockets involved."""
@@ -140,6 +152,7 @@ class KafkaServer:
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[None]] = set()
         self._per_address: dict[str, int] = {}  # open connections by client address
+        self._detached: set[asyncio.Future[Any]] = set()  # handlers run to completion (see _CANCEL_SAFE)
         self._refusals_logged: dict[str, tuple[float, int]] = {}  # reason -> (last logged, refused since)
         self.port = config.port
         self.listener_ports: dict[str, int] = {}  # extra listener name -> bound port
@@ -171,6 +184,10 @@ class KafkaServer:
             task.cancel()
         if self._connections:
             await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._detached:
+            _done, late = await asyncio.wait(set(self._detached), timeout=_DETACHED_STOP_TIMEOUT_S)
+            for leftover in late:
+                leftover.cancel()
         for server in self._servers:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
@@ -254,9 +271,31 @@ class KafkaServer:
             if header.api_key == ApiKey.PRODUCE:
                 pending = producing.handle_produce(self.ctx, body, conn)
                 return header, self._answer_failure(header, body, conn, pending)
-            return header, await _HANDLERS[header.api_key](self.ctx, header, body, conn)
+            work = _HANDLERS[header.api_key](self.ctx, header, body, conn)
+            if header.api_key in _CANCEL_SAFE:
+                return header, await work
+            return header, await self._to_completion(work, header, conn)
         except Exception as exc:
             return header, self._internal_error(header, body, conn, exc)
+
+    async def _to_completion(self, work: Awaitable[Any], header: RequestHeader, conn: ConnectionInfo) -> Any:
+        """Await ``work`` in a task of its own that outlives this connection (see ``_CANCEL_SAFE``)."""
+        task = asyncio.ensure_future(work)
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():  # the connection ended: nobody hears the outcome, so log a failure here
+                task.add_done_callback(functools.partial(self._log_orphan_failure, header, conn))
+            raise
+
+    @staticmethod
+    def _log_orphan_failure(header: RequestHeader, conn: ConnectionInfo, task: asyncio.Future[Any]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error(f"{ApiKey(header.api_key).name} v{header.api_version} request failed after its client left",
+                  exc_info=task.exception(), extra={"peer": conn.peer_host})
 
     async def _answer_failure(self, header: RequestHeader, body: Any, conn: ConnectionInfo,
                               pending: Awaitable[Any]) -> Any:

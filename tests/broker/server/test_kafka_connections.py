@@ -20,6 +20,7 @@ from broker.log.memory import MemoryLogStore
 from broker.protocol.kafka import ApiKey
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import RecordSpec, decode_all, encode_batch
+from broker.server import kafka
 from broker.server.kafka import KafkaServer, KafkaServerConfig
 from sluice.front_metrics import KafkaCollector
 from tests.broker.server.raw_client import RawClient
@@ -200,3 +201,32 @@ async def test_a_connection_cancelled_twice_while_ending_logs_no_error(caplog: p
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
         await consumer.close()
         await producer.close()
+
+
+async def test_a_state_changing_request_runs_to_its_end_when_its_client_leaves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only reads and waits are cancelled with their connection: a commit (or a topic create, an EndTxn…)
+    in progress completes, as in Kafka; its answer is dropped."""
+    release = asyncio.Event()
+    committed: list[str] = []
+
+    async def slow_commit(ctx: Any, header: Any, body: Any, conn: Any) -> dict[str, Any]:
+        await release.wait()  # stands for a durable write in progress
+        committed.append(str(body.group_id))
+        return {"throttle_time": 0, "topics": []}
+
+    monkeypatch.setitem(kafka._HANDLERS, ApiKey.OFFSET_COMMIT, slow_commit)
+    async with running() as server:
+        client = await RawClient.connect(server.port)
+        client.send(ApiKey.OFFSET_COMMIT, 2, {
+            "group_id": "g", "generation_id": -1, "member_id": "", "retention_time": -1,
+            "topics": [{"name": "t", "partitions": [{"partition_index": 0, "committed_offset": 1,
+                                                      "committed_metadata": ""}]}]})
+        await until(lambda: server.stats.requests.get(ApiKey.OFFSET_COMMIT) == 1)
+        await client.close()
+        await until(lambda: not server._connections)
+        assert committed == []
+        release.set()
+        await until(lambda: committed == ["g"])
+        await until(lambda: not server._detached)
