@@ -468,8 +468,11 @@ class LogStore(ABC):
     async def alter_topic_config(self, name: str, config: TopicConfig) -> TopicInfo:
         """Change a topic's config in place (retention, segment size, flush policy, ...)."""
         info = replace(self.topic(name), config=config)
-        for plog in self._partitions[name]:
-            await plog.reconfigure(config)
+        logs = self._partitions[name]
+        for plog in logs:
+            await plog.reconfigure(config)  # flushes first: a delete may land meanwhile
+        if self._partitions.get(name) is not logs:  # deleted (and maybe created again) during the awaits
+            raise UnknownTopicError(f"topic {name!r} was deleted while its config was being changed")
         self._topics[name] = info
         self._persist_topics()
         return info

@@ -60,3 +60,24 @@ async def test_a_name_being_deleted_cannot_be_created_until_the_delete_is_done(s
             store.create_topic("t", 1)
     await task
     assert store.create_topic("t", 1).partitions == 1
+
+
+async def test_a_config_change_that_a_delete_overtakes_does_not_bring_the_topic_back(store: LogStore) -> None:
+    # alter_topic_config flushes each partition before switching (an await); a delete landing meanwhile
+    # left the topic listed without partitions for good: every /metrics scrape and delete hit KeyError.
+    _create_with_unsynced_data(store, "t", 3)
+    for p in range(3):
+        await store.append("t", p, encode_batch([RecordSpec(b"unsynced")]))
+    alter = asyncio.create_task(store.alter_topic_config("t", TopicConfig()))
+    await asyncio.sleep(0)  # the config change is inside its first flush (if the store's flush waits)
+    overtaken = not alter.done()
+    await store.delete_topic("t")
+    if overtaken:
+        with pytest.raises(UnknownTopicError):
+            await alter
+    else:
+        await alter
+    assert not store.has_topic("t")
+    assert [t.name for t in store.list_topics(include_internal=True)] == []
+    store.create_topic("t", 1)
+    assert len(store.partitions("t")) == 1
