@@ -43,6 +43,7 @@ MODULES = (
     "bench_kafka_tail",
     "bench_sendfile",
     "bench_clients",
+    "bench_http_limits",
     "bench_pipeline",
 )
 
@@ -58,6 +59,7 @@ QUICK_ARGS: dict[str, tuple[str, ...]] = {
     "bench_kafka_tail": ("--seconds", "2", "--runs", "1"),
     "bench_sendfile": ("--gib", "0.1", "--runs", "1"),
     "bench_clients": ("--records", "2000", "--sse-samples", "20"),
+    "bench_http_limits": ("--mb", "10"),
     "bench_pipeline": ("--rate", "500", "--sensors", "20", "--connections", "2", "--warmup", "3",
                        "--duration", "5"),
 }
