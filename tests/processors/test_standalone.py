@@ -319,3 +319,50 @@ async def test_a_commit_lost_to_a_rebalance_does_not_stop_the_processor(sluice: 
         assert a.proc.poll() is None and a.restored()[-1] != "{}"
     finally:
         assert a.stop() == 0, a.log.read_text()[-3000:]
+
+
+async def test_the_standalone_checkpoint_topic_is_compacted_to_the_newest_checkpoints(tmp_path: Path) -> None:
+    """Issue 12, item 10 for standalone processors: the checkpoint topic is created compacted and,
+    checkpoints being keyed by source partition, Sluice's log cleaner shrinks 40 checkpoints to
+    about the newest one per partition (plus the active segment); restores still find it."""
+    from processors.checkpoint import Checkpoint, PartitionState
+    from processors.kafka import KafkaCheckpointStore, KafkaSink
+
+    server = SluiceProcess(tmp_path / "data", env={"SLUICE_STORAGE__BACKEND": "segment",
+                                                   "SLUICE_STORAGE__CLEANER_INTERVAL_S": "0.2"})
+    server.start()
+    sink = KafkaSink(server.bootstrap)
+    await sink.start()
+    try:
+        store = KafkaCheckpointStore(server.bootstrap, "compacted", sink)
+        tps = [("in", p) for p in range(4)]
+        for n in range(40):  # 4 records of ~60 KB per checkpoint: about 10 MB, ten 1 MiB segments
+            state = {"w": [[w, [w + 10, [float(n), 1], False, 1, 0]] for w in range(2_000)], "s": []}
+            parts = {tp: PartitionState(n * 100 + tp[1]) for tp in tps}
+            ops = {"1": [[f"k{tp[1]}", [tp[0], tp[1]], state] for tp in tps]}
+            await store.save(store.codec.encode(Checkpoint("compacted", n, n, parts, ops)))
+        topic = TopicPartition("_checkpoints.compacted", 0)
+        consumer = AIOKafkaConsumer(bootstrap_servers=server.bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign([topic])
+            end = (await consumer.end_offsets([topic]))[topic]
+            assert end == 160
+            deadline = time.monotonic() + 60
+            while True:  # the cleaner runs in the background; count what a reader from the start gets
+                consumer.seek(topic, 0)
+                kept = 0
+                while await consumer.position(topic) < end:
+                    kept += sum(len(m) for m in (await consumer.getmany(topic, timeout_ms=500)).values())
+                if kept <= 4 + 2 * 1024 * 1024 // 60_000:  # newest per partition + at most two segments
+                    break
+                assert time.monotonic() < deadline, f"{kept} of 160 checkpoint records still there"
+                await asyncio.sleep(0.3)
+        finally:
+            await consumer.stop()
+        restored = await KafkaCheckpointStore(server.bootstrap, "compacted", sink).load(tps)
+        assert {tp: r.offset for tp, r in restored.items()} == {tp: 3_900 + tp[1] for tp in tps}
+        assert restored[("in", 0)].ops["1"][0][2]["w"][0][1][1] == [39.0, 1]
+    finally:
+        await sink.stop()
+        server.stop()
