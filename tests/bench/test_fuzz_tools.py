@@ -57,3 +57,22 @@ def test_log_scan_takes_error_records_whole_and_waits_for_unfinished_tracebacks(
     assert found.startswith("2026-01-01 00:00:00,001 ERROR   b: boom") and found.endswith("ValueError: bad\n")
     assert signature("traceback", found) == "traceback: ValueError: bad at y.py:3 f"
     assert broker.new_log_findings() == []
+
+
+def test_in_process_harnesses_keep_their_contract_on_the_seed_inputs() -> None:
+    """The atheris harnesses (bench.fuzz.inprocess) run here without atheris, over well-formed and mutated
+    seeds: only each decoder's own error types may escape."""
+    from bench.fuzz.inprocess import HARNESSES
+    from bench.fuzz.mqtt import publish, subscribe
+    from bench.fuzz.tcp import hostile_line, valid_line
+
+    rng = random.Random(3)
+    kafka = [f[4:] for f in load_captured()]
+    mqtt = [b"\x00" + connect(rng, 4), b"\x02" + publish(rng, 5), b"\x01" + subscribe(rng, 4)]
+    lines = [bytes((i,)) + f(rng, fmt) for i, fmt in enumerate(("ndjson", "influx", "csv"))
+             for f in (valid_line, hostile_line)]
+    for name, seeds in (("kafka-codec", kafka), ("mqtt-codec", mqtt), ("ingest-formats", lines)):
+        one = HARNESSES[name]()
+        for seed in seeds:
+            for _ in range(20):
+                one(mutate(seed, rng, seeds))
