@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from ingest.admission import Admission, ConnectionLimits
+from ingest.errors import IngestError
 from ingest.mqtt.packets import MQTT_5, MQTT_311, Publish, Subscription, Will
 from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
 
@@ -202,9 +203,12 @@ class Hub:
     async def _append_and_deliver(self, client_id: str, messages: list[Accepted]) -> None:
         try:
             await self.port.ingest(client_id, messages)
-        except Exception:
+        except Exception as exc:
             self.stats.append_errors += 1
-            log.exception("append of will message failed", extra={"topic": messages[0][0].topic})
+            if isinstance(exc, IngestError):  # a storage failure: the sink has logged why
+                log.error("will message not stored", extra={"client_id": client_id, "topic": messages[0][0].topic})
+            else:
+                log.exception("append of will message failed", extra={"topic": messages[0][0].topic})
             return
         self.deliver(client_id, messages)
 

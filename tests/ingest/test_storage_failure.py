@@ -28,8 +28,9 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from broker.log.segment import SegmentLogStore
+from ingest.mqtt.packets import Will
 from tests.ingest.conftest import records
-from tests.ingest.mqtt.conftest import run
+from tests.ingest.mqtt.conftest import RawClient, run
 
 DISK_BYTES = 256 * 1024  # what "fits on the disk": no file of the server may grow past this
 FILL = 200 * 1024  # stored first: the topic's segment is then nearly full
@@ -145,6 +146,13 @@ async def test_a_full_disk_is_never_acknowledged_nor_dead_lettered(sluice: Sluic
         await wait_until(lambda: sluice.mqtt_status()["append_errors"] > before, "a refused 3.1.1 append")
         assert not kept.is_published()
 
+        # a will that cannot be stored is logged (no traceback) and counted
+        errors = (await asyncio.to_thread(sluice.mqtt_status))["append_errors"]
+        raw = await RawClient.open(sluice.mqtt)
+        await raw.connect("doomed", will=Will("status/doomed", b"w" * 60_000))  # past the full segment
+        await raw.close()  # dropped without DISCONNECT: the will is due
+        await wait_until(lambda: sluice.mqtt_status()["append_errors"] > errors, "the will's failed append")
+
         # TCP ack mode: FATAL (never ACK), then the connection closes
         reader, writer = await asyncio.open_connection("127.0.0.1", sluice.tcp)
         writer.write(b'{"device_id": "tcp", "fill": "' + b"f" * FILL + b'"}\n')
@@ -174,7 +182,7 @@ async def test_a_full_disk_is_never_acknowledged_nor_dead_lettered(sluice: Sluic
 
     await asyncio.to_thread(sluice.stop)
     log = sluice.log.read_text()
-    assert "storage failure" in log and "Traceback" not in log, log[-3000:]
+    assert "storage failure" in log and "will message not stored" in log and "Traceback" not in log, log[-3000:]
     store = SegmentLogStore(sluice.data / "logs")
     await store.start()
     try:
