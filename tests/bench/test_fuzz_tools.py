@@ -76,3 +76,40 @@ def test_in_process_harnesses_keep_their_contract_on_the_seed_inputs() -> None:
         for seed in seeds:
             for _ in range(20):
                 one(mutate(seed, rng, seeds))
+
+
+def test_a_server_that_reads_and_never_answers_is_reported_as_a_hang() -> None:
+    import socket
+    import threading
+    from types import SimpleNamespace
+
+    import pytest
+
+    from bench.fuzz.harness import Hang
+    from bench.fuzz.kafka import KafkaTarget
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept_and_ignore() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)  # read nothing, answer nothing, never close
+
+    threading.Thread(target=accept_and_ignore, daemon=True).start()
+    target = KafkaTarget(deadline=0.3)
+    target.broker = SimpleNamespace(endpoints={"kafka": listener.getsockname()})  # type: ignore[assignment]
+    target.seeds = load_captured()
+    rng = random.Random(1)
+    try:
+        with pytest.raises(Hang):
+            for _ in range(200):  # pipelined inputs are judged at their sentinel, at most 16 later
+                target.step(rng)
+    finally:
+        target.close_all()
+        listener.close()
+        for conn in held:
+            conn.close()
