@@ -13,7 +13,7 @@ from broker.groups.coordinator import GroupCoordinator
 from broker.groups.group import GroupSettings
 from broker.groups.offsets import DurableOffsetStore, MemoryOffsetStore, OffsetStore
 from broker.server.kafka import KafkaListenerConfig, KafkaServer, KafkaServerConfig
-from broker.server.producer_state import ProducerIdAllocator, rebuild
+from broker.server.producer_state import ProducerIdAllocator, ProducerStateTable, rebuild
 from broker.txn import TxnSettings
 from sluice.front_metrics import KafkaCollector, publish_collector
 from sluice.runtime import Runtime
@@ -61,6 +61,10 @@ class KafkaComponent:
             ),
         )
         self.server.ctx.producer_ids = self.producer_ids
+        self.server.ctx.producer_state = ProducerStateTable(
+            expiration_ms=kafka.producer_id_expiration_ms,
+            check_interval_ms=kafka.producer_id_expiration_check_interval_ms,
+        )
         publish_collector(runtime, KafkaCollector(self.server.stats))
 
     async def start(self) -> None:

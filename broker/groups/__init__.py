@@ -1,18 +1,16 @@
 """Consumer groups and committed offsets (no sockets, no Kafka framing).
 
 ``GroupCoordinator`` (coordinator.py) answers JoinGroup/SyncGroup/Heartbeat/LeaveGroup/OffsetCommit/
-OffsetFetch/DescribeGroups/ListGroups for the Kafka front; ``Group`` (group.py) is the per-group
-state machine; ``OffsetStore`` (offsets.py) keeps committed offsets in memory or durably on disk;
-assignment.py decodes the consumer protocol's subscription and assignment bytes for tooling.
+OffsetFetch/DescribeGroups/ListGroups/DeleteGroups for the Kafka front; ``Group`` (group.py) is the
+per-group state machine, answers.py its settings and results; ``OffsetStore`` (offsets.py) keeps
+committed offsets in memory or durably on disk; assignment.py decodes the consumer protocol's
+assignment bytes for tooling.
 """
 
 from broker.groups.assignment import (
     ConsumerAssignment,
-    ConsumerSubscription,
     decode_assignment,
-    decode_subscription,
     encode_assignment,
-    encode_subscription,
 )
 from broker.groups.clock import Clock, FakeClock, MonotonicClock
 from broker.groups.coordinator import GroupCoordinator
@@ -33,7 +31,6 @@ __all__ = [
     "Clock",
     "CommittedOffset",
     "ConsumerAssignment",
-    "ConsumerSubscription",
     "DurableOffsetStore",
     "FakeClock",
     "Group",
@@ -53,7 +50,5 @@ __all__ = [
     "OffsetStoreError",
     "SyncResult",
     "decode_assignment",
-    "decode_subscription",
     "encode_assignment",
-    "encode_subscription",
 ]

@@ -1,16 +1,12 @@
-"""The consumer protocol's embedded bytes (sans-IO): what members subscribe to and what they own.
+"""The consumer protocol's assignment bytes (sans-IO): which partitions each member owns.
 
-With protocol type ``consumer``, JoinGroup protocol metadata is a ConsumerProtocolSubscription and
-SyncGroup assignments are ConsumerProtocolAssignment, both non-flexible Kafka structures that start
-with an ``int16`` version (Kafka's ``ConsumerProtocolSubscription.json`` /
-``ConsumerProtocolAssignment.json``)::
+With protocol type ``consumer``, SyncGroup assignments are ConsumerProtocolAssignment, a non-flexible
+Kafka structure that starts with an ``int16`` version (Kafka's ``ConsumerProtocolAssignment.json``)::
 
-    Subscription v0: topics [string], user_data nullable bytes
-                 v1: + owned_partitions [topic string, partitions [int32]]
-                 v2: + generation_id int32 (default -1)
-                 v3: + rack_id nullable string
     Assignment v0-v3: assigned_partitions [topic string, partitions [int32]], user_data nullable bytes
 
+The coordinator treats member metadata and assignments as opaque bytes (as Kafka's classic
+coordinator does); tooling (the HTTP API's /groups) decodes assignments to show who owns what.
 Like Kafka, a version newer than we know is read as the newest we know and the rest is ignored.
 Empty bytes (a member that has no assignment yet) decode to an empty v0 structure.
 """
@@ -22,30 +18,12 @@ from dataclasses import dataclass
 
 from broker.groups.errors import InvalidConsumerProtocolError
 
-__all__ = [
-    "ConsumerAssignment",
-    "ConsumerSubscription",
-    "decode_assignment",
-    "decode_subscription",
-    "encode_assignment",
-    "encode_subscription",
-]
+__all__ = ["ConsumerAssignment", "decode_assignment", "encode_assignment"]
 
-_MAX_SUBSCRIPTION_VERSION = 3
 _MAX_ASSIGNMENT_VERSION = 3
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerSubscription:
-    topics: tuple[str, ...]
-    user_data: bytes | None = None
-    owned_partitions: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    generation_id: int = -1
-    rack_id: str | None = None
-    version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +62,6 @@ class _Reader:
             raise InvalidConsumerProtocolError(f"{self.what}: null where a string is required")
         return self._decode(self._take(n))
 
-    def nullable_string(self) -> str | None:
-        n = self.i16()
-        return None if n < 0 else self._decode(self._take(n))
-
     def nullable_bytes(self) -> bytes | None:
         n = self.i32()
         return None if n < 0 else self._take(n)
@@ -113,22 +87,6 @@ class _Reader:
             return raw.decode()
         except UnicodeDecodeError as exc:
             raise InvalidConsumerProtocolError(f"{self.what}: string is not UTF-8") from exc
-
-
-def decode_subscription(data: bytes) -> ConsumerSubscription:
-    if not data:
-        return ConsumerSubscription(topics=())
-    r = _Reader(bytes(data), "subscription")
-    version = r.i16()
-    if version < 0:
-        raise InvalidConsumerProtocolError(f"subscription: negative version {version}")
-    v = min(version, _MAX_SUBSCRIPTION_VERSION)
-    topics = tuple(r.string() for _ in range(r.count()))
-    user_data = r.nullable_bytes()
-    owned = r.topic_partitions() if v >= 1 else ()
-    generation_id = r.i32() if v >= 2 else -1
-    rack_id = r.nullable_string() if v >= 3 else None
-    return ConsumerSubscription(topics, user_data, owned, generation_id, rack_id, version)
 
 
 def decode_assignment(data: bytes) -> ConsumerAssignment:
@@ -160,22 +118,6 @@ def _topic_partitions(items: tuple[tuple[str, tuple[int, ...]], ...]) -> bytes:
         parts.append(_string(topic))
         parts.append(_I32.pack(len(partitions)))
         parts.extend(_I32.pack(p) for p in partitions)
-    return b"".join(parts)
-
-
-def encode_subscription(sub: ConsumerSubscription) -> bytes:
-    v = sub.version
-    if not 0 <= v <= _MAX_SUBSCRIPTION_VERSION:
-        raise ValueError(f"cannot encode subscription version {v}")
-    parts = [_I16.pack(v), _I32.pack(len(sub.topics))]
-    parts.extend(_string(t) for t in sub.topics)
-    parts.append(_nullable_bytes(sub.user_data))
-    if v >= 1:
-        parts.append(_topic_partitions(sub.owned_partitions))
-    if v >= 2:
-        parts.append(_I32.pack(sub.generation_id))
-    if v >= 3:
-        parts.append(_string(sub.rack_id))
     return b"".join(parts)
 
 

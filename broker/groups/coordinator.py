@@ -249,10 +249,14 @@ class GroupCoordinator:
         return {tp: (stored[tp].offset, stored[tp].metadata) if tp in stored else (-1, "") for tp in partitions}
 
     async def delete_groups(self, group_ids: list[str]) -> dict[str, ErrorCode]:
-        """DeleteGroups: forget groups without members and their committed offsets."""
+        """DeleteGroups: forget groups without members and their committed offsets (Kafka's checks:
+        an empty id → INVALID_GROUP_ID, an unknown group → GROUP_ID_NOT_FOUND, members → NON_EMPTY_GROUP)."""
         result: dict[str, ErrorCode] = {}
         for group_id in group_ids:
             group = self._groups.get(group_id)
+            if not group_id:
+                result[group_id] = ErrorCode.INVALID_GROUP_ID
+                continue
             if group is not None and group.members:
                 result[group_id] = ErrorCode.NON_EMPTY_GROUP
                 continue

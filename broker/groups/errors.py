@@ -5,7 +5,7 @@ answers them with Kafka error codes. Exceptions are for the two other kinds of f
 
     BrokerError                              (broker.errors)
     └── GroupsError                          root of this package
-        ├── InvalidConsumerProtocolError     the peer's fault: subscription/assignment bytes that do not decode
+        ├── InvalidConsumerProtocolError     the peer's fault: assignment bytes that do not decode
         └── OffsetStoreError                 our side: the offset store cannot read or write its files
             └── OffsetStoreCorruptError      a snapshot or a fully written log file fails its checks
 """
@@ -22,7 +22,7 @@ class GroupsError(BrokerError):
 
 
 class InvalidConsumerProtocolError(GroupsError, ValueError):
-    """Consumer protocol subscription or assignment bytes that cannot be decoded (the peer's fault)."""
+    """Consumer protocol assignment bytes that cannot be decoded (the peer's fault)."""
 
 
 class OffsetStoreError(GroupsError, StorageError):

@@ -31,7 +31,7 @@ import contextlib
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from broker.errors import (
@@ -353,6 +353,7 @@ class LogStore(ABC):
         self._partitions: dict[str, list[PartitionLog]] = {}
         self._deleting: set[str] = set()
         self._sticky = StickyPartitioner()
+        self._deletion_listeners: list[Callable[[str], None]] = []
 
     # -- what implementations provide -------------------------------------------------
 
@@ -498,6 +499,8 @@ class LogStore(ABC):
             self._topics[name] = info
             self._partitions[name] = logs
             raise
+        for listener in self._deletion_listeners:  # the topic is gone for everyone from here on
+            listener(name)
         self._deleting.add(name)
         try:
             for plog in logs:
@@ -510,6 +513,11 @@ class LogStore(ABC):
                 self._remove_partition_data(info, p)
         finally:
             self._deleting.discard(name)
+
+    def subscribe_deletions(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(topic)`` after every topic deletion, whoever asked for it (Kafka, HTTP, CLI),
+        so that state kept per topic elsewhere (idempotent-producer sequences) goes with the topic."""
+        self._deletion_listeners.append(listener)
 
     def topic(self, name: str) -> TopicInfo:
         try:

@@ -129,8 +129,7 @@ async def handle_delete_topics(ctx: BrokerContext, body: Any, conn: ConnectionIn
     for name in body.topic_names:
         code = ErrorCode.NONE
         try:
-            await ctx.store.delete_topic(str(name))
-            ctx.producer_state.forget_topic(str(name))
+            await ctx.store.delete_topic(str(name))  # producer state goes with it (store listener)
             log.info("topic deleted", extra={"topic": name, "peer": conn.peer_host})
         except BrokerError as exc:
             code = error_code_for(exc)

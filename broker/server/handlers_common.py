@@ -63,6 +63,11 @@ class BrokerContext:
         await self.coordinator.offsets.commit(
             group_id, {tp: CommittedOffset(offset, metadata) for tp, (offset, metadata) in offsets.items()})
 
+    def __post_init__(self) -> None:
+        # Whichever path deletes a topic, its idempotent-producer state goes with it (late-bound:
+        # the assembly may replace ``producer_state`` with a configured table).
+        self.store.subscribe_deletions(lambda topic: self.producer_state.forget_topic(topic))
+
     def advertised_for(self, conn: ConnectionInfo) -> tuple[str, int]:
         """The (host, port) a client connected through ``conn.listener`` should use to reach us."""
         return self.listener_addresses.get(conn.listener, (self.advertised_host, self.advertised_port))

@@ -2,12 +2,13 @@
 
 The coordinator (``broker.groups.coordinator.GroupCoordinator``) owns the state machine and the
 offset store; this module only maps wire fields to its calls and back:
-join/sync/leave/commit_offsets are awaited, heartbeat/fetch_offsets/describe/list_groups are plain
-calls. This broker is the coordinator for every group (FindCoordinator answers with itself).
+join/sync/leave/commit_offsets/delete_groups are awaited, heartbeat/fetch_offsets/describe/list_groups
+are plain calls. This broker is the coordinator for every group (FindCoordinator answers with itself).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from broker.errors import UnknownTopicError
@@ -15,6 +16,7 @@ from broker.protocol.kafka_codes import ErrorCode
 from broker.server.handlers_common import NODE_ID, BrokerContext, ConnectionInfo, millis
 
 __all__ = [
+    "handle_delete_groups",
     "handle_describe_groups",
     "handle_find_coordinator",
     "handle_heartbeat",
@@ -25,6 +27,8 @@ __all__ = [
     "handle_offset_fetch",
     "handle_sync_group",
 ]
+
+log = logging.getLogger("broker.server.kafka")
 
 
 async def handle_find_coordinator(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
@@ -183,3 +187,11 @@ async def handle_list_groups(ctx: BrokerContext, body: Any, conn: ConnectionInfo
         "error_code": ErrorCode.NONE,
         "groups": [{"group_id": g, "protocol_type": ptype} for g, ptype, _state in ctx.coordinator.list_groups()],
     }
+
+
+async def handle_delete_groups(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    names = list(dict.fromkeys(str(g) for g in body.groups_names))  # one result per group, as Kafka
+    codes = await ctx.coordinator.delete_groups(names)
+    log.info("delete groups", extra={"groups": names, "peer": conn.peer_host,
+                                     "errors": {g: c.name for g, c in codes.items() if c != ErrorCode.NONE}})
+    return {"throttle_time": 0, "results": [{"group_id": g, "error_code": int(codes[g])} for g in names]}

@@ -47,6 +47,7 @@ from broker.server import handlers_admin as admin
 from broker.server import handlers_configs as configs
 from broker.server import handlers_fetch as fetching
 from broker.server import handlers_groups as groups
+from broker.server import handlers_partitions as partitions
 from broker.server import handlers_produce as producing
 from broker.server import handlers_txn as txn
 from broker.server.handlers_common import DEFAULT_LISTENER, BrokerContext, ConnectionInfo
@@ -87,6 +88,8 @@ _HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_CONFIGS: lambda c, h, b, n: configs.handle_describe_configs(c, b, n),
     ApiKey.ALTER_CONFIGS: lambda c, h, b, n: configs.handle_alter_configs(c, b, n),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: lambda c, h, b, n: configs.handle_incremental_alter_configs(c, b, n),
+    ApiKey.DELETE_GROUPS: lambda c, h, b, n: groups.handle_delete_groups(c, b, n),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: lambda c, h, b, n: partitions.handle_offset_for_leader_epoch(c, b, n),
 }
 
 # Handlers that may be cancelled when their connection ends: they only read, or wait without changing

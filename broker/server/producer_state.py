@@ -20,6 +20,17 @@ Rules (Kafka's, for non-transactional idempotent producers; one state per (topic
    ``record``, so a producer retrying right after a restart gets its original offset back instead of
    a duplicate append. A producer whose last batch on a partition lies before the scanned tail is
    treated as new there (rule 2).
+9. Expiry (Kafka's ``producer.id.expiration.ms``, default 1 day, swept every
+   ``producer.id.expiration.check.interval.ms``, default 10 min): a producer id's state on a partition
+   is dropped once it has appended nothing there for the expiration time; it is then new again
+   (rule 2). Kafka measures idleness from the batch's max timestamp; we measure it from the broker's
+   clock at append, because device data often carries event times far in the past (the same reason
+   segment retention goes by append time), which would expire a live producer at once. State rebuilt
+   on start counts as seen at the start. The sweep runs when a check or record finds it due, so an
+   idle broker holds the state until its next produce, which then sees exactly what Kafka's would.
+10. A deleted topic takes its producer state with it: ``forget_topic`` is subscribed to the store's
+    topic deletions, so every path that deletes a topic (Kafka DeleteTopics, the HTTP API, the CLI)
+    clears it, and a topic created again under the same name starts clean.
 
 Producer ids come from ``ProducerIdAllocator``: never handed out twice, across restarts too. The
 counter starts after the largest of: the start time in ms, every producer id the restart scan saw,
@@ -33,6 +44,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,11 +54,22 @@ from broker.log.files import atomic_write, read_json
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import BatchHeader
 
-__all__ = ["APPEND", "DEFAULT_SCAN_BYTES", "Decision", "ProducerIdAllocator", "ProducerStateTable", "rebuild"]
+__all__ = [
+    "APPEND",
+    "DEFAULT_EXPIRATION_CHECK_INTERVAL_MS",
+    "DEFAULT_EXPIRATION_MS",
+    "DEFAULT_SCAN_BYTES",
+    "Decision",
+    "ProducerIdAllocator",
+    "ProducerStateTable",
+    "rebuild",
+]
 
 log = logging.getLogger("broker.server.producer_state")
 
 DEFAULT_SCAN_BYTES = 8 * 1024 * 1024  # per partition, read on start to rebuild sequence state
+DEFAULT_EXPIRATION_MS = 24 * 3600 * 1000  # Kafka's producer.id.expiration.ms
+DEFAULT_EXPIRATION_CHECK_INTERVAL_MS = 10 * 60 * 1000  # Kafka's producer.id.expiration.check.interval.ms
 
 _CACHED_BATCHES = 5
 _MAX_SEQ = 2**31 - 1
@@ -67,6 +90,7 @@ APPEND = Decision()
 @dataclass(slots=True)
 class _ProducerEntry:
     epoch: int
+    last_seen_ms: float  # broker clock at the last append (rule 9)
     batches: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=_CACHED_BATCHES))
     # (first sequence, last sequence, base offset) of the last batches appended
 
@@ -78,12 +102,26 @@ def _next_seq(seq: int) -> int:
 class ProducerStateTable:
     """Sequence state per partition and producer id."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        expiration_ms: int = DEFAULT_EXPIRATION_MS,
+        check_interval_ms: int = DEFAULT_EXPIRATION_CHECK_INTERVAL_MS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._state: dict[tuple[str, int], dict[int, _ProducerEntry]] = {}
+        self.expiration_ms = expiration_ms
+        self.check_interval_ms = check_interval_ms
+        self._clock = clock
+        self._next_sweep_ms = self._now_ms() + check_interval_ms
+
+    def _now_ms(self) -> float:
+        return self._clock() * 1000
 
     def check(self, topic: str, partition: int, header: BatchHeader) -> Decision:
         if header.producer_id < 0 or header.base_sequence < 0:
             return APPEND
+        self._sweep_if_due()
         entry = self._state.get((topic, partition), {}).get(header.producer_id)
         if entry is None:
             return APPEND
@@ -103,16 +141,39 @@ class ProducerStateTable:
     def record(self, topic: str, partition: int, header: BatchHeader, base_offset: int) -> None:
         if header.producer_id < 0 or header.base_sequence < 0:
             return
+        now = self._now_ms()
         producers = self._state.setdefault((topic, partition), {})
         entry = producers.get(header.producer_id)
         if entry is None or entry.epoch != header.producer_epoch:
-            entry = producers[header.producer_id] = _ProducerEntry(header.producer_epoch)
+            entry = producers[header.producer_id] = _ProducerEntry(header.producer_epoch, now)
         last = (header.base_sequence + header.last_offset_delta) % (_MAX_SEQ + 1)
         entry.batches.append((header.base_sequence, last, base_offset))
+        entry.last_seen_ms = now
 
     def forget_topic(self, topic: str) -> None:
+        """Rule 10: the topic was deleted."""
         for key in [k for k in self._state if k[0] == topic]:
             del self._state[key]
+
+    def expire(self, now_ms: float | None = None) -> int:
+        """Rule 9: drop every producer id idle for ``expiration_ms``; returns how many went."""
+        now = self._now_ms() if now_ms is None else now_ms
+        expired = 0
+        for key, producers in list(self._state.items()):
+            for pid in [pid for pid, e in producers.items() if now - e.last_seen_ms >= self.expiration_ms]:
+                del producers[pid]
+                expired += 1
+            if not producers:
+                del self._state[key]
+        if expired:
+            log.info("idle producer ids expired", extra={"expired": expired, "expiration_ms": self.expiration_ms})
+        return expired
+
+    def _sweep_if_due(self) -> None:
+        now = self._now_ms()
+        if now >= self._next_sweep_ms:
+            self._next_sweep_ms = now + self.check_interval_ms
+            self.expire(now)
 
     def producers(self, topic: str, partition: int) -> dict[int, tuple[int, list[tuple[int, int, int]]]]:
         """Producer id -> (epoch, cached (first seq, last seq, base offset) batches), for tests and tools."""

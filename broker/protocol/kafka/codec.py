@@ -74,13 +74,17 @@ class ApiKey(enum.IntEnum):
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
+    OFFSET_FOR_LEADER_EPOCH = 23
     ADD_PARTITIONS_TO_TXN = 24
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    CREATE_PARTITIONS = 37
+    DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
@@ -122,8 +126,10 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.TXN_OFFSET_COMMIT, 0, 3),
         ApiSpec(ApiKey.DESCRIBE_TRANSACTIONS, 0, 0),
         ApiSpec(ApiKey.LIST_TRANSACTIONS, 0, 1),
+        ApiSpec(ApiKey.OFFSET_FOR_LEADER_EPOCH, 2, 4),  # v0-1 are gone from Kafka 4 (and from kio)
         ApiSpec(ApiKey.DESCRIBE_CONFIGS, 1, 4),
         ApiSpec(ApiKey.ALTER_CONFIGS, 0, 2),
+        ApiSpec(ApiKey.DELETE_GROUPS, 0, 2),
         ApiSpec(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1),
     )
 }

@@ -16,19 +16,13 @@ from broker.groups import (
     MemoryOffsetStore,
     SyncResult,
 )
-from broker.groups.assignment import (
-    ConsumerAssignment,
-    ConsumerSubscription,
-    decode_assignment,
-    encode_assignment,
-    encode_subscription,
-)
+from broker.groups.assignment import ConsumerAssignment, decode_assignment, encode_assignment
 from broker.protocol.kafka_codes import ErrorCode
 
 GROUP = "g1"
 SESSION_MS = 10_000
 REBALANCE_MS = 30_000
-SUB = encode_subscription(ConsumerSubscription(topics=("t",)))
+SUB = b"\x00\x00" + b"\x00\x00\x00\x01" + b"\x00\x01t" + b"\xff\xff\xff\xff"  # subscription v0: ["t"], null user data
 
 
 @pytest.fixture

@@ -219,3 +219,14 @@ async def test_tail_headers_cover_the_last_bytes_oldest_first(store: LogStore) -
     assert log.tail_headers(1)[-1].base_offset == 39
     store.create_topic("empty", 1)
     assert store.partition("empty", 0).tail_headers(1 << 20) == []
+
+
+async def test_deletion_listeners_hear_every_topic_deletion(store: LogStore) -> None:
+    heard: list[str] = []
+    store.subscribe_deletions(heard.append)
+    store.create_topic("gone", 1)
+    store.create_topic("kept", 1)
+    await store.delete_topic("gone")
+    with pytest.raises(UnknownTopicError):
+        await store.delete_topic("gone")
+    assert heard == ["gone"]

@@ -1,0 +1,174 @@
+"""The admin APIs clients call, against one real ``sluice serve``: DeleteGroups (confluent-kafka
+AdminClient), OffsetForLeaderEpoch (librdkafka's truncation check after a seek, plus every answer of
+the epoch table over raw sockets), and idempotent-producer state cleared by a topic deletion through
+the HTTP API, as DeleteTopics clears it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from broker.protocol.kafka import ApiKey
+from broker.protocol.kafka_codes import ErrorCode
+from broker.protocol.records import RecordSpec, encode_batch
+from tests.broker.server.raw_client import RawClient
+from tests.broker.server.test_kafka_server import produce_body
+from tests.sluice_server import SluiceProcess
+
+
+@pytest.fixture(scope="module")
+def sluice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProcess]:
+    server = SluiceProcess(Path(tmp_path_factory.mktemp("admin-apis")) / "data").start()
+    yield server
+    server.stop()
+
+
+def port_of(server: SluiceProcess) -> int:
+    return int(server.endpoints["kafka"]["port"])
+
+
+def produce(bootstrap: str, topic: str, count: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(count):
+        producer.produce(topic, b"v%d" % i, partition=0)
+    assert producer.flush(10) == 0
+
+
+async def raw_request(port: int, api_key: int, version: int, body: Any) -> Any:
+    client = await RawClient.connect(port)
+    try:
+        return await client.request(api_key, version, body)
+    finally:
+        await client.close()
+
+
+def test_api_versions_advertises_the_admin_apis(sluice: SluiceProcess) -> None:
+    resp = asyncio.run(raw_request(port_of(sluice), ApiKey.API_VERSIONS, 3,
+                                   {"client_software_name": "t", "client_software_version": "1"}))
+    served = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in resp.api_keys}
+    assert served[ApiKey.DELETE_GROUPS] == (0, 2)
+    assert served[ApiKey.OFFSET_FOR_LEADER_EPOCH] == (2, 4)
+
+
+# ---------------------------------------------------------------------------- DeleteGroups
+
+
+def test_confluent_admin_deletes_consumer_groups(sluice: SluiceProcess) -> None:
+    bootstrap = sluice.bootstrap
+    produce(bootstrap, "dg", 3)
+    idle = Consumer({"bootstrap.servers": bootstrap, "group.id": "dg-idle", "enable.auto.commit": False})
+    idle.commit(offsets=[TopicPartition("dg", 0, 2)], asynchronous=False)
+    idle.close()
+    busy = Consumer({"bootstrap.servers": bootstrap, "group.id": "dg-busy", "auto.offset.reset": "earliest"})
+    busy.subscribe(["dg"])
+    deadline = time.monotonic() + 30
+    while not busy.assignment():
+        assert time.monotonic() < deadline, "the busy group never formed"
+        busy.poll(0.1)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        futures = admin.delete_consumer_groups(["dg-idle", "dg-busy", "dg-never"], request_timeout=10)
+        assert futures["dg-idle"].result(10) is None
+        for group, code in (("dg-busy", KafkaError.NON_EMPTY_GROUP), ("dg-never", KafkaError.GROUP_ID_NOT_FOUND)):
+            with pytest.raises(KafkaException) as info:
+                futures[group].result(10)
+            assert info.value.args[0].code() == code
+        listed = {g.group_id for g in admin.list_consumer_groups(request_timeout=10).result(10).valid}
+        assert "dg-idle" not in listed and "dg-busy" in listed
+        check = Consumer({"bootstrap.servers": bootstrap, "group.id": "dg-idle"})
+        assert check.committed([TopicPartition("dg", 0)], timeout=10)[0].offset == -1001
+        check.close()
+    finally:
+        busy.close()
+
+
+# ---------------------------------------------------------------------------- OffsetForLeaderEpoch
+
+
+def test_librdkafka_detects_a_position_past_the_end_after_a_seek(sluice: SluiceProcess) -> None:
+    """A seek with a leader epoch is validated with OffsetForLeaderEpoch: a position beyond the end
+    of epoch 0 is a truncation, and librdkafka continues at the end offset we answer (without the API
+    it would fetch, get OFFSET_OUT_OF_RANGE and fall back to auto.offset.reset=earliest)."""
+    bootstrap = sluice.bootstrap
+    produce(bootstrap, "epochs", 10)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "epochs", "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition("epochs", 0, 0)])
+        first = None
+        deadline = time.monotonic() + 20
+        while first is None or first.error() is not None:
+            assert time.monotonic() < deadline
+            first = consumer.poll(0.2)
+        consumer.seek(TopicPartition("epochs", 0, 50, leader_epoch=0))
+        m = None
+        next_produce = 0.0
+        while m is None or m.error() is not None:
+            assert time.monotonic() < deadline, "nothing consumed after the seek"
+            if time.monotonic() >= next_produce:  # records appended after the end (10) that the seek found
+                produce(bootstrap, "epochs", 1)
+                next_produce = time.monotonic() + 1
+            m = consumer.poll(0.2)
+        offset = m.offset()
+        assert offset is not None and offset >= 10, f"consumed offset {offset}: reset to the start, not the end"
+    finally:
+        consumer.close()
+
+
+def _epoch_request(topic: str, partition: int, current: int, epoch: int) -> dict[str, Any]:
+    return {"replica_id": -1, "topics": [{"topic": topic, "partitions": [
+        {"partition": partition, "current_leader_epoch": current, "leader_epoch": epoch}]}]}
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_offset_for_leader_epoch_answers(sluice: SluiceProcess, version: int) -> None:
+    produce(sluice.bootstrap, f"ofle-{version}", 4)
+    cases = [  # (topic, partition, current epoch, requested epoch) -> (error, epoch, end offset)
+        ((f"ofle-{version}", 0, -1, 0), (ErrorCode.NONE, 0, 4)),
+        ((f"ofle-{version}", 0, 0, 0), (ErrorCode.NONE, 0, 4)),
+        ((f"ofle-{version}", 0, -1, -1), (ErrorCode.NONE, -1, -1)),
+        ((f"ofle-{version}", 0, -1, 3), (ErrorCode.NONE, -1, -1)),
+        ((f"ofle-{version}", 0, -1, -7), (ErrorCode.NONE, -7, 0)),
+        ((f"ofle-{version}", 0, 1, 0), (ErrorCode.UNKNOWN_LEADER_EPOCH, -1, -1)),
+        ((f"ofle-{version}", 0, -2, 0), (ErrorCode.FENCED_LEADER_EPOCH, -1, -1)),
+        ((f"ofle-{version}", 9, -1, 0), (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1)),
+        (("no-such-topic", 0, -1, 0), (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1)),
+    ]
+    for args, expected in cases:
+        resp = asyncio.run(raw_request(port_of(sluice), ApiKey.OFFSET_FOR_LEADER_EPOCH, version,
+                                       _epoch_request(*args)))
+        p = resp.topics[0].partitions[0]
+        assert (int(p.error_code), int(p.leader_epoch), int(p.end_offset)) == expected, args
+
+
+# ---------------------------------------------------------------------------- producer state
+
+
+def _idempotent(pid: int, seq: int, value: bytes) -> bytes:
+    return encode_batch([RecordSpec(value)], producer_id=pid, producer_epoch=0, base_sequence=seq)
+
+
+async def _produce_idempotent(port: int, topic: str, batch: bytes) -> int:
+    resp = await raw_request(port, ApiKey.PRODUCE, 8, produce_body(batch, topic=topic))
+    return int(resp.topics[0].partitions[0].error_code)
+
+
+def test_topic_deleted_over_http_takes_its_producer_state_along(sluice: SluiceProcess) -> None:
+    """A producer that wrote sequences 0-2 to a topic deleted through the HTTP API is new on the topic
+    created anew: any first sequence is accepted (stale state would want 3: OUT_OF_ORDER_SEQUENCE_NUMBER)."""
+    port, pid = port_of(sluice), 4242
+    for seq in range(3):
+        assert asyncio.run(_produce_idempotent(port, "recycled", _idempotent(pid, seq, b"old"))) == ErrorCode.NONE
+    assert asyncio.run(_produce_idempotent(port, "recycled", _idempotent(pid, 7, b"gap"))) == (
+        ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    )
+    assert httpx.delete(f"{sluice.http}/topics/recycled", timeout=10).status_code in (200, 204)
+    assert asyncio.run(_produce_idempotent(port, "recycled", _idempotent(pid, 7, b"new"))) == ErrorCode.NONE
