@@ -85,6 +85,12 @@ SAMPLE_REQUESTS: dict[int, dict[str, Any]] = {
                        "configs": [{"name": "retention.ms", "value": "60000"}]}],
         "validate_only": True,
     },
+    ApiKey.DELETE_GROUPS: {"groups_names": ["sample-group", "never-seen"]},
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: {
+        "replica_id": -1,
+        "topics": [{"topic": "samples", "partitions": [
+            {"partition": 0, "current_leader_epoch": -1, "leader_epoch": 0}]}],
+    },
     ApiKey.INCREMENTAL_ALTER_CONFIGS: {
         "resources": [{"resource_type": 2, "resource_name": "samples",
                        "configs": [{"name": "cleanup.policy", "config_operation": 2, "value": "compact"}]}],
