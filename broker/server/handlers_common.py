@@ -55,6 +55,9 @@ class BrokerContext:
 
     def __post_init__(self) -> None:
         self.transactions = TransactionCoordinator(self.store, self._allocate_producer_id, self._commit_txn_offsets)
+        # Whichever path deletes a topic, its idempotent-producer state goes with it (late-bound:
+        # the assembly may replace ``producer_state`` with a configured table).
+        self.store.subscribe_deletions(lambda topic: self.producer_state.forget_topic(topic))
 
     def _allocate_producer_id(self) -> int:
         return self.producer_ids.allocate()  # looked up per call: serve replaces producer_ids after construction
@@ -62,11 +65,6 @@ class BrokerContext:
     async def _commit_txn_offsets(self, group_id: str, offsets: dict[TopicPartition, PendingOffset]) -> None:
         await self.coordinator.offsets.commit(
             group_id, {tp: CommittedOffset(offset, metadata) for tp, (offset, metadata) in offsets.items()})
-
-    def __post_init__(self) -> None:
-        # Whichever path deletes a topic, its idempotent-producer state goes with it (late-bound:
-        # the assembly may replace ``producer_state`` with a configured table).
-        self.store.subscribe_deletions(lambda topic: self.producer_state.forget_topic(topic))
 
     def advertised_for(self, conn: ConnectionInfo) -> tuple[str, int]:
         """The (host, port) a client connected through ``conn.listener`` should use to reach us."""
