@@ -173,6 +173,11 @@ class PartitionLog(ABC):
         """Drop whole segments past retention time or size; returns bytes removed."""
 
     @abstractmethod
+    async def _advance_log_start(self, offset: int) -> None:
+        """Make ``offset`` (above the log start, at most the high watermark) the log start offset,
+        durably, and drop the stored batches that lie wholly below it."""
+
+    @abstractmethod
     async def flush(self) -> None:
         """Force everything to disk now, whatever the policy."""
 
@@ -203,6 +208,19 @@ class PartitionLog(ABC):
             keep -= 1
             total += headers[keep].size
         return headers[keep:]
+
+    async def delete_records(self, before: int) -> int:
+        """Kafka's DeleteRecords: raise the log start offset to ``before`` (never lower it), so records
+        below it are no longer served. ``before`` must lie in [0, high watermark] (else
+        ``OffsetOutOfRangeError``). Returns the log start offset, as durable as the store is."""
+        if before < 0 or before > self.high_watermark:
+            raise OffsetOutOfRangeError(
+                f"cannot delete records of {self.topic}-{self.partition} before offset {before}: "
+                f"it is not within [0, {self.high_watermark}] (the high watermark)"
+            )
+        if before > self.log_start_offset:
+            await self._advance_log_start(before)
+        return self.log_start_offset
 
     async def reconfigure(self, config: TopicConfig) -> None:
         """Apply a changed topic config; everything written so far is flushed first, so a switch

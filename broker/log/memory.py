@@ -91,8 +91,19 @@ class MemoryPartitionLog(PartitionLog):
             del self._batches[0], self._bases[0], self._max_ts[0], self._append_ms[0]
             self._bytes -= size
             removed += size
-            self._start = self._bases[0]
+            self._start = max(self._start, self._bases[0])
         return removed
+
+    async def _advance_log_start(self, offset: int) -> None:
+        self._start = offset
+        # Drop the batches that end at or below it (the next one starts at or below ``offset``).
+        while len(self._bases) > 1 and self._bases[1] <= offset:
+            self._bytes -= len(self._batches[0])
+            del self._batches[0], self._bases[0], self._max_ts[0], self._append_ms[0]
+        if self._bases and offset >= self._end:  # everything deleted: nothing left to anchor
+            for column in (self._batches, self._bases, self._max_ts, self._append_ms):
+                column.clear()
+            self._bytes = 0
 
     async def flush(self) -> None:
         return None

@@ -13,12 +13,16 @@ Rules:
 - The high watermark: with ``flush=always`` and ``visibility=durable`` it is the offset at the
   last completed sync round (the recovery point), and reads stop at the byte position that round
   covered; otherwise it is the log end. Readers are woken when it moves.
+- The log start offset is the first segment's base, or higher after DeleteRecords: that offset is
+  written to ``log-start-offset`` in the directory (atomic write, fsynced) before it is answered, and
+  read back on start (capped at the log end, in case a crash lost the tail it pointed into).
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import json
 import logging
 import os
 import shutil
@@ -30,13 +34,15 @@ from broker.errors import StorageError
 from broker.log.api import PartitionLog
 from broker.log.config import FlushPolicy, TopicConfig, Visibility
 from broker.log.fdcache import FdCache
-from broker.log.files import write_all
+from broker.log.files import atomic_write, read_json, write_all
 from broker.log.flusher import Flusher
 from broker.log.recovery import RecoveryPoint
 from broker.log.segment_file import MAX_RELATIVE_OFFSET, MAX_SEGMENT_BYTES, UNBOUNDED_FDS, Segment
 from broker.protocol.records import BatchHeader
 
-__all__ = ["SegmentPartitionLog"]
+__all__ = ["LOG_START_FILE", "SegmentPartitionLog"]
+
+LOG_START_FILE = "log-start-offset"
 
 log = logging.getLogger("broker.log.segment")
 
@@ -76,12 +82,13 @@ class SegmentPartitionLog(PartitionLog):
         self._closed = False
         self.recovery_point = point
         self.flusher = Flusher(config.flush, config.flush_interval_ms, self._sync, self._sync_failed)
+        self._deleted_before = self._load_log_start() if materialized else 0  # DeleteRecords' offset
 
     # -- properties ----------------------------------------------------------------------
 
     @property
     def log_start_offset(self) -> int:
-        return self._segments[0].base_offset
+        return max(self._segments[0].base_offset, self._deleted_before)
 
     @property
     def log_end_offset(self) -> int:
@@ -360,7 +367,7 @@ class SegmentPartitionLog(PartitionLog):
             rel = index.time_scan_start(timestamp_ms)
             _, position = index.position_for(rel)
             for _, header in seg.iter_headers(position):
-                if header.max_timestamp >= timestamp_ms:
+                if header.max_timestamp >= timestamp_ms and header.last_offset >= self.log_start_offset:
                     found = max(header.base_offset, self.log_start_offset)
                     return found if found < self.high_watermark else None
         return None
@@ -401,6 +408,43 @@ class SegmentPartitionLog(PartitionLog):
                 "partition": f"{self.topic}-{self.partition}", "bytes": removed,
                 "log_start_offset": self.log_start_offset})
         return removed
+
+    # -- DeleteRecords ------------------------------------------------------------------------
+
+    def _load_log_start(self) -> int:
+        doc = read_json(self.directory / LOG_START_FILE)
+        if doc is None:
+            return 0
+        try:
+            assert isinstance(doc, dict)
+            stored = int(doc["log_start_offset"])
+        except (AssertionError, KeyError, TypeError, ValueError) as exc:
+            raise StorageError(f"{self.directory / LOG_START_FILE} holds no log_start_offset ({exc!r})") from exc
+        if stored > self.log_end_offset:
+            log.warning("deleted-records offset lies past the recovered log end; the log starts at its end",
+                        extra={"partition": f"{self.topic}-{self.partition}", "log_start_offset": stored,
+                               "log_end_offset": self.log_end_offset})
+        return min(stored, self.log_end_offset)
+
+    async def _advance_log_start(self, offset: int) -> None:
+        doc = json.dumps({"log_start_offset": offset}).encode()
+        await asyncio.get_running_loop().run_in_executor(
+            self._executor, atomic_write, self.directory / LOG_START_FILE, doc)
+        self._deleted_before = max(self._deleted_before, offset)
+        removed = 0
+        while len(self._segments) > 1 and self._segments[1].base_offset <= self.log_start_offset:
+            seg = self._segments[0]
+            if seg.busy:
+                break  # an fsync of it is in flight; retention removes it later
+            seg.delete()
+            del self._segments[0], self._bases[0]
+            self._size -= seg.size
+            removed += seg.size
+            self._dir_dirty = True
+        if removed:
+            self.flusher.note_write()
+        log.info("records deleted", extra={"partition": f"{self.topic}-{self.partition}",
+                                           "log_start_offset": self.log_start_offset, "bytes_removed": removed})
 
     # -- compaction hooks (broker/log/cleaner.py) ---------------------------------------------
 

@@ -21,18 +21,20 @@ grow; a topic listed twice fails with INVALID_REQUEST; explicit replica assignme
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any
 
-from broker.errors import BrokerError
+from broker.errors import BrokerError, OffsetOutOfRangeError
 from broker.protocol.kafka_codes import ErrorCode
-from broker.server.handlers_common import BrokerContext, ConnectionInfo, error_code_for
+from broker.server.handlers_common import NODE_ID, BrokerContext, ConnectionInfo, error_code_for
 
-__all__ = ["handle_offset_for_leader_epoch"]
+__all__ = ["handle_create_partitions", "handle_delete_records", "handle_offset_for_leader_epoch"]
 
 log = logging.getLogger("broker.server.kafka")
 
 LEADER_EPOCH = 0  # the only leader epoch a partition of this broker ever has
 _UNDEFINED = -1
+_HIGH_WATERMARK = -1  # DeleteRecords: "up to the high watermark"
 
 
 async def handle_offset_for_leader_epoch(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
@@ -64,3 +66,78 @@ def _epoch_end_offset(ctx: BrokerContext, topic: str, p: Any) -> dict[str, Any]:
     elif requested < _UNDEFINED:
         answer["leader_epoch"], answer["end_offset"] = requested, plog.log_start_offset
     return answer
+
+
+async def handle_delete_records(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    topics: list[dict[str, Any]] = []
+    for topic in body.topics:
+        name = str(topic.name)
+        results = [await _delete_records(ctx, name, int(p.partition_index), int(p.offset), conn)
+                   for p in topic.partitions]
+        topics.append({"name": name, "partitions": results})
+    return {"throttle_time": 0, "topics": topics}
+
+
+async def _delete_records(ctx: BrokerContext, topic: str, index: int, offset: int,
+                          conn: ConnectionInfo) -> dict[str, Any]:
+    answer: dict[str, Any] = {"partition_index": index, "low_watermark": -1, "error_code": ErrorCode.NONE}
+    try:
+        info = ctx.store.topic(topic)
+        plog = ctx.store.partition(topic, index)
+        if info.internal:
+            answer["error_code"] = ErrorCode.INVALID_TOPIC_EXCEPTION
+        elif not info.config.delete:
+            answer["error_code"] = ErrorCode.POLICY_VIOLATION
+        else:
+            before = plog.high_watermark if offset == _HIGH_WATERMARK else offset
+            if before < 0:
+                raise OffsetOutOfRangeError(f"the offset {before} for partition {topic}-{index} is not valid")
+            answer["low_watermark"] = await plog.delete_records(before)  # the store logs it
+    except BrokerError as exc:
+        answer["error_code"] = error_code_for(exc)
+        if answer["error_code"] == ErrorCode.KAFKA_STORAGE_ERROR:
+            log.error("delete records failed", extra={"topic": topic, "partition": index, "error": str(exc),
+                                                      "peer": conn.peer_host})
+    return answer
+
+
+async def handle_create_partitions(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    counts = Counter(str(t.name) for t in body.topics)
+    results: list[dict[str, Any]] = []
+    for topic in body.topics:
+        name = str(topic.name)
+        result: dict[str, Any] = {"name": name, "error_code": ErrorCode.NONE, "error_message": None}
+        results.append(result)
+        if counts[name] > 1:
+            result["error_code"] = ErrorCode.INVALID_REQUEST
+            result["error_message"] = "Duplicate topic in request."
+            continue
+        total = int(topic.count)
+        try:
+            current = ctx.store.topic(name).partitions
+            problem = _assignment_problem(topic.assignments, total - current)
+            if problem is not None:
+                result["error_code"], result["error_message"] = ErrorCode.INVALID_REPLICA_ASSIGNMENT, problem
+                continue
+            ctx.store.create_partitions(name, total, validate_only=bool(body.validate_only))
+        except BrokerError as exc:
+            result["error_code"] = error_code_for(exc)
+            result["error_message"] = str(exc)
+            continue
+        if not body.validate_only:
+            log.info("partitions created", extra={"topic": name, "from": current, "to": total, "peer": conn.peer_host})
+    return {"throttle_time": 0, "results": results}
+
+
+def _assignment_problem(assignments: Any, new_partitions: int) -> str | None:
+    """Kafka's checks of explicit replica assignments, for a cluster of one broker."""
+    if assignments is None or new_partitions <= 0:
+        return None
+    if len(assignments) != new_partitions:
+        return (f"Increasing the number of partitions by {new_partitions} but {len(assignments)} "
+                "assignments provided.")
+    for assignment in assignments:
+        brokers = [int(b) for b in assignment.broker_ids]
+        if brokers != [NODE_ID]:
+            return f"Replica assignment {brokers} is not valid: this cluster has one broker, id {NODE_ID}."
+    return None

@@ -119,6 +119,7 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.API_VERSIONS, 0, 3),
         ApiSpec(ApiKey.CREATE_TOPICS, 2, 4),
         ApiSpec(ApiKey.DELETE_TOPICS, 1, 3),
+        ApiSpec(ApiKey.DELETE_RECORDS, 0, 2),
         ApiSpec(ApiKey.INIT_PRODUCER_ID, 0, 4),
         ApiSpec(ApiKey.ADD_PARTITIONS_TO_TXN, 0, 3),
         ApiSpec(ApiKey.ADD_OFFSETS_TO_TXN, 0, 3),
@@ -129,6 +130,7 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.OFFSET_FOR_LEADER_EPOCH, 2, 4),  # v0-1 are gone from Kafka 4 (and from kio)
         ApiSpec(ApiKey.DESCRIBE_CONFIGS, 1, 4),
         ApiSpec(ApiKey.ALTER_CONFIGS, 0, 2),
+        ApiSpec(ApiKey.CREATE_PARTITIONS, 0, 3),
         ApiSpec(ApiKey.DELETE_GROUPS, 0, 2),
         ApiSpec(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1),
     )

@@ -324,3 +324,22 @@ async def test_altered_config_survives_restart_and_switches_the_flush_policy(tmp
     assert reopened.topic("t").config.retention_ms == 1234
     assert seg_log(reopened).flusher.policy is FlushPolicy.OS
     await reopened.close()
+
+
+async def test_deleted_records_stay_deleted_after_restart_and_whole_segments_go(tmp_path: Path) -> None:
+    store = await open_store(tmp_path)
+    store.create_topic("t", 1, SMALL)
+    model = Model()
+    await fill(store, model, 120, seed=7)
+    log = seg_log(store)
+    segments = log.segment_count
+    cut = model.batches[len(model.batches) // 2][0] + 1  # inside a batch, past several segments
+    assert await log.delete_records(cut) == cut
+    assert log.segment_count < segments, "segments wholly below the new log start are removed"
+    check_against(log, model)
+    await store.close()
+    reopened = await open_store(tmp_path)
+    log = seg_log(reopened)
+    assert log.log_start_offset == cut
+    check_against(log, model)
+    await reopened.close()

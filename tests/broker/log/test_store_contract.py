@@ -230,3 +230,25 @@ async def test_deletion_listeners_hear_every_topic_deletion(store: LogStore) -> 
     with pytest.raises(UnknownTopicError):
         await store.delete_topic("gone")
     assert heard == ["gone"]
+
+
+async def test_delete_records_moves_the_log_start_up_and_never_down(store: LogStore) -> None:
+    store.create_topic("t", 1)
+    for i in range(4):
+        await store.append("t", 0, batch(b"a%d" % i, b"b%d" % i))  # batches at 0, 2, 4, 6
+    log = store.partition("t", 0)
+    assert await log.delete_records(3) == 3  # mid-batch: the batch holding 3 is still served
+    assert log.log_start_offset == 3 and log.high_watermark == 8
+    assert [r.offset for r in decode_all(log.read(3, 1 << 20))][:2] == [2, 3]
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(1, 1 << 20)
+    assert await log.delete_records(1) == 3, "a lower offset changes nothing"
+    assert log.offset_for_timestamp(0) == 3
+    for bad in (-1, 9):
+        with pytest.raises(OffsetOutOfRangeError):
+            await log.delete_records(bad)
+    assert await log.delete_records(8) == 8  # everything
+    assert log.read(8, 1 << 20) == b"" and log.high_watermark == 8
+    appended = await store.append("t", 0, batch(b"after"))
+    assert appended.base_offset == 8 and appended.log_start_offset == 8
+    assert [r.value for r in decode_all(log.read(8, 1 << 20))] == [b"after"]

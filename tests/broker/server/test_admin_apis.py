@@ -1,11 +1,13 @@
-"""The admin APIs clients call, against one real ``sluice serve``: DeleteGroups (confluent-kafka
-AdminClient), OffsetForLeaderEpoch (librdkafka's truncation check after a seek, plus every answer of
-the epoch table over raw sockets), and idempotent-producer state cleared by a topic deletion through
-the HTTP API, as DeleteTopics clears it."""
+"""The admin APIs clients call, against one real ``sluice serve``: CreatePartitions and DeleteRecords
+(confluent-kafka AdminClient, aiokafka's admin client, kcat reading after a deletion), DeleteGroups
+(confluent-kafka AdminClient), OffsetForLeaderEpoch (librdkafka's truncation check after a seek, plus
+every answer of the epoch table over raw sockets), and idempotent-producer state cleared by a topic
+deletion through the HTTP API, as DeleteTopics clears it."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
+from aiokafka import TopicPartition as AioTopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import NewPartitions as AioNewPartitions
+from aiokafka.admin.records_to_delete import RecordsToDelete
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from broker.protocol.kafka import ApiKey
 from broker.protocol.kafka_codes import ErrorCode
@@ -56,6 +62,92 @@ def test_api_versions_advertises_the_admin_apis(sluice: SluiceProcess) -> None:
     served = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in resp.api_keys}
     assert served[ApiKey.DELETE_GROUPS] == (0, 2)
     assert served[ApiKey.OFFSET_FOR_LEADER_EPOCH] == (2, 4)
+    assert served[ApiKey.CREATE_PARTITIONS] == (0, 3)
+    assert served[ApiKey.DELETE_RECORDS] == (0, 2)
+
+
+# ---------------------------------------------------------------------------- CreatePartitions
+
+
+def test_confluent_admin_adds_partitions_and_the_producer_uses_them(sluice: SluiceProcess) -> None:
+    bootstrap = sluice.bootstrap
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("grow", 2)])["grow"].result(10)
+    futures = admin.create_partitions([NewPartitions("grow", 5)], validate_only=True)
+    assert futures["grow"].result(10) is None
+    assert len(admin.list_topics("grow", timeout=10).topics["grow"].partitions) == 2, "validate_only changed it"
+    assert admin.create_partitions([NewPartitions("grow", 5)])["grow"].result(10) is None
+    assert len(admin.list_topics("grow", timeout=10).topics["grow"].partitions) == 5
+    refusals = {
+        "grow": (NewPartitions("grow", 3), KafkaError.INVALID_PARTITIONS),
+        "no-such-topic": (NewPartitions("no-such-topic", 3), KafkaError.UNKNOWN_TOPIC_OR_PART),
+    }
+    for topic, (request, code) in refusals.items():
+        with pytest.raises(KafkaException) as info:
+            admin.create_partitions([request])[topic].result(10)
+        assert info.value.args[0].code() == code
+    with pytest.raises(KafkaException) as info:  # a replica on a broker that does not exist
+        admin.create_partitions([NewPartitions("grow", 6, replica_assignment=[[7]])])["grow"].result(10)
+    assert info.value.args[0].code() == KafkaError.INVALID_REPLICA_ASSIGNMENT
+    producer = Producer({"bootstrap.servers": bootstrap})
+    delivered: list[int] = []
+    producer.produce("grow", b"x", partition=4, on_delivery=lambda err, msg: delivered.append(msg.partition()))
+    assert producer.flush(10) == 0 and delivered == [4]
+
+
+def test_aiokafka_admin_adds_partitions(sluice: SluiceProcess) -> None:
+    produce(sluice.bootstrap, "grow-aio", 1)
+
+    async def main() -> int:
+        admin = AIOKafkaAdminClient(bootstrap_servers=sluice.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_partitions({"grow-aio": AioNewPartitions(total_count=3)})
+            described = await admin.describe_topics(["grow-aio"])
+            return len(described[0]["partitions"])
+        finally:
+            await admin.close()
+
+    assert asyncio.run(main()) == 3
+
+
+# ---------------------------------------------------------------------------- DeleteRecords
+
+
+def test_confluent_admin_deletes_records_and_kcat_reads_from_the_new_start(sluice: SluiceProcess) -> None:
+    bootstrap = sluice.bootstrap
+    produce(bootstrap, "trim", 10)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    result = admin.delete_records([TopicPartition("trim", 0, 4)])
+    deleted = next(iter(result.values())).result(10)
+    assert deleted.low_watermark == 4
+    low, high = Consumer({"bootstrap.servers": bootstrap, "group.id": "wm"}).get_watermark_offsets(
+        TopicPartition("trim", 0), timeout=10)
+    assert (low, high) == (4, 10)
+    out = subprocess.run(["kcat", "-b", bootstrap, "-C", "-t", "trim", "-o", "beginning", "-e", "-q",
+                          "-f", "%o %s\\n"], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert [line.split() for line in out.splitlines()] == [[str(i), f"v{i}"] for i in range(4, 10)]
+    for bad in (11, -5):
+        with pytest.raises(KafkaException) as info:
+            next(iter(admin.delete_records([TopicPartition("trim", 0, bad)]).values())).result(10)
+        assert info.value.args[0].code() == KafkaError.OFFSET_OUT_OF_RANGE
+    # OFFSET_END (-1) means "up to the high watermark".
+    everything = admin.delete_records([TopicPartition("trim", 0, -1)])
+    assert next(iter(everything.values())).result(10).low_watermark == 10
+
+
+def test_aiokafka_admin_deletes_records(sluice: SluiceProcess) -> None:
+    produce(sluice.bootstrap, "trim-aio", 6)
+
+    async def main() -> dict[AioTopicPartition, int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=sluice.bootstrap)
+        await admin.start()
+        try:
+            return await admin.delete_records({AioTopicPartition("trim-aio", 0): RecordsToDelete(before_offset=2)})
+        finally:
+            await admin.close()
+
+    assert asyncio.run(main()) == {AioTopicPartition("trim-aio", 0): 2}
 
 
 # ---------------------------------------------------------------------------- DeleteGroups

@@ -86,6 +86,12 @@ SAMPLE_REQUESTS: dict[int, dict[str, Any]] = {
         "validate_only": True,
     },
     ApiKey.DELETE_GROUPS: {"groups_names": ["sample-group", "never-seen"]},
+    ApiKey.DELETE_RECORDS: {
+        "topics": [{"name": "samples", "partitions": [{"partition_index": 0, "offset": 1}]}], "timeout": 1000,
+    },
+    ApiKey.CREATE_PARTITIONS: {
+        "topics": [{"name": "samples", "count": 3, "assignments": None}], "timeout": 1000, "validate_only": True,
+    },
     ApiKey.OFFSET_FOR_LEADER_EPOCH: {
         "replica_id": -1,
         "topics": [{"topic": "samples", "partitions": [
