@@ -84,6 +84,15 @@ _BUILDERS: dict[int, Callable[[Any, int], Any]] = {
     ApiKey.DELETE_TOPICS: lambda b, c: {"throttle_time": 0, "responses": [
         {"name": n, "error_code": c} for n in _items(b.topic_names)]},
     ApiKey.DESCRIBE_CONFIGS: _resources("results"),
+    ApiKey.DELETE_RECORDS: lambda b, c: {"throttle_time": 0, "topics": _partitions(b, c, {"low_watermark": -1})},
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: lambda b, c: {"throttle_time": 0, "topics": [
+        {"topic": t.topic, "partitions": [{"partition": p.partition, "error_code": c, "leader_epoch": -1,
+                                           "end_offset": -1} for p in _items(t.partitions)]}
+        for t in _items(b.topics)]},
+    ApiKey.CREATE_PARTITIONS: lambda b, c: {"throttle_time": 0, "results": [
+        {"name": t.name, "error_code": c, "error_message": None} for t in _items(b.topics)]},
+    ApiKey.DELETE_GROUPS: lambda b, c: {"throttle_time": 0, "results": [
+        {"group_id": g, "error_code": c} for g in _items(b.groups_names)]},
     ApiKey.ADD_PARTITIONS_TO_TXN: lambda b, c: {"throttle_time": 0, "results_by_topic_v3_and_below": [
         {"name": t.name, "results_by_partition": [{"partition_index": i, "partition_error_code": c}
                                                   for i in _items(t.partitions)]}
