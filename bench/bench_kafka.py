@@ -1,7 +1,8 @@
 """Kafka protocol throughput and latency: Sluice vs Redis Streams vs NATS JetStream, in one run.
 
 Run: ``python -m bench.bench_kafka`` (add ``--quick`` for a smoke run, ``--latency-only`` for the
-latency table alone). Needs gcc and librdkafka-dev
+latency table alone, ``--visibility-rounds N`` for N paired runs of flush=always with
+``storage.visibility`` durable and written). Needs gcc and librdkafka-dev
 (``scripts/install-system-deps.sh bench``). Every server is started by the benchmark on a free
 loopback port with a fresh temporary data directory:
 
@@ -494,6 +495,28 @@ def latency_phase(root: Path, seconds: float) -> dict[str, list[float]]:
     return lat
 
 
+def visibility_rounds(root: Path, seconds: float, rounds: int) -> None:
+    """Sluice flush=always with visibility=durable and =written, alternating, ``rounds`` times: on a
+    shared machine the paired runs show what waiting for the fsync costs consumers better than one run."""
+    root.mkdir()
+    rows: dict[str, list[list[float]]] = {}
+    for r in range(rounds):
+        for linger in (0, 1):
+            for visibility in ("durable", "written"):
+                os.sync()
+                with sluice(root / f"{visibility}-{linger}-{r}", "always", visibility) as (bootstrap, _pid):
+                    values = kafka_latency(bootstrap, "latency", seconds, "all", linger)
+                key = f"sluice acks=all + idempotence flush=always visibility={visibility} linger.ms={linger}"
+                rows.setdefault(key, []).append(values)
+                print(f"round {r + 1} {key}: p50 {statistics.median(values):.2f} ms, "
+                      f"p99 {pct(values, 0.99):.2f} ms", flush=True)
+    print(f"\n| p50 / p99 ms | {' | '.join(f'round {r + 1}' for r in range(rounds))} |")
+    print(f"|---|{'---:|' * rounds}")
+    for key, runs in rows.items():
+        cells = " | ".join(f"{statistics.median(v):.2f} / {pct(v, 0.99):.2f}" for v in runs)
+        print(f"| {key} | {cells} |")
+
+
 def main() -> None:
     global KCAT_PROCS, LOADGEN_PROCS
     quick = "--quick" in sys.argv
@@ -502,6 +525,11 @@ def main() -> None:
     if "--loadgen-procs" in sys.argv:
         LOADGEN_PROCS = int(sys.argv[sys.argv.index("--loadgen-procs") + 1])
     n_small, n_large, seconds = (50_000, 20_000, 2.0) if quick else (300_000, 100_000, 5.0)
+    if "--visibility-rounds" in sys.argv:  # Sluice's two flush=always visibility modes, paired, N rounds
+        rounds = int(sys.argv[sys.argv.index("--visibility-rounds") + 1])
+        with tempfile.TemporaryDirectory() as tmp:
+            visibility_rounds(Path(tmp) / "visibility", seconds, rounds)
+        return
     if "--latency-only" in sys.argv:  # the latency table alone (every system, side by side)
         with tempfile.TemporaryDirectory() as tmp:
             lat = latency_phase(Path(tmp) / "latency", seconds)

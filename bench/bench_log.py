@@ -1,6 +1,7 @@
 """Segment-store benchmark: append throughput per flush policy, restart time, and the disk's ceiling.
 
-Run: ``python -m bench.bench_log`` (``--quick`` for a smoke run, ``--dir`` to pick the disk).
+Run: ``python -m bench.bench_log`` (``--quick`` for a smoke run, ``--dir`` to pick the disk,
+``--visibility N`` for only the durable-vs-written visibility comparison, N appends per run).
 
 Everything is measured in one run on one directory, so figures can be compared as ratios:
 - the disk ceiling: ``dd if=/dev/zero bs=1M conv=fdatasync`` (sequential MB/s) and
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from broker.log.config import FlushPolicy, TopicConfig
+from broker.log.config import FlushPolicy, TopicConfig, Visibility
 from broker.log.flusher import Flusher
 from broker.log.segment import SegmentLogStore, SegmentPartitionLog
 from broker.protocol.records import RecordSpec, encode_batch
@@ -376,6 +377,45 @@ def report(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+async def visibility_cell(root: Path, visibility: Visibility, appends: int) -> tuple[list[float], list[float]]:
+    """flush=always, one appender of 100 B records and one reader waiting at the high watermark: per
+    record, ms from the append call until the producer's acknowledgement and until the reader sees it."""
+    store = SegmentLogStore(root, visibility=visibility)
+    await store.start()
+    store.create_topic("v", 1, TopicConfig(flush=FlushPolicy.ALWAYS))
+    log = store.partition("v", 0)
+    batch = encode_batch([RecordSpec(b"x" * 100)])
+    acked: list[float] = []
+    seen: list[float] = []
+    for i in range(appends):
+        reader = asyncio.ensure_future(log.wait_for_data(i, 10))
+        started = time.perf_counter()
+        append = asyncio.ensure_future(log.append(batch))
+        await reader
+        seen.append((time.perf_counter() - started) * 1000)
+        await append
+        acked.append((time.perf_counter() - started) * 1000)
+    await store.close()
+    return acked, seen
+
+
+def visibility_compare(base: Path, loop_kind: str, appends: int) -> str:
+    """Paired, alternating runs of both visibility modes (REPEATS each); medians over all records."""
+    results: dict[str, tuple[list[float], list[float]]] = {}
+    for r in range(REPEATS):
+        for mode in (Visibility.DURABLE, Visibility.WRITTEN):
+            acked, seen = run(visibility_cell(base / f"vis-{mode}-{r}", mode, appends), loop_kind)
+            got = results.setdefault(mode, ([], []))
+            got[0].extend(acked)
+            got[1].extend(seen)
+    lines = ["| flush=always, 1 appender, 100 B | ack p50 / p99 ms | reader sees it p50 / p99 ms |", "|---|---:|---:|"]
+    for name, (acked, seen) in results.items():
+        q = statistics.quantiles
+        lines.append(f"| visibility={name} | {statistics.median(acked):.3f} / {q(acked, n=100)[98]:.3f} | "
+                     f"{statistics.median(seen):.3f} / {q(seen, n=100)[98]:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--dir", default=None, help="directory on the disk to measure (default: the temp dir)")
@@ -383,10 +423,16 @@ def main() -> None:
                         help="event loop for the matrix (sluice serve uses uvloop when installed)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
     parser.add_argument("--child-append", nargs=2, metavar=("ROOT", "MIB"), help=argparse.SUPPRESS)
+    parser.add_argument("--visibility", type=int, metavar="APPENDS", default=0,
+                        help="only compare storage.visibility durable vs written (APPENDS per run)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)  # recovery warnings are expected here (the SIGKILL case)
     if args.child_append:
         asyncio.run(child_append(Path(args.child_append[0]), int(args.child_append[1])))
+        return
+    if args.visibility:
+        with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+            print(visibility_compare(Path(tmp), args.loop, args.visibility))
         return
     started = time.perf_counter()
     text = report(args)
