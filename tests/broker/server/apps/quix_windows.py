@@ -2,7 +2,7 @@
 10-second tumbling windows per sensor (count and sum of temperatures, event time from the payload),
 stateful with changelog topics, final results to ``quix-windows``.
 
-Run as ``python -m tests.broker.server.apps.quix_windows <bootstrap> <state dir>``.
+Run as ``python -m tests.broker.server.apps.quix_windows <bootstrap> <state dir> [at-least-once|exactly-once]``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ def event_time(value: Any, headers: Any, timestamp: float, timestamp_type: Any) 
     return int(value["ts"])
 
 
-def main(bootstrap: str, state_dir: str) -> None:
+def main(bootstrap: str, state_dir: str, guarantee: str = "at-least-once") -> None:
     app = Application(broker_address=bootstrap, consumer_group="quix-windows", auto_offset_reset="earliest",
-                      state_dir=state_dir, commit_interval=0.5)
+                      state_dir=state_dir, commit_interval=0.5, processing_guarantee=guarantee)
     readings = app.topic("quix-readings", value_deserializer="json", key_deserializer="str",
                          timestamp_extractor=event_time)
     results = app.topic("quix-windows", value_serializer="json", key_serializer="str")
@@ -34,4 +34,4 @@ def main(bootstrap: str, state_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])
