@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import sys
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 from quixstreams import Application
+
+GUARANTEES: dict[str, Literal["at-least-once", "exactly-once"]] = {
+    "at-least-once": "at-least-once", "exactly-once": "exactly-once"}
 
 
 def event_time(value: Any, headers: Any, timestamp: float, timestamp_type: Any) -> int:
@@ -20,7 +23,7 @@ def event_time(value: Any, headers: Any, timestamp: float, timestamp_type: Any) 
 
 def main(bootstrap: str, state_dir: str, guarantee: str = "at-least-once") -> None:
     app = Application(broker_address=bootstrap, consumer_group="quix-windows", auto_offset_reset="earliest",
-                      state_dir=state_dir, commit_interval=0.5, processing_guarantee=guarantee)
+                      state_dir=state_dir, commit_interval=0.5, processing_guarantee=GUARANTEES[guarantee])
     readings = app.topic("quix-readings", value_deserializer="json", key_deserializer="str",
                          timestamp_extractor=event_time)
     results = app.topic("quix-windows", value_serializer="json", key_serializer="str")
