@@ -87,8 +87,8 @@ class FdCache:
     def trim(self, *, keep: FdUser | None = None, target: int | None = None) -> None:
         """Close least recently used segments until at most ``target`` (default: the limit) are open."""
         bound = self.limit if target is None else target
-        if bound is None:
-            return
+        if bound is None or self.open_count <= bound:
+            return  # the common case (after every fsync round): no copy of the LRU
         for key in list(self._lru):
             if self.open_count <= bound:
                 break

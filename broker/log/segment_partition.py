@@ -132,7 +132,11 @@ class SegmentPartitionLog(PartitionLog):
             self.directory.mkdir()
         except OSError as exc:
             raise StorageError(f"cannot create partition directory {self.directory}: {exc.strerror}") from exc
-        self._active.create_files()
+        try:
+            self._active.create_files()
+        except StorageError:
+            shutil.rmtree(self.directory, ignore_errors=True)  # ours and empty: the next write starts over
+            raise
         self._materialized = True
         self._dir_dirty = self._parent_dirty = True
 

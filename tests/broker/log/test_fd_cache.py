@@ -42,3 +42,29 @@ async def test_many_partitions_and_segments_within_a_small_fd_bound(tmp_path: Pa
         assert [r.value for r in all_records(store.partition("t", p))] == expected[p]
     assert store.fds.open_count <= 16
     await store.close()
+
+
+async def test_running_out_of_descriptors_frees_idle_segment_files_and_retries(tmp_path: Path) -> None:
+    """EMFILE while sockets or other code used the headroom: the cache closes idle segment files and the
+    open is tried again, so the append succeeds instead of failing the partition."""
+    import resource
+
+    store = await open_store(tmp_path, max_open_files=10_000)  # a bound that never trims by itself
+    store.create_topic("held", 40, TopicConfig(flush=FlushPolicy.OS))
+    for p in range(40):
+        await store.append_records("held", [RecordSpec(b"h")], partition=p)
+    held = store.fds.open_count
+    assert held >= 40
+    store.create_topic("fresh", 5, TopicConfig(flush=FlushPolicy.OS))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_open_fds() + 1, hard))  # one descriptor of headroom
+    try:
+        for p in range(5):  # each needs three new files
+            await store.append_records("fresh", [RecordSpec(b"f%d" % p)], partition=p)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert store.fds.open_count < held
+    for p in range(5):
+        assert [r.value for r in all_records(store.partition("fresh", p))] == [b"f%d" % p]
+    assert [r.value for r in all_records(store.partition("held", 39))] == [b"h"]
+    await store.close()
