@@ -90,7 +90,7 @@ class RawMessage:
 
     ``subject`` is the MQTT topic name (None for TCP/file lines); ``device`` the client id when the
     source knows it; ``arrival_ms`` the receive time (-1: the router stamps it); ``columns`` the
-    CSV header of the stream a CSV row came from.
+    CSV header of the stream a CSV row came from; ``headers`` go on the record after Sluice's own.
     """
 
     payload: bytes
@@ -98,6 +98,7 @@ class RawMessage:
     device: str | None = None
     arrival_ms: int = -1
     columns: tuple[str, ...] | None = None
+    headers: Headers = ()  # more record headers after Sluice's own (MQTT 5 properties: ingest/mqtt/properties)
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,6 +452,8 @@ class SourceRoutes:
         timestamp = _event_time(rule.time, parsed, arrival)
         value = message.payload if rule.value == "original" or parsed.format == "raw" else parsed.to_json_bytes()
         headers = self._headers_for(device, message.subject if self._mqtt else None)
+        if message.headers:
+            headers += message.headers
         return topic, device, (value, key, headers, timestamp)
 
     def _topic(self, rule: RouteRule, message: RawMessage) -> str:

@@ -148,6 +148,8 @@ class MqttSettings(BaseModel):
     session_expiry_s: int = Field(default=86_400, ge=0, le=0xFFFFFFFF)  # 3.1.1 clean session = 0 sessions
     max_session_expiry_s: int = Field(default=86_400, ge=0, le=0xFFFFFFFF)  # cap on MQTT 5 Session Expiry
     connect_timeout_s: float = 10.0
+    # Mosquitto's max_keepalive: a client asking for more, or for 0, is held to it.
+    max_keepalive_s: int = Field(default=65_535, ge=0, le=65_535)  # given to clients asking more or 0; 0 = no max
     max_connections: int = Field(default=10_000, ge=0)  # open at once; more are closed at accept (0 = no limit)
     max_connections_per_address: int = Field(default=0, ge=0)  # open at once from one client IP (0 = no limit)
     protocol_versions: list[int] = Field(default_factory=lambda: [4, 5])  # 4 = MQTT 3.1.1, 5 = MQTT 5.0

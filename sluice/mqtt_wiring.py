@@ -53,6 +53,7 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
         session_expiry_s=_seconds(settings.session_expiry_s),
         max_session_expiry_s=_seconds(settings.max_session_expiry_s),
         connect_timeout_s=settings.connect_timeout_s,
+        max_keepalive=settings.max_keepalive_s,
         backlog_high_bytes=core.sink.max_pending_bytes,
         protocol_versions=tuple(settings.protocol_versions),
         connection_limits=ConnectionLimits(settings.max_connections, settings.max_connections_per_address),

@@ -10,12 +10,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ingest.admission import Admission, ConnectionLimits
 from ingest.errors import IngestError
 from ingest.mqtt.packets import MQTT_5, MQTT_311, Publish, Subscription, Will
+from ingest.mqtt.properties import expires_at, for_delivery, forwarded
+from ingest.mqtt.shared import SHARE_PREFIX, Granted, SharedGroup, parse_shared
 from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
 
 if TYPE_CHECKING:
@@ -68,6 +70,7 @@ class HubConfig:
     session_expiry_s: float = 86_400.0  # 3.1.1 clean session = 0: kept this long after the client leaves
     max_session_expiry_s: float = 86_400.0  # 5.0: a longer Session Expiry Interval (or "never") is cut to this
     connect_timeout_s: float = 10.0
+    max_keepalive: int = 65_535  # a client asking for more, or 0, gets this (5.0: told by Server Keep Alive)
     backlog_high_bytes: int = 64 * 1024 * 1024
     max_write_buffer: int = 4 * 1024 * 1024  # QoS 0 deliveries beyond this to a slow client are dropped
     protocol_versions: tuple[int, ...] = (MQTT_311, MQTT_5)
@@ -90,6 +93,7 @@ class HubStats:
     queue_drops: int = 0  # QoS 1/2 messages dropped because a session's queue was full (also in dropped_deliveries)
     sessions_expired: int = 0  # offline sessions dropped at the end of their expiry interval
     max_queued: int = 0  # most messages one connection ever had waiting for the append
+    messages_expired: int = 0  # queued or retained messages dropped at the end of their Message Expiry Interval
 
 
 @dataclass(eq=False)
@@ -99,11 +103,14 @@ class Hub:
     authenticator: Authenticator | None = None
     sessions: dict[str, SessionState] = field(default_factory=dict)
     connections: set[MqttConnection] = field(default_factory=set)
-    tree: SubscriptionTree[SessionState, Subscription] = field(default_factory=SubscriptionTree)
+    tree: SubscriptionTree[SessionState | SharedGroup, Granted] = field(default_factory=SubscriptionTree)
+    shared: dict[tuple[str, str], SharedGroup] = field(default_factory=dict)  # (group, filter) -> members
     retained: RetainedStore = field(default_factory=RetainedStore)
     stats: HubStats = field(default_factory=HubStats)
     admission: Admission = field(init=False)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _delayed_wills: dict[str, tuple[float, Will]] = field(default_factory=dict)  # client id -> (due, will)
+    _messages_expired: int = 0
 
     def __post_init__(self) -> None:
         self.admission = Admission("MQTT", self.config.connection_limits, log)
@@ -136,6 +143,9 @@ class Hub:
         if existing is not None and (clean or existing.expired(time.monotonic())):
             self.drop_session(existing)
             existing = None
+        pending = self._delayed_wills.pop(client_id, None)
+        if pending is not None and existing is None:  # the session it belonged to has ended: send it now
+            self.publish_will(client_id, pending[1])
         present = existing is not None
         session = existing or SessionState(client_id)
         session.expiry_s = expiry_s
@@ -154,48 +164,118 @@ class Hub:
             session.ended_at = time.monotonic()
 
     def drop_session(self, session: SessionState) -> None:
-        for topic_filter in session.subscriptions:
-            self.tree.remove(topic_filter, session)
-        session.subscriptions.clear()
+        for topic_filter in list(session.subscriptions):
+            self.unsubscribe(session, topic_filter)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+        self._messages_expired += session.messages_expired
+        session.messages_expired = 0
 
     # ------------------------------------------------------------------ subscriptions
-    def subscribe(self, session: SessionState, sub: Subscription) -> bool:
-        session.subscriptions[sub.topic_filter] = sub
-        return self.tree.add(sub.topic_filter, session, sub)
+    def subscribe(self, session: SessionState, sub: Subscription, sub_id: int = 0) -> bool:
+        """Add (or replace) a subscription; True when the session had none on this filter."""
+        topic_filter = sub.topic_filter
+        session.subscriptions[topic_filter] = sub
+        if topic_filter.startswith(SHARE_PREFIX):
+            parsed = parse_shared(topic_filter)
+            assert parsed is not None  # validated by the connection
+            group = self.shared.get(parsed)
+            if group is None:
+                group = self.shared[parsed] = SharedGroup(*parsed)
+                self.tree.add(parsed[1], group, (sub, 0))
+            new = session not in group.members
+            group.members[session] = (sub, sub_id)
+            return new
+        return self.tree.add(topic_filter, session, (sub, sub_id))
 
     def unsubscribe(self, session: SessionState, topic_filter: str) -> bool:
-        session.subscriptions.pop(topic_filter, None)
-        return self.tree.remove(topic_filter, session)
+        if session.subscriptions.pop(topic_filter, None) is None:
+            return False
+        if not topic_filter.startswith(SHARE_PREFIX):
+            return self.tree.remove(topic_filter, session)
+        parsed = parse_shared(topic_filter)
+        group = self.shared.get(parsed) if parsed is not None else None
+        if group is None or group.members.pop(session, None) is None:
+            return False
+        if not group.members:
+            del self.shared[(group.name, group.topic_filter)]
+            self.tree.remove(group.topic_filter, group)
+        for packet, expiry in session.take_shared(group):  # shared rule 4
+            self._offer_shared(group, packet, expiry, packet.qos)
+        return True
 
     # ------------------------------------------------------------------ routing
     def deliver(self, client_id: str, messages: Sequence[Accepted]) -> None:
         """Route durably appended messages: retained store, then every matching subscriber."""
         tree = self.tree
+        now = time.monotonic()
         for msg, _, _ in messages:
+            props = forwarded(msg.properties)
+            expiry = expires_at(props, now)
             if msg.retain:
-                self.retained.store(msg)
+                self.retained.store(msg if props is msg.properties else replace(msg, properties=props), expiry)
             if not len(tree):
                 continue
             matches = tree.match(msg.topic)
             if not matches:
                 continue
-            best: dict[SessionState, Subscription] = {}
-            for session, sub in matches:
-                if sub.no_local and session.client_id == client_id:
+            best: dict[SessionState, list[Any]] = {}  # session -> [qos, retain as published, ids]
+            for key, (sub, sub_id) in matches:
+                if isinstance(key, SharedGroup):
+                    self._offer_shared(key, Publish(msg.topic, msg.payload, 0, False, False, None, props), expiry,
+                                       msg.qos)
                     continue
-                prev = best.get(session)
-                if prev is None or sub.qos > prev.qos:
-                    best[session] = sub
-            for session, sub in best.items():
+                if sub.no_local and key.client_id == client_id:
+                    continue
+                entry = best.get(key)
+                if entry is None:
+                    best[key] = [sub.qos, sub.retain_as_published, (sub_id,) if sub_id else ()]
+                else:  # overlapping subscriptions: one delivery, the highest QoS, every identifier (§3.3.4)
+                    entry[0] = max(entry[0], sub.qos)
+                    entry[1] = entry[1] or sub.retain_as_published
+                    if sub_id:
+                        entry[2] += (sub_id,)
+            for session, (qos, rap, ids) in best.items():
+                out_props = props if not ids else replace(props, subscription_identifier=ids)
                 session.offer(
-                    msg.topic, msg.payload, min(msg.qos, sub.qos), msg.retain and sub.retain_as_published, self
+                    Publish(msg.topic, msg.payload, min(msg.qos, qos), msg.retain and rap, False, None, out_props),
+                    expiry, self,
                 )
 
+    def _offer_shared(self, group: SharedGroup, packet: Publish, expiry: float | None, qos: int,
+                      exclude: SessionState | None = None) -> None:
+        chosen = group.choose(exclude)
+        if chosen is None:
+            self.stats.dropped_deliveries += 1
+            return
+        session, (sub, sub_id) = chosen
+        props = packet.properties if not sub_id else replace(packet.properties, subscription_identifier=(sub_id,))
+        session.offer(replace(packet, qos=min(qos, sub.qos), retain=False, properties=props), expiry, self, group)
+
+    def send_retained(self, session: SessionState, sub: Subscription, sub_id: int) -> None:
+        """The retained messages matching a new subscription (RETAIN=1, remaining expiry)."""
+        now = time.monotonic()
+        for msg, expiry in self.retained.matching(sub.topic_filter, now):
+            props = msg.properties if not sub_id else replace(msg.properties, subscription_identifier=(sub_id,))
+            packet = for_delivery(
+                Publish(msg.topic, msg.payload, min(msg.qos, sub.qos), True, False, None, props), expiry, now
+            )
+            if packet is not None:
+                session.offer(packet, None, self)
+
+    # ------------------------------------------------------------------ wills
+    def will_due(self, client_id: str, will: Will, session_expiry_s: float) -> None:
+        """A connection ended without a normal DISCONNECT: publish its will now, or after its Will Delay
+        Interval, or when its session ends if that is sooner (§3.1.3.2.2); a reconnect in time cancels it."""
+        delay = min(float(will.properties.will_delay_interval or 0), session_expiry_s)
+        if delay <= 0:
+            self.publish_will(client_id, will)
+        else:
+            self._delayed_wills[client_id] = (time.monotonic() + delay, will)
+
     def publish_will(self, client_id: str, will: Will) -> None:
-        """Publish a will after an abnormal disconnect: appended like any message, then delivered."""
-        msg = Publish(will.topic, will.payload, will.qos, will.retain)
+        """Publish a will: appended like any message (with its properties), then delivered."""
+        msg = Publish(will.topic, will.payload, will.qos, will.retain, False, None, forwarded(will.properties))
         self.stats.wills_published += 1
         log.info("publishing will", extra={"client_id": client_id, "topic": will.topic})
         self.spawn(self._append_and_deliver(client_id, [(msg, 0, int(time.time() * 1000))]))
@@ -220,14 +300,25 @@ class Hub:
 
     # ------------------------------------------------------------------ housekeeping
     def sweep(self, now: float) -> None:
-        """Keepalive (1.5 × the client's value), connect timeouts and expired offline sessions."""
+        """Keepalive (1.5 × the client's value), connect timeouts, delayed wills, expired messages and
+        expired offline sessions."""
         for connection in list(self.connections):
             connection.check_timeout(now)
+        for client_id, (due, will) in list(self._delayed_wills.items()):
+            if due <= now:
+                del self._delayed_wills[client_id]
+                self.publish_will(client_id, will)
+        self._messages_expired += self.retained.drop_expired(now)
         for session in list(self.sessions.values()):
             if session.connection is None and session.expired(now):
                 self.stats.sessions_expired += 1
                 log.info("session expired", extra={"client_id": session.client_id, "expiry_s": session.expiry_s})
                 self.drop_session(session)
+                continue
+            session.drop_expired(now)
+            self._messages_expired += session.messages_expired
+            session.messages_expired = 0
+        self.stats.messages_expired = self._messages_expired
 
     async def drain(self, timeout: float) -> None:
         """Wait for in-flight appends (connection workers, wills) to finish, up to ``timeout``."""

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from ingest.mqtt.hub import Accepted, Hub
 from ingest.mqtt.packets import Reason
+from ingest.mqtt.properties import to_headers
 from ingest.mqtt.session import MqttConnection
 from ingest.routing import RawMessage, SourceRef
 from ingest.sink import IngestSink
@@ -35,7 +36,11 @@ class SinkPort:
 
     async def ingest(self, client_id: str, messages: Sequence[Accepted]) -> None:
         # ingest(), not write(): acks need only "durable now", not per-message placements.
-        await self.sink.ingest(self.source, [RawMessage(m.payload, m.topic, client_id, at) for m, _, at in messages])
+        # MQTT 5 properties become record headers after Sluice's own (ingest/mqtt/properties.py rule 2).
+        await self.sink.ingest(
+            self.source, [RawMessage(m.payload, m.topic, client_id, at, None, to_headers(m.properties))
+                          for m, _, at in messages]
+        )
 
     def connections_changed(self, delta: int) -> None:
         if delta > 0:

@@ -51,6 +51,7 @@ import struct
 import time
 import uuid
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from ingest.errors import IngestError
@@ -78,6 +79,7 @@ from ingest.mqtt.packets import (
     Will,
 )
 from ingest.mqtt.session_state import SessionState
+from ingest.mqtt.shared import SHARE_PREFIX, parse_shared
 from ingest.mqtt.subscriptions import valid_filter
 
 if TYPE_CHECKING:
@@ -121,6 +123,8 @@ class MqttConnection(asyncio.BufferedProtocol):
         "_queue",
         "_queued",
         "_will",
+        "_out_aliases",
+        "client_alias_max",
         "client_id",
         "client_max_packet",
         "client_receive_max",
@@ -148,6 +152,8 @@ class MqttConnection(asyncio.BufferedProtocol):
         self.last_rx = 0.0
         self.client_receive_max = 65535
         self.client_max_packet = 0
+        self.client_alias_max = 0  # topic aliases the client accepts from us (5.0 Topic Alias Maximum)
+        self._out_aliases: dict[str, int] | None = None
         self.paused = False
         self.worker: asyncio.Task[None] | None = None
         self._aliases: dict[int, str] | None = None
@@ -220,7 +226,7 @@ class MqttConnection(asyncio.BufferedProtocol):
             self.paused = False
             self.hub.port.reads_paused(False)
         if was_connected and self._will is not None:
-            self.hub.publish_will(self.client_id, self._will)
+            self._will_due()
         self._will = None
         if self.session is not None:
             self.hub.detach(self, self.session)
@@ -239,11 +245,28 @@ class MqttConnection(asyncio.BufferedProtocol):
     def send_publish(self, packet: Publish) -> None:
         if self.state == _CLOSED or self.transport is None:
             return
+        if self.client_alias_max:
+            packet = self._aliased(packet)
         wire = encode_publish(packet, self.version == MQTT_5)
         if self.client_max_packet and len(wire) > self.client_max_packet:
             self.hub.stats.dropped_deliveries += 1  # §3.1.2.11.4: too large for this client, discard
             return
         self.transport.write(wire)
+
+    def _aliased(self, packet: Publish) -> Publish:
+        """Server→client topic aliases (§3.3.2.3.4), when the client allows them: a topic's first message
+        carries the topic and a new alias, later ones the alias and an empty topic name; once all the
+        client allows are in use, other topics go out in full."""
+        aliases = self._out_aliases
+        if aliases is None:
+            aliases = self._out_aliases = {}
+        alias = aliases.get(packet.topic)
+        if alias is not None:
+            return replace(packet, topic="", properties=replace(packet.properties, topic_alias=alias))
+        if len(aliases) >= self.client_alias_max:
+            return packet
+        alias = aliases[packet.topic] = len(aliases) + 1
+        return replace(packet, properties=replace(packet.properties, topic_alias=alias))
 
     def can_take_qos0(self) -> bool:
         t = self.transport
@@ -259,8 +282,12 @@ class MqttConnection(asyncio.BufferedProtocol):
         was = self.state
         self.state = _CLOSED
         if was == _CONNECTED and self._will is not None:
-            self.hub.publish_will(self.client_id, self._will)
-            self._will = None
+            self._will_due()
+
+    def _will_due(self) -> None:
+        will, self._will = self._will, None
+        if will is not None:
+            self.hub.will_due(self.client_id, will, self.session.expiry_s if self.session is not None else 0.0)
 
     def _disconnect(self, reason: int, why: str) -> None:
         if self.version == MQTT_5 and self.state == _CONNECTED:
@@ -319,15 +346,15 @@ class MqttConnection(asyncio.BufferedProtocol):
         if isinstance(packet, Publish):
             self._on_publish(packet, session)
         elif isinstance(packet, Puback | Pubcomp):
-            if session.inflight_out.pop(packet.packet_id, 0) != 0:
-                session.pump()
+            session.acked(packet.packet_id)
         elif isinstance(packet, Pubrec):
             if packet.packet_id in session.inflight_out:
                 if packet.reason_code >= 0x80:
-                    del session.inflight_out[packet.packet_id]
-                    session.pump()
+                    session.acked(packet.packet_id)
                 else:
                     session.inflight_out[packet.packet_id] = None
+                    if session.shared_inflight:  # received: the client's now, whatever happens to the group
+                        session.shared_inflight.pop(packet.packet_id, None)
                     self.send(Pubrel(packet.packet_id))
             else:
                 self.send(Pubrel(packet.packet_id, Reason.PACKET_ID_NOT_FOUND))
@@ -383,13 +410,19 @@ class MqttConnection(asyncio.BufferedProtocol):
             self._protocol_error(ProtocolError("Receive Maximum of 0", Reason.PROTOCOL_ERROR))
             return
         self.client_id = client_id
+        cfg = hub.config
+        # Keep alive above the maximum, or 0 (none), becomes the maximum; 5.0 clients are told (Server
+        # Keep Alive, §3.2.2.3.14); 3.1.1 ones cannot be, and are held to it all the same (as Mosquitto).
+        max_keepalive = cfg.max_keepalive
         self.keepalive = packet.keepalive
+        if max_keepalive and (packet.keepalive == 0 or packet.keepalive > max_keepalive):
+            self.keepalive = max_keepalive
+        self.client_alias_max = props.topic_alias_maximum or 0 if v5 else 0
         self.client_receive_max = props.receive_maximum or (65535 if v5 else 20)
         self.client_max_packet = props.maximum_packet_size or 0
         self._will = packet.will
         # 5.0: the Session Expiry Interval says how long, up to our maximum (the CONNACK tells the client
         # when it was cut, §3.2.2.3.2); 3.1.1: clean session 0 keeps it for the configured time.
-        cfg = hub.config
         requested = _expiry(props.session_expiry_interval or 0)
         persistent_311 = 0.0 if packet.clean_start else cfg.session_expiry_s
         expiry = min(requested, cfg.max_session_expiry_s) if v5 else persistent_311
@@ -403,11 +436,13 @@ class MqttConnection(asyncio.BufferedProtocol):
                 topic_alias_maximum=cfg.topic_alias_maximum,
                 maximum_packet_size=cfg.max_packet_size,
                 retain_available=1,
-                subscription_identifier_available=0,
-                shared_subscription_available=0,
+                wildcard_subscription_available=1,
+                subscription_identifier_available=1,
+                shared_subscription_available=1,
                 assigned_client_identifier=assigned,
                 session_expiry_interval=int(expiry) if expiry != requested else None,
-            )
+                server_keep_alive=self.keepalive if self.keepalive != packet.keepalive else None,
+            )  # Maximum QoS is absent: QoS 2 is supported (a value of 2 may not be sent, §3.2.2.3.4)
         self.send(Connack(present, 0, ack_props))
         log.debug("client connected", extra={"client_id": client_id, "version": level, "session_present": present})
         if present:
@@ -415,7 +450,13 @@ class MqttConnection(asyncio.BufferedProtocol):
 
     def _on_publish(self, packet: Publish, session: SessionState) -> None:
         topic = packet.topic
-        alias = packet.properties.topic_alias if packet.properties is not NO_PROPERTIES else None
+        props = packet.properties
+        alias = None
+        if props is not NO_PROPERTIES:
+            if props.subscription_identifier:  # §3.3.4: only the server sends these
+                self._protocol_error(ProtocolError("subscription identifier in PUBLISH", Reason.PROTOCOL_ERROR))
+                return
+            alias = props.topic_alias
         if alias is not None:
             if alias == 0 or alias > self.hub.config.topic_alias_maximum:
                 self._protocol_error(ProtocolError(f"topic alias {alias} out of range", Reason.TOPIC_ALIAS_INVALID))
@@ -451,34 +492,39 @@ class MqttConnection(asyncio.BufferedProtocol):
                 return
             session.pending_in.add(pid)
         if topic is not packet.topic:  # resolved from a topic alias
-            packet = Publish(topic, packet.payload, qos, packet.retain, packet.dup, packet.packet_id)
+            packet = Publish(topic, packet.payload, qos, packet.retain, packet.dup, packet.packet_id, props)
         self._batch.append((packet, pid, self._arrival_ms))
 
     def _on_subscribe(self, packet: Subscribe, session: SessionState) -> None:
         v5 = self.version == MQTT_5
-        if packet.properties.subscription_identifier:
-            self._protocol_error(
-                ProtocolError("subscription identifiers are not supported", Reason.SUBSCRIPTION_IDS_NOT_SUPPORTED)
-            )
+        ids = packet.properties.subscription_identifier
+        if len(ids) > 1 or (ids and not 1 <= ids[0] <= 268_435_455):  # §3.8.2.1.2: one, 1..268,435,455
+            self._protocol_error(ProtocolError("bad subscription identifier", Reason.PROTOCOL_ERROR))
             return
+        sub_id = ids[0] if ids else 0
         codes: list[int] = []
         granted = []
         for sub in packet.subscriptions:
-            if sub.topic_filter.startswith("$share/"):
-                codes.append(Reason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else 0x80)
-            elif not valid_filter(sub.topic_filter):
+            topic_filter = sub.topic_filter
+            if topic_filter.startswith(SHARE_PREFIX):
+                if parse_shared(topic_filter) is None:
+                    codes.append(Reason.TOPIC_FILTER_INVALID if v5 else 0x80)
+                    continue
+                if sub.no_local:  # §3.8.3.1
+                    self._protocol_error(ProtocolError("No Local on a shared subscription", Reason.PROTOCOL_ERROR))
+                    return
+            elif not valid_filter(topic_filter):
                 codes.append(Reason.TOPIC_FILTER_INVALID if v5 else 0x80)
-            else:
-                new = self.hub.subscribe(session, sub)
-                codes.append(sub.qos)
-                granted.append((sub, new))
+                continue
+            new = self.hub.subscribe(session, sub, sub_id)
+            codes.append(sub.qos)
+            granted.append((sub, new))
         self.send(Suback(packet.packet_id, tuple(codes)))
-        retained = self.hub.retained
-        for sub, new in granted:
+        for sub, new in granted:  # Retain Handling (§3.3.1.3); never for shared subscriptions (§4.8.2)
             if sub.retain_handling == 2 or (sub.retain_handling == 1 and not new):
                 continue
-            for msg in retained.matching(sub.topic_filter):
-                session.offer(msg.topic, msg.payload, min(msg.qos, sub.qos), True, self.hub)
+            if not sub.topic_filter.startswith(SHARE_PREFIX):
+                self.hub.send_retained(session, sub, sub_id)
 
     # ------------------------------------------------------------------ the append pipeline
     def _flush_batch(self) -> None:

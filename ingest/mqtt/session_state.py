@@ -13,19 +13,26 @@ Rules
   0 = no bound). When a message does not fit it is dropped, not an older one (as Mosquitto does with its
   ``max_queued_messages`` / ``max_queued_bytes``): counted in ``HubStats.queue_drops`` (and
   ``dropped_deliveries``) and logged once, with a WARNING, until the queue has drained empty again.
+* Expiry: a queued message whose Message Expiry Interval has passed is dropped (by the hub's sweep, or
+  when it reaches the front of the queue), counted in ``HubStats.messages_expired``; one sent from the
+  queue carries the remaining interval (``properties.py`` rule 4).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ingest.mqtt.packets import Publish, Pubrel, Subscription
+from ingest.mqtt.properties import for_delivery
 
 if TYPE_CHECKING:
     from ingest.mqtt.hub import Hub
     from ingest.mqtt.session import MqttConnection
+    from ingest.mqtt.shared import SharedGroup
 
 __all__ = ["SessionState"]
 
@@ -41,12 +48,14 @@ class SessionState:
         "connection",
         "dropping",
         "ended_at",
+        "messages_expired",
         "expiry_s",
         "inflight_out",
         "next_pid",
         "pending_in",
         "queue",
         "queued_bytes",
+        "shared_inflight",
         "subscriptions",
     )
 
@@ -54,7 +63,10 @@ class SessionState:
         self.client_id = client_id
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight_out: dict[int, Publish | None] = {}  # None: PUBREC received, PUBREL sent
-        self.queue: deque[tuple[str, bytes, int, bool]] | None = None
+        # (packet, when it expires, the shared subscription it came through)
+        self.queue: deque[tuple[Publish, float | None, SharedGroup | None]] | None = None
+        self.shared_inflight: dict[int, SharedGroup] | None = None  # outbound pid -> its shared subscription
+        self.messages_expired = 0  # queued messages dropped because their Message Expiry Interval passed
         self.queued_bytes = 0  # payload bytes in ``queue``
         self.dropping = False  # the queue overflowed and that was logged; cleared once it drains
         self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids answered with PUBREC
@@ -74,26 +86,29 @@ class SessionState:
         self.next_pid = pid % 65535 + 1
         return pid
 
-    def offer(self, topic: str, payload: bytes, qos: int, retain: bool, hub: Hub) -> None:
-        """Deliver one message to this session's client, now or (QoS 1/2) when it can take it."""
+    def offer(self, packet: Publish, expiry: float | None, hub: Hub, group: SharedGroup | None = None) -> None:
+        """Deliver one message (``packet``: QoS, retain flag and properties as this client gets it, no
+        packet id) now or, QoS 1/2, when the client can take it; ``expiry``: when it expires (monotonic);
+        ``group``: the shared subscription it came through (its messages move if this member leaves)."""
         conn = self.connection
-        if qos == 0:
+        if packet.qos == 0:
             if conn is not None and conn.can_take_qos0():
-                conn.send_publish(Publish(topic, payload, 0, retain))
+                conn.send_publish(packet)
                 hub.stats.delivered += 1
             else:
                 hub.stats.dropped_deliveries += 1
             return
         if conn is not None and not self.queue and len(self.inflight_out) < conn.client_receive_max:
-            self._send_new(conn, topic, payload, qos, retain)
+            self._send_new(conn, packet, group)
             hub.stats.delivered += 1
             return
         queue = self.queue
         if queue is None:
             queue = self.queue = deque()
         config = hub.config
+        size = len(packet.payload)
         if (config.max_queued_messages and len(queue) >= config.max_queued_messages) or (
-            config.max_queued_bytes and self.queued_bytes + len(payload) > config.max_queued_bytes
+            config.max_queued_bytes and self.queued_bytes + size > config.max_queued_bytes
         ):
             hub.stats.dropped_deliveries += 1
             hub.stats.queue_drops += 1
@@ -106,26 +121,80 @@ class SessionState:
                            "max_queued_bytes": config.max_queued_bytes},
                 )
             return
-        queue.append((topic, payload, qos, retain))
-        self.queued_bytes += len(payload)
+        queue.append((packet, expiry, group))
+        self.queued_bytes += size
 
-    def _send_new(self, conn: MqttConnection, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+    def _send_new(self, conn: MqttConnection, packet: Publish, group: SharedGroup | None) -> None:
         pid = self._alloc_pid()
-        packet = Publish(topic, payload, qos, retain, False, pid)
+        packet = replace(packet, packet_id=pid)
         self.inflight_out[pid] = packet
+        if group is not None:
+            if self.shared_inflight is None:
+                self.shared_inflight = {}
+            self.shared_inflight[pid] = group
         conn.send_publish(packet)
+
+    def acked(self, pid: int) -> None:
+        """The client finished an outbound QoS 1/2 message (PUBACK, PUBCOMP, or a failing PUBREC)."""
+        if self.inflight_out.pop(pid, 0) != 0:
+            if self.shared_inflight:
+                self.shared_inflight.pop(pid, None)
+            self.pump()
+
+    def take_shared(self, group: SharedGroup) -> list[tuple[Publish, float | None]]:
+        """Remove and return this session's unacknowledged and queued messages of ``group`` (shared rule 4);
+        a QoS 2 message already PUBREC'd is the client's, and stays."""
+        taken: list[tuple[Publish, float | None]] = []
+        if self.shared_inflight:
+            for pid, owner in list(self.shared_inflight.items()):
+                packet = self.inflight_out.get(pid)
+                if owner is group and packet is not None:
+                    del self.shared_inflight[pid]
+                    del self.inflight_out[pid]
+                    taken.append((replace(packet, packet_id=None, dup=False), None))
+        if self.queue:
+            kept: deque[tuple[Publish, float | None, SharedGroup | None]] = deque()
+            for entry in self.queue:
+                if entry[2] is group:
+                    taken.append((entry[0], entry[1]))
+                    self.queued_bytes -= len(entry[0].payload)
+                else:
+                    kept.append(entry)
+            self.queue = kept
+        return taken
 
     def pump(self) -> None:
         conn = self.connection
         queue = self.queue
         if conn is None or not queue:
             return
+        now = time.monotonic()
         while queue and len(self.inflight_out) < conn.client_receive_max:
-            topic, payload, qos, retain = queue.popleft()
-            self.queued_bytes -= len(payload)
-            self._send_new(conn, topic, payload, qos, retain)
+            packet, expiry, group = queue.popleft()
+            self.queued_bytes -= len(packet.payload)
+            ready = for_delivery(packet, expiry, now)
+            if ready is None:  # expired while it waited (properties rule 4)
+                self.messages_expired += 1
+                continue
+            self._send_new(conn, ready, group)
         if not queue:
             self.dropping = False
+
+    def drop_expired(self, now: float) -> None:
+        """Remove queued messages whose expiry has passed (counted in ``messages_expired``)."""
+        queue = self.queue
+        if not queue:
+            return
+        kept: deque[tuple[Publish, float | None, SharedGroup | None]] = deque()
+        dropped = 0
+        for entry in queue:
+            if entry[1] is not None and entry[1] <= now:
+                dropped += 1
+                self.queued_bytes -= len(entry[0].payload)
+            else:
+                kept.append(entry)
+        self.queue = kept
+        self.messages_expired += dropped
 
     def resend(self) -> None:
         conn = self.connection
@@ -135,5 +204,5 @@ class SessionState:
             if packet is None:
                 conn.send(Pubrel(pid))
             else:
-                conn.send_publish(Publish(packet.topic, packet.payload, packet.qos, packet.retain, True, pid))
+                conn.send_publish(replace(packet, dup=True))
         self.pump()

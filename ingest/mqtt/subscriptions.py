@@ -137,31 +137,45 @@ class SubscriptionTree(Generic[K, V]):
 
 
 class RetainedStore:
-    """The last retained PUBLISH per topic; an empty retained payload deletes (§3.3.1.3)."""
+    """The last retained PUBLISH per topic with when it expires (monotonic, None: never); an empty
+    retained payload deletes (§3.3.1.3); an expired message is dropped, never handed out."""
 
     __slots__ = ("_messages",)
 
     def __init__(self) -> None:
-        self._messages: dict[str, Publish] = {}
+        self._messages: dict[str, tuple[Publish, float | None]] = {}
 
     def __len__(self) -> int:
         return len(self._messages)
 
-    def store(self, message: Publish) -> None:
+    def store(self, message: Publish, expiry: float | None = None) -> None:
         if message.payload:
-            self._messages[message.topic] = message
+            self._messages[message.topic] = (message, expiry)
         else:
             self._messages.pop(message.topic, None)
 
     def get(self, topic: str) -> Publish | None:
-        return self._messages.get(topic)
+        found = self._messages.get(topic)
+        return None if found is None else found[0]
 
-    def matching(self, topic_filter: str) -> Iterator[Publish]:
+    def matching(self, topic_filter: str, now: float) -> Iterator[tuple[Publish, float | None]]:
+        """(message, expiry) of every unexpired retained message whose topic matches ``topic_filter``."""
         if "+" not in topic_filter and "#" not in topic_filter:
-            found = self._messages.get(topic_filter)
-            if found is not None:
-                yield found
-            return
-        for topic, message in list(self._messages.items()):
-            if topic_matches(topic_filter, topic):
-                yield message
+            candidates = [topic_filter] if topic_filter in self._messages else []
+        else:
+            candidates = [t for t in self._messages if topic_matches(topic_filter, t)]
+        for topic in candidates:
+            found = self._messages.get(topic)
+            if found is None:
+                continue
+            if found[1] is not None and found[1] <= now:
+                del self._messages[topic]
+                continue
+            yield found
+
+    def drop_expired(self, now: float) -> int:
+        """Remove every expired message; returns how many."""
+        expired = [t for t, (_, expiry) in self._messages.items() if expiry is not None and expiry <= now]
+        for topic in expired:
+            del self._messages[topic]
+        return len(expired)

@@ -151,8 +151,9 @@ async def test_receive_maximum_exceeded(start_server: StartServer) -> None:
 async def test_subscribe_unsubscribe_and_invalid_filters(server: MqttServer) -> None:
     raw = await RawClient.open(server.port, MQTT_5)
     await raw.connect("subber")
-    raw.send(Subscribe(1, (Subscription("a/+/c", 1), Subscription("a/#/c", 0), Subscription("$share/g/x", 0))))
-    assert await raw.recv() == Suback(1, (1, 0x8F, 0x9E))
+    raw.send(Subscribe(1, (Subscription("a/+/c", 1), Subscription("a/#/c", 0), Subscription("$share/g/x", 0),
+                           Subscription("$share/g", 0), Subscription("$share/g+/x", 0))))
+    assert await raw.recv() == Suback(1, (1, 0x8F, 0, 0x8F, 0x8F))
     pub = await RawClient.open(server.port, MQTT_311)
     await pub.connect("pubber")
     pub.send(Publish("a/b/c", b"hello", 1, packet_id=1))
@@ -161,8 +162,8 @@ async def test_subscribe_unsubscribe_and_invalid_filters(server: MqttServer) -> 
     assert isinstance(got, Publish) and (got.topic, got.payload, got.qos) == ("a/b/c", b"hello", 1)
     assert got.packet_id is not None
     raw.send(Puback(got.packet_id))
-    raw.send(Unsubscribe(2, ("a/+/c", "nope")))
-    assert await raw.recv() == Unsuback(2, (0, 0x11))
+    raw.send(Unsubscribe(2, ("a/+/c", "nope", "$share/g/x")))
+    assert await raw.recv() == Unsuback(2, (0, 0x11, 0))
     await wait_until(lambda: len(server.hub.tree) == 0, what="unsubscribed")
 
 

@@ -69,7 +69,18 @@ def test_retained_store() -> None:
     store.store(Publish("cmd/a/set", b"1", 1, True))
     store.store(Publish("cmd/b/set", b"2", 0, True))
     store.store(Publish("cmd/b/set", b"3", 0, True))
-    assert sorted(m.payload for m in store.matching("cmd/+/set")) == [b"1", b"3"]
-    assert [m.payload for m in store.matching("cmd/a/set")] == [b"1"]
+    assert sorted(m.payload for m, _ in store.matching("cmd/+/set", 0.0)) == [b"1", b"3"]
+    assert [m.payload for m, _ in store.matching("cmd/a/set", 0.0)] == [b"1"]
     store.store(Publish("cmd/a/set", b"", 0, True))  # empty retained payload deletes
-    assert [m.payload for m in store.matching("#")] == [b"3"]
+    assert [m.payload for m, _ in store.matching("#", 0.0)] == [b"3"]
+
+
+def test_retained_store_drops_expired_messages() -> None:
+    store = RetainedStore()
+    store.store(Publish("t/short", b"1", 0, True), expiry=10.0)
+    store.store(Publish("t/long", b"2", 0, True), expiry=100.0)
+    store.store(Publish("t/never", b"3", 0, True))
+    assert sorted(m.payload for m, _ in store.matching("t/#", 9.0)) == [b"1", b"2", b"3"]
+    assert sorted(m.payload for m, _ in store.matching("t/#", 10.0)) == [b"2", b"3"]
+    assert len(store) == 2 and store.get("t/short") is None
+    assert store.drop_expired(100.0) == 1 and store.get("t/never") is not None

@@ -1,0 +1,184 @@
+"""MQTT 5 message properties end to end (ingest/mqtt/properties.py): they reach subscribers (live, queued,
+retained, will), are stored as record headers, and messages expire (queue, retained store, remaining
+interval on delivery). Real clients (mosquitto_pub/sub -V 5 -D, paho-mqtt v5) and raw packets."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties as PahoProperties
+
+from ingest.mqtt.packets import (
+    MQTT_5,
+    Properties,
+    Puback,
+    Publish,
+    Suback,
+    Subscribe,
+    Subscription,
+    Will,
+)
+from ingest.mqtt.properties import from_headers, to_headers
+from tests.ingest.conftest import records
+from tests.ingest.mqtt.conftest import MqttServer, RawClient, StartServer, run, wait_until
+
+FULL = Properties(
+    payload_format_indicator=1, message_expiry_interval=100, content_type="text/plain", response_topic="reply/7",
+    correlation_data=b"\x00\xffid", user_property=(("k", "v"), ("k", "v2"), ("source", "mine")),
+)
+
+
+def test_headers_round_trip_and_names() -> None:
+    headers = to_headers(FULL)
+    assert headers == (
+        ("mqtt.payload_format_indicator", b"1"), ("mqtt.message_expiry_interval", b"100"),
+        ("mqtt.content_type", b"text/plain"), ("mqtt.response_topic", b"reply/7"),
+        ("mqtt.correlation_data", b"\x00\xffid"), ("k", b"v"), ("k", b"v2"), ("mqtt.user.source", b"mine"),
+    )
+    sluice_own = (("source", b"mqtt:default"), ("device", b"d"), ("mqtt_topic", b"t"))
+    assert from_headers(sluice_own + headers) == (FULL, 0)
+    # a record produced over Kafka: any UTF-8 header becomes a user property; one that cannot is counted
+    assert from_headers((("trace", b"abc"), ("blob", b"\xff"), ("empty", None))) == (
+        Properties(user_property=(("trace", "abc"), ("empty", ""))), 1)
+
+
+async def test_mosquitto_clients_see_every_property_and_the_log_keeps_them(server: MqttServer) -> None:
+    port = str(server.port)
+    sub = await asyncio.create_subprocess_exec(
+        "mosquitto_sub", "-p", port, "-V", "5", "-C", "1", "-q", "1", "-t", "props/#",
+        "-F", "%t|%p|%C|%D|%E|%F|%P|%R", stdout=asyncio.subprocess.PIPE,
+    )
+    await wait_until(lambda: len(server.hub.tree) == 1, what="subscribed")
+    code, _, err = await run(
+        "mosquitto_pub", "-p", port, "-V", "5", "-q", "1", "-t", "props/a", "-m", "hello", "-i", "prop-pub",
+        "-D", "publish", "content-type", "text/plain", "-D", "publish", "correlation-data", "req-42",
+        "-D", "publish", "response-topic", "reply/a", "-D", "publish", "message-expiry-interval", "600",
+        "-D", "publish", "payload-format-indicator", "1", "-D", "publish", "user-property", "site", "north",
+    )
+    assert code == 0, err
+    out, _ = await asyncio.wait_for(sub.communicate(), 10)
+    assert out.decode().strip() == "props/a|hello|text/plain|req-42|600|1|site:north|reply/a"
+    (record,) = [r for r in records(server.store, "mqtt") if r.value == b"hello"]
+    assert list(record.headers) == [
+        ("source", b"mqtt:default"), ("device", b"prop-pub"), ("mqtt_topic", b"props/a"),
+        ("mqtt.payload_format_indicator", b"1"), ("mqtt.message_expiry_interval", b"600"),
+        ("mqtt.content_type", b"text/plain"), ("mqtt.response_topic", b"reply/a"),
+        ("mqtt.correlation_data", b"req-42"), ("site", b"north"),
+    ]
+
+
+def _paho(port: int, client_id: str, on_message: object) -> paho.Client:
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+    client.on_message = on_message
+    connected = threading.Event()
+    client.on_connect = lambda *args: connected.set()
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    assert connected.wait(10)
+    return client
+
+
+async def test_request_response_between_two_paho_v5_clients(server: MqttServer) -> None:
+    """The responder answers on the request's Response Topic with its Correlation Data."""
+    replies: list[tuple[str, bytes, bytes]] = []
+    got_reply = threading.Event()
+
+    def respond(client: paho.Client, _: object, msg: paho.MQTTMessage) -> None:
+        props = PahoProperties(PacketTypes.PUBLISH)
+        props.CorrelationData = msg.properties.CorrelationData
+        client.publish(msg.properties.ResponseTopic, b"pong:" + msg.payload, qos=1, properties=props)
+
+    def on_reply(client: paho.Client, _: object, msg: paho.MQTTMessage) -> None:
+        replies.append((msg.topic, bytes(msg.payload), msg.properties.CorrelationData))
+        got_reply.set()
+
+    responder = await asyncio.to_thread(_paho, server.port, "responder", respond)
+    requester = await asyncio.to_thread(_paho, server.port, "requester", on_reply)
+    try:
+        responder.subscribe("service/echo", qos=1)
+        requester.subscribe("replies/requester", qos=1)
+        await wait_until(lambda: len(server.hub.tree) == 2, what="subscribed")
+        props = PahoProperties(PacketTypes.PUBLISH)
+        props.ResponseTopic = "replies/requester"
+        props.CorrelationData = b"\x01call-1"
+        requester.publish("service/echo", b"ping", qos=1, properties=props)
+        assert await asyncio.to_thread(got_reply.wait, 10)
+        assert replies == [("replies/requester", b"pong:ping", b"\x01call-1")]
+    finally:
+        for client in (responder, requester):
+            client.disconnect()
+            client.loop_stop()
+
+
+async def test_queued_messages_keep_properties_expire_and_carry_the_remaining_interval(server: MqttServer) -> None:
+    sub = await RawClient.open(server.port, MQTT_5)
+    await sub.connect("away", clean_start=False, properties=Properties(session_expiry_interval=300))
+    sub.send(Subscribe(1, (Subscription("q/#", 1),)))
+    assert await sub.recv() == Suback(1, (1,))
+    await sub.close()
+    await wait_until(lambda: server.hub.sessions["away"].connection is None, what="offline")
+
+    pub = await RawClient.open(server.port, MQTT_5)
+    await pub.connect("pub")
+    pub.send(Publish("q/short", b"gone", 1, packet_id=1, properties=Properties(message_expiry_interval=1)))
+    pub.send(Publish("q/long", b"kept", 1, packet_id=2, properties=FULL))
+    assert [await pub.recv(), await pub.recv()] == [Puback(1), Puback(2)]
+    await wait_until(lambda: server.hub.stats.messages_expired == 1, what="the short one expired")
+
+    sub = await RawClient.open(server.port, MQTT_5)
+    await sub.connect("away", clean_start=False, properties=Properties(session_expiry_interval=300))
+    got = await sub.recv()
+    assert isinstance(got, Publish) and (got.topic, got.payload) == ("q/long", b"kept")
+    assert got.properties.message_expiry_interval is not None and 97 <= got.properties.message_expiry_interval < 100
+    assert got.properties == Properties(**{**_fields(FULL), "message_expiry_interval":
+                                           got.properties.message_expiry_interval})
+    sub.send(Puback(got.packet_id or 0))
+    await sub.close()
+    await pub.close()
+
+
+def _fields(props: Properties) -> dict[str, object]:
+    return {name: getattr(props, name) for name in props.__slots__}
+
+
+async def test_retained_messages_keep_properties_and_expire(server: MqttServer) -> None:
+    pub = await RawClient.open(server.port, MQTT_5)
+    await pub.connect("retainer")
+    pub.send(Publish("r/short", b"1", 1, retain=True, packet_id=1, properties=Properties(message_expiry_interval=1)))
+    pub.send(Publish("r/long", b"2", 1, retain=True, packet_id=2,
+                     properties=Properties(content_type="c", message_expiry_interval=50)))
+    assert [await pub.recv(), await pub.recv()] == [Puback(1), Puback(2)]
+    await wait_until(lambda: len(server.hub.retained) == 1, what="the short one expired from the retained store")
+    sub = await RawClient.open(server.port, MQTT_5)
+    await sub.connect("late")
+    sub.send(Subscribe(1, (Subscription("r/#", 1),)))
+    assert await sub.recv() == Suback(1, (1,))
+    got = await sub.recv()
+    assert isinstance(got, Publish) and (got.topic, got.payload, got.retain) == ("r/long", b"2", True)
+    assert got.properties.content_type == "c"
+    assert got.properties.message_expiry_interval is not None and 47 <= got.properties.message_expiry_interval <= 50
+    await sub.close()
+    await pub.close()
+
+
+async def test_will_properties_reach_subscribers(start_server: StartServer) -> None:
+    server = await start_server()
+    watcher = await RawClient.open(server.port, MQTT_5)
+    await watcher.connect("watcher")
+    watcher.send(Subscribe(1, (Subscription("wills/#", 1),)))
+    assert await watcher.recv() == Suback(1, (1,))
+    will_props = Properties(content_type="application/json", response_topic="wills/ack",
+                            user_property=(("reason", "lost"),))
+    dying = await RawClient.open(server.port, MQTT_5)
+    await dying.connect("dying", will=Will("wills/dying", b"{}", 1, False, will_props))
+    await dying.close()  # no DISCONNECT: the will is published
+    got = await watcher.recv()
+    assert isinstance(got, Publish) and got.topic == "wills/dying" and got.properties == will_props
+    (record,) = [r for r in records(server.store, "mqtt") if r.value == b"{}"]
+    assert ("mqtt.content_type", b"application/json") in record.headers
+    assert ("mqtt.user.reason", b"lost") in record.headers
+    await watcher.close()
