@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
@@ -71,7 +74,14 @@ async def test_mosquitto_clients_see_every_property_and_the_log_keeps_them(serve
     ]
 
 
-def _paho(port: int, client_id: str, on_message: object) -> paho.Client:
+OnMessage = Callable[[paho.Client, Any, paho.MQTTMessage], None]
+
+
+def _prop(msg: paho.MQTTMessage, name: str) -> Any:
+    return getattr(msg.properties, name)
+
+
+def _paho(port: int, client_id: str, on_message: OnMessage) -> paho.Client:
     client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
     client.on_message = on_message
     connected = threading.Event()
@@ -89,11 +99,11 @@ async def test_request_response_between_two_paho_v5_clients(server: MqttServer) 
 
     def respond(client: paho.Client, _: object, msg: paho.MQTTMessage) -> None:
         props = PahoProperties(PacketTypes.PUBLISH)
-        props.CorrelationData = msg.properties.CorrelationData
-        client.publish(msg.properties.ResponseTopic, b"pong:" + msg.payload, qos=1, properties=props)
+        props.CorrelationData = _prop(msg, "CorrelationData")
+        client.publish(_prop(msg, "ResponseTopic"), b"pong:" + msg.payload, qos=1, properties=props)
 
     def on_reply(client: paho.Client, _: object, msg: paho.MQTTMessage) -> None:
-        replies.append((msg.topic, bytes(msg.payload), msg.properties.CorrelationData))
+        replies.append((msg.topic, bytes(msg.payload), _prop(msg, "CorrelationData")))
         got_reply.set()
 
     responder = await asyncio.to_thread(_paho, server.port, "responder", respond)
@@ -134,15 +144,10 @@ async def test_queued_messages_keep_properties_expire_and_carry_the_remaining_in
     got = await sub.recv()
     assert isinstance(got, Publish) and (got.topic, got.payload) == ("q/long", b"kept")
     assert got.properties.message_expiry_interval is not None and 97 <= got.properties.message_expiry_interval < 100
-    assert got.properties == Properties(**{**_fields(FULL), "message_expiry_interval":
-                                           got.properties.message_expiry_interval})
+    assert got.properties == replace(FULL, message_expiry_interval=got.properties.message_expiry_interval)
     sub.send(Puback(got.packet_id or 0))
     await sub.close()
     await pub.close()
-
-
-def _fields(props: Properties) -> dict[str, object]:
-    return {name: getattr(props, name) for name in props.__slots__}
 
 
 async def test_retained_messages_keep_properties_and_expire(server: MqttServer) -> None:
