@@ -109,7 +109,7 @@ class Hub:
     stats: HubStats = field(default_factory=HubStats)
     admission: Admission = field(init=False)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    _delayed_wills: dict[str, tuple[float, Will]] = field(default_factory=dict)  # client id -> (due, will)
+    delayed_wills: dict[str, tuple[float, Will]] = field(default_factory=dict)  # client id -> (due, will)
     _messages_expired: int = 0
 
     def __post_init__(self) -> None:
@@ -143,7 +143,7 @@ class Hub:
         if existing is not None and (clean or existing.expired(time.monotonic())):
             self.drop_session(existing)
             existing = None
-        pending = self._delayed_wills.pop(client_id, None)
+        pending = self.delayed_wills.pop(client_id, None)
         if pending is not None and existing is None:  # the session it belonged to has ended: send it now
             self.publish_will(client_id, pending[1])
         present = existing is not None
@@ -271,7 +271,7 @@ class Hub:
         if delay <= 0:
             self.publish_will(client_id, will)
         else:
-            self._delayed_wills[client_id] = (time.monotonic() + delay, will)
+            self.delayed_wills[client_id] = (time.monotonic() + delay, will)
 
     def publish_will(self, client_id: str, will: Will) -> None:
         """Publish a will: appended like any message (with its properties), then delivered."""
@@ -304,9 +304,9 @@ class Hub:
         expired offline sessions."""
         for connection in list(self.connections):
             connection.check_timeout(now)
-        for client_id, (due, will) in list(self._delayed_wills.items()):
+        for client_id, (due, will) in list(self.delayed_wills.items()):
             if due <= now:
-                del self._delayed_wills[client_id]
+                del self.delayed_wills[client_id]
                 self.publish_will(client_id, will)
         self._messages_expired += self.retained.drop_expired(now)
         for session in list(self.sessions.values()):

@@ -17,6 +17,7 @@ from paho.mqtt.properties import Properties as PahoProperties
 
 from ingest.mqtt.packets import (
     MQTT_5,
+    Connect,
     Properties,
     Puback,
     Publish,
@@ -187,3 +188,94 @@ async def test_will_properties_reach_subscribers(start_server: StartServer) -> N
     assert ("mqtt.content_type", b"application/json") in record.headers
     assert ("mqtt.user.reason", b"lost") in record.headers
     await watcher.close()
+
+
+# ---------------------------------------------------------------------------------------------- will delay
+async def _watch(server: MqttServer, client_id: str) -> RawClient:
+    watcher = await RawClient.open(server.port, MQTT_5)
+    await watcher.connect(client_id)
+    watcher.send(Subscribe(1, (Subscription("wills/#", 1),)))
+    assert await watcher.recv() == Suback(1, (1,))
+    return watcher
+
+
+async def _connect_with_will(server: MqttServer, client_id: str, delay: int, session_expiry: int,
+                             clean_start: bool = True) -> RawClient:
+    client = await RawClient.open(server.port, MQTT_5)
+    will = Will(f"wills/{client_id}", b"gone", 1, False, Properties(will_delay_interval=delay, content_type="t"))
+    await client.connect(client_id, clean_start=clean_start, will=will,
+                         properties=Properties(session_expiry_interval=session_expiry))
+    return client
+
+
+async def test_will_delay_is_cut_short_by_the_session_expiring(server: MqttServer) -> None:
+    watcher = await _watch(server, "w-watch-1")
+    dying = await _connect_with_will(server, "short-session", delay=600, session_expiry=1)
+    await dying.close()
+    await wait_until(lambda: "short-session" in server.hub.delayed_wills, what="will delayed")
+    got = await watcher.recv(timeout=5)  # at the session's end (1 s), not after 600 s
+    assert isinstance(got, Publish) and got.topic == "wills/short-session" and got.properties.content_type == "t"
+    assert got.properties.will_delay_interval is None  # not a PUBLISH property
+    assert "short-session" not in server.hub.sessions
+
+
+async def test_will_delay_passes_then_the_will_is_published(server: MqttServer) -> None:
+    watcher = await _watch(server, "w-watch-2")
+    dying = await _connect_with_will(server, "late-will", delay=1, session_expiry=300)
+    await dying.close()
+    await wait_until(lambda: "late-will" in server.hub.delayed_wills, what="will delayed")
+    assert server.hub.stats.wills_published == 0
+    got = await watcher.recv(timeout=5)
+    assert isinstance(got, Publish) and got.topic == "wills/late-will"
+    assert server.hub.stats.wills_published == 1
+
+
+async def test_will_is_cancelled_when_the_client_reconnects_in_time(server: MqttServer) -> None:
+    dying = await _connect_with_will(server, "comes-back", delay=60, session_expiry=300)
+    await dying.close()
+    await wait_until(lambda: "comes-back" in server.hub.delayed_wills, what="will delayed")
+    back = await RawClient.open(server.port, MQTT_5)
+    ack = await back.connect("comes-back", clean_start=False, properties=Properties(session_expiry_interval=300))
+    assert ack.session_present
+    assert "comes-back" not in server.hub.delayed_wills and server.hub.stats.wills_published == 0
+    await back.close()
+
+
+async def test_a_clean_start_ends_the_old_session_and_sends_its_delayed_will(server: MqttServer) -> None:
+    watcher = await _watch(server, "w-watch-3")
+    dying = await _connect_with_will(server, "restarts", delay=60, session_expiry=300)
+    await dying.close()
+    await wait_until(lambda: "restarts" in server.hub.delayed_wills, what="will delayed")
+    fresh = await RawClient.open(server.port, MQTT_5)
+    ack = await fresh.connect("restarts", clean_start=True)
+    assert not ack.session_present
+    got = await watcher.recv(timeout=5)
+    assert isinstance(got, Publish) and got.topic == "wills/restarts"
+    await fresh.close()
+
+
+# ---------------------------------------------------------------------------------------------- keep alive
+async def test_server_keep_alive_caps_the_client_keep_alive(start_server: StartServer) -> None:
+    server = await start_server(max_keepalive_s=100)
+    for asked, told in ((0, 100), (101, 100), (65535, 100), (100, None), (30, None)):
+        raw = await RawClient.open(server.port, MQTT_5)
+        ack = await raw.connect(f"ka-{asked}", keepalive=asked)
+        assert ack.properties.server_keep_alive == told, asked
+        (conn,) = [c for c in server.hub.connections if c.client_id == f"ka-{asked}"]
+        assert conn.keepalive == (told or asked)
+        await raw.close()
+
+
+async def test_server_keep_alive_exact_connack_bytes(start_server: StartServer) -> None:
+    server = await start_server(max_keepalive_s=10, receive_maximum=20, topic_alias_maximum=10,
+                                max_packet_bytes=1000)
+    raw = await RawClient.open(server.port, MQTT_5)
+    raw.send(Connect("exact", MQTT_5, keepalive=60))
+    data = await asyncio.wait_for(raw.reader.read(200), 5)
+    # CONNACK: flags 0, reason 0, then properties in identifier order: Server Keep Alive 10 (0x13),
+    # Receive Maximum 20 (0x21), Topic Alias Maximum 10 (0x22), Retain Available (0x25), Maximum Packet
+    # Size (0x27), Wildcard / Subscription Identifier / Shared Subscription Available (0x28, 0x29, 0x2A).
+    props = (b"\x13\x00\x0a" b"\x21\x00\x14" b"\x22\x00\x0a" b"\x25\x01" b"\x27\x00\x00\x03\xe8"
+             b"\x28\x01" b"\x29\x01" b"\x2a\x01")
+    assert data == b"\x20" + bytes([3 + len(props)]) + b"\x00\x00" + bytes([len(props)]) + props
+    await raw.close()
