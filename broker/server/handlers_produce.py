@@ -3,7 +3,9 @@
 Produce runs in two steps so that pipelined requests keep their order and still share fsyncs:
 ``handle_produce`` validates and appends synchronously (offsets assigned in request order, no await),
 then returns an awaitable that waits for the flush policy's durability and builds the response.
-acks=0 gets no response at all.
+acks=0 gets no response at all. Each partition's records pass Kafka's checks first
+(``broker.protocol.batch_validation``); a refusal is answered with Kafka's code, ``error_message`` and,
+for Produce v8, ``record_errors`` naming the records at fault.
 """
 
 from __future__ import annotations
