@@ -35,7 +35,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 MODULES = (
     "bench_kafka_codec",
     "bench_records",
-    "bench_produce_path",
+    "bench_produce",
     "bench_log",
     "bench_processors",
     "bench_tcp",
@@ -52,7 +52,7 @@ MODULES = (
 # --quick: small sizes that show a module still works end to end (figures not meant for RESULTS.md).
 QUICK_ARGS: dict[str, tuple[str, ...]] = {
     "bench_records": ("--batches", "20"),
-    "bench_produce_path": ("--requests", "200", "--repeat", "1"),
+    "bench_produce": ("--requests", "200", "--repeat", "1"),
     "bench_kafka_codec": (),
     "bench_log": ("--quick",),
     "bench_processors": ("--records", "20000"),

@@ -1,11 +1,11 @@
 """The broker's Produce path in-process (no sockets): ``handle_produce`` on a memory store, records/s.
 
-Run: ``python -m bench.bench_produce_path`` (a few seconds); records per second of CPU time (the
+Run: ``python -m bench.bench_produce`` (a few seconds); records per second of CPU time (the
 machine may be shared). Each request holds one batch of 100 records (100 B values, no key, librdkafka's
 shape; ``--headers`` adds a key and two headers, the ingest shape).
 Request decoding and socket I/O are left out, so the figure is what validation, the idempotence check
 and the append cost per record. To compare two versions of the broker, run this file from each tree
-(``PYTHONPATH=<tree> python <tree>/bench/bench_produce_path.py``), interleaved.
+(``PYTHONPATH=<tree> python <tree>/bench/bench_produce.py``), interleaved.
 """
 
 from __future__ import annotations
