@@ -8,6 +8,7 @@ One root, so callers can catch everything the broker raises::
     │   ├── CorruptRecordError      CRC mismatch, bad lengths, truncated input
     │   ├── UnsupportedMagicError   magic byte other than 2
     │   ├── RecordTooLargeError     batch above the topic's max_message_bytes (compressed or not)
+    │   ├── UnsupportedCompressionError  zstd in a Produce request older than v7
     │   └── InvalidTimestampError   a record's timestamp (or timestamp type) is not accepted
     ├── TopicError
     │   ├── UnknownTopicError
@@ -37,6 +38,7 @@ __all__ = [
     "TopicError",
     "TopicExistsError",
     "UnknownTopicError",
+    "UnsupportedCompressionError",
     "UnsupportedMagicError",
 ]
 
@@ -66,6 +68,10 @@ class UnsupportedMagicError(InvalidRecordError):
 
 class RecordTooLargeError(InvalidRecordError):
     """The batch is larger than the topic accepts."""
+
+
+class UnsupportedCompressionError(InvalidRecordError):
+    """The batch's codec is not allowed at this request version (zstd before Produce v7)."""
 
 
 class InvalidTimestampError(InvalidRecordError):

@@ -7,7 +7,8 @@ checked here, once, on the way in. The rules are those of Kafka's ``ProduceReque
 with Kafka's error codes (the exception raised → code, in ``broker.server.handlers_common``):
 
 1. exactly one complete RecordBatch v2 (``InvalidRecordError`` → INVALID_RECORD; magic 0/1 is
-   INVALID_RECORD too, other magic values ``CorruptRecordError`` → CORRUPT_MESSAGE);
+   INVALID_RECORD too, other magic values ``CorruptRecordError`` → CORRUPT_MESSAGE), zstd only from
+   Produce v7 on (``UnsupportedCompressionError`` → UNSUPPORTED_COMPRESSION_TYPE);
 2. base offset 0 (INVALID_RECORD), size ≤ max.message.bytes (``RecordTooLargeError`` →
    MESSAGE_TOO_LARGE), CRC (CORRUPT_MESSAGE);
 3. record count ≥ 1 and equal to last_offset_delta + 1 (so a batch takes exactly the offsets of the
@@ -39,7 +40,13 @@ from operator import attrgetter
 import crc32c
 from aiokafka.record.memory_records import MemoryRecords
 
-from broker.errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError, RecordTooLargeError
+from broker.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    InvalidTimestampError,
+    RecordTooLargeError,
+    UnsupportedCompressionError,
+)
 from broker.protocol.compression import Compression, decompress
 from broker.protocol.records import (
     ATTR_COMPRESSION_MASK,
@@ -81,14 +88,14 @@ class AcceptedBatch:
 
 
 def validate_produce_batch(
-    records: bytes | bytearray | memoryview, max_message_bytes: int, *, compacted: bool = False
+    records: bytes | bytearray | memoryview, max_message_bytes: int, *, compacted: bool = False, version: int = 8
 ) -> AcceptedBatch:
     """Check one partition's records from a Produce request; raise the broker error Kafka's code maps to.
 
     ``max_message_bytes`` and ``compacted`` (cleanup.policy has compact: every record needs a key)
-    come from the topic's config."""
+    come from the topic's config; ``version`` is the Produce request's (zstd needs 7 or later)."""
     data = bytes(records)  # no copy when it is bytes already
-    header = _check_framing(data, max_message_bytes)
+    header = _check_framing(data, max_message_bytes, version)
     codec_id = header.attributes & ATTR_COMPRESSION_MASK
     if codec_id > Compression.ZSTD:
         raise InvalidRecordError(f"record batch names unknown compression codec {codec_id}")
@@ -167,7 +174,7 @@ def _fast_scan(plain: bytes, count: int, want_keys: bool) -> tuple[int, list[int
         return None
 
 
-def _check_framing(data: bytes, max_message_bytes: int) -> BatchHeader:
+def _check_framing(data: bytes, max_message_bytes: int, version: int) -> BatchHeader:
     """Steps 1–3: everything the 61-byte header and the CRC can tell."""
     if len(data) > _MAGIC_AT and data[_MAGIC_AT] != MAGIC_V2:
         magic = data[_MAGIC_AT]
@@ -176,6 +183,11 @@ def _check_framing(data: bytes, max_message_bytes: int) -> BatchHeader:
                 f"Produce requests from version 3 on may only contain record batches with magic 2, not {magic}"
             )
         raise CorruptRecordError(f"invalid magic {magic} in record batch")
+    zstd = len(data) > _ATTRIBUTES_LOW_AT and data[_ATTRIBUTES_LOW_AT] & ATTR_COMPRESSION_MASK == Compression.ZSTD
+    if zstd and version < 7:
+        raise UnsupportedCompressionError(
+            f"Produce requests with version {version} are not allowed to use ZStandard compression"
+        )
     if len(data) < BATCH_HEADER_SIZE:
         raise InvalidRecordError("Produce requests must have one complete record batch per partition")
     header = unpack_header(data)

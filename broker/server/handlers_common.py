@@ -20,6 +20,7 @@ from broker.errors import (
     StorageError,
     TopicExistsError,
     UnknownTopicError,
+    UnsupportedCompressionError,
     UnsupportedMagicError,
 )
 from broker.groups.offsets import CommittedOffset
@@ -83,6 +84,7 @@ _ERRORS: tuple[tuple[type[BrokerError], ErrorCode], ...] = (
     (RecordTooLargeError, ErrorCode.MESSAGE_TOO_LARGE),
     (CorruptRecordError, ErrorCode.CORRUPT_MESSAGE),
     (InvalidTimestampError, ErrorCode.INVALID_TIMESTAMP),
+    (UnsupportedCompressionError, ErrorCode.UNSUPPORTED_COMPRESSION_TYPE),
     (InvalidRecordError, ErrorCode.INVALID_RECORD),  # after its subclasses: the first match wins
     (UnknownTopicError, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
     (TopicExistsError, ErrorCode.TOPIC_ALREADY_EXISTS),

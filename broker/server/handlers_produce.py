@@ -17,6 +17,7 @@ from typing import Any
 from broker.errors import BrokerError, InvalidRecordError, StorageError, UnknownTopicError
 from broker.log.api import PartitionLog
 from broker.protocol.batch_validation import validate_produce_batch
+from broker.protocol.kafka import produce
 from broker.protocol.kafka.produce import ProducePartitionResponse, ProduceResponse, ProduceTopicResponse
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import BatchHeader
@@ -78,7 +79,7 @@ def _transaction_refusal(
 
 
 def _append_one(
-    ctx: BrokerContext, topic: str, partition: int, records: bytes | None, conn: ConnectionInfo
+    ctx: BrokerContext, topic: str, partition: int, records: bytes | None, conn: ConnectionInfo, version: int
 ) -> tuple[ProducePartitionResponse, PartitionLog | None]:
     store = ctx.store
     try:
@@ -89,7 +90,7 @@ def _append_one(
         if not records:
             raise InvalidRecordError("Produce requests must have one complete record batch per partition")
         max_message_bytes, compacted = _topic_rules(plog)
-        accepted = validate_produce_batch(records, max_message_bytes, compacted=compacted)
+        accepted = validate_produce_batch(records, max_message_bytes, compacted=compacted, version=version)
         header = accepted.header
         refusal = _transaction_refusal(ctx, topic, partition, header, conn)
         if refusal is not None:
@@ -127,7 +128,9 @@ def _append_one(
     return ProducePartitionResponse(partition, ErrorCode.NONE, result.base_offset, -1, result.log_start_offset), plog
 
 
-def handle_produce(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> Awaitable[ProduceResponse | None]:
+def handle_produce(
+    ctx: BrokerContext, body: Any, conn: ConnectionInfo, version: int = produce.MAX_VERSION
+) -> Awaitable[ProduceResponse | None]:
     acks = int(body.acks)
     topics: list[ProduceTopicResponse] = []
     touched: dict[int, PartitionLog] = {}
@@ -146,7 +149,7 @@ def handle_produce(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> Await
             if topic_error is not None:
                 responses.append(ProducePartitionResponse(int(part.index), topic_error))
                 continue
-            resp, plog = _append_one(ctx, name, int(part.index), part.records, conn)
+            resp, plog = _append_one(ctx, name, int(part.index), part.records, conn, version)
             responses.append(resp)
             if plog is not None:
                 touched[id(plog)] = plog

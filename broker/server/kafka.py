@@ -111,7 +111,7 @@ async def handle_request(ctx: BrokerContext, request: Request, conn: ConnectionI
     """The response body for a decoded request (None: no response, acks=0); no sockets involved."""
     header = request.header
     if header.api_key == ApiKey.PRODUCE:
-        return await producing.handle_produce(ctx, request.body, conn)
+        return await producing.handle_produce(ctx, request.body, conn, header.api_version)
     return await _HANDLERS[header.api_key](ctx, header, request.body, conn)
 
 
@@ -274,7 +274,7 @@ class KafkaServer:
         self.stats.request(header.api_key)
         try:
             if header.api_key == ApiKey.PRODUCE:
-                pending = producing.handle_produce(self.ctx, body, conn)
+                pending = producing.handle_produce(self.ctx, body, conn, header.api_version)
                 return header, self._answer_failure(header, body, conn, pending)
             work = _HANDLERS[header.api_key](self.ctx, header, body, conn)
             if header.api_key in _CANCEL_SAFE:

@@ -14,6 +14,7 @@ from broker.errors import (
     InvalidRecordError,
     InvalidTimestampError,
     RecordTooLargeError,
+    UnsupportedCompressionError,
 )
 from broker.protocol.batch_validation import _fast_scan, _scan_records, validate_produce_batch
 from broker.protocol.records import Compression, RecordSpec, decode_records, encode_batch, verify_batch
@@ -110,6 +111,15 @@ def test_batch_level_rules_in_kafkas_order() -> None:
         validate_produce_batch(bytes(flipped), LIMIT)
     with pytest.raises(RecordTooLargeError):
         validate_produce_batch(good, len(good) - 1)
+
+
+def test_zstd_before_produce_v7_is_an_unsupported_compression_type() -> None:
+    zstd = encode_batch(specs(2), compression=Compression.ZSTD)
+    with pytest.raises(UnsupportedCompressionError, match="version 6"):
+        validate_produce_batch(zstd, LIMIT, version=6)
+    assert validate_produce_batch(zstd, LIMIT, version=7).data == zstd
+    gzip = encode_batch(specs(2), compression=Compression.GZIP)
+    assert validate_produce_batch(gzip, LIMIT, version=3).data == gzip
 
 
 def test_log_append_time_from_a_producer_is_an_invalid_timestamp_for_every_record() -> None:

@@ -17,12 +17,13 @@ from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import MemoryOffsetStore
 from broker.log.config import TopicConfig
 from broker.log.memory import MemoryLogStore
+from broker.protocol.kafka import ApiKey
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import Compression, RecordSpec, encode_batch
 from broker.server.kafka import KafkaServer, KafkaServerConfig
 from tests.broker.server.conftest import SluiceProcess
 from tests.broker.server.raw_client import RawClient
-from tests.broker.server.test_kafka_server import fetch_values, produce, records, server
+from tests.broker.server.test_kafka_server import fetch_values, produce, produce_body, records, server
 
 __all__ = ["server"]  # the fixture, shared with test_kafka_server
 
@@ -163,3 +164,13 @@ async def test_a_compacted_topic_refuses_keyless_records_from_librdkafka(local_s
     assert await asyncio.to_thread(producer.flush, 10) == 0
     assert reports == {b"keyed": 0, b"keyless": KafkaError.INVALID_RECORD}
     assert local_server.ctx.store.partition("compacted", 0).high_watermark == 1
+
+
+async def test_zstd_needs_produce_v7_as_in_kafka(server: KafkaServer) -> None:
+    client = await RawClient.connect(server.port)
+    zstd = encode_batch([RecordSpec(b"squeezed")], compression=Compression.ZSTD)
+    old = await client.request(ApiKey.PRODUCE, 5, produce_body(zstd))
+    assert old.topics[0].partitions[0].error_code == ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
+    assert (await produce(client, zstd)).error_code == ErrorCode.NONE  # v8
+    assert await fetch_values(client) == [b"squeezed"]
+    await client.close()
