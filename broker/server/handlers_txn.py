@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from broker.errors import BrokerError
@@ -86,16 +87,20 @@ async def handle_add_partitions_to_txn(ctx: BrokerContext, body: Any, conn: Conn
         {"name": topic, "results_by_partition": results} for topic, results in by_topic.items()]}
 
 
+async def _coordinator_answer(api: str, txn_id: str, call: Awaitable[ErrorCode]) -> ErrorCode:
+    """The coordinator's answer to one request, a broker failure (the transaction log's disk) as its code."""
+    try:
+        return await call
+    except BrokerError as exc:
+        log.error(f"{api} failed", extra={"transactional_id": txn_id, "error": str(exc)})
+        return error_code_for(exc)
+
+
 async def handle_add_offsets_to_txn(ctx: BrokerContext, body: Any, conn: ConnectionInfo,
                                     version: int) -> dict[str, Any]:
     txn_id = str(body.transactional_id)
-    try:
-        code = await ctx.transactions.add_offsets(txn_id, int(body.producer_id), int(body.producer_epoch),
-                                                  str(body.group_id))
-    except BrokerError as exc:
-        log.error("AddOffsetsToTxn failed", extra={"transactional_id": txn_id, "error": str(exc)})
-        code = error_code_for(exc)
-    code = _fenced_for(version, 2, code)
+    code = _fenced_for(version, 2, await _coordinator_answer("AddOffsetsToTxn", txn_id, ctx.transactions.add_offsets(
+        txn_id, int(body.producer_id), int(body.producer_epoch), str(body.group_id))))
     _log_refusal("AddOffsetsToTxn", txn_id, code, conn)
     return {"throttle_time": 0, "error_code": code}
 
@@ -116,12 +121,8 @@ async def handle_txn_offset_commit(ctx: BrokerContext, body: Any, conn: Connecti
             now = ctx.coordinator.clock.monotonic()
             code = group.validate_commit(now, generation, str(getattr(body, "member_id", "")))
     if code == ErrorCode.NONE:
-        try:
-            code = await ctx.transactions.txn_offset_commit(txn_id, int(body.producer_id), int(body.producer_epoch),
-                                                            group_id, offsets)
-        except BrokerError as exc:
-            log.error("TxnOffsetCommit failed", extra={"transactional_id": txn_id, "error": str(exc)})
-            code = error_code_for(exc)
+        code = await _coordinator_answer("TxnOffsetCommit", txn_id, ctx.transactions.txn_offset_commit(
+            txn_id, int(body.producer_id), int(body.producer_epoch), group_id, offsets))
     if code == ErrorCode.PRODUCER_FENCED:
         code = ErrorCode.INVALID_PRODUCER_EPOCH
     _log_refusal("TxnOffsetCommit", txn_id, code, conn)
@@ -133,13 +134,8 @@ async def handle_txn_offset_commit(ctx: BrokerContext, body: Any, conn: Connecti
 
 async def handle_end_txn(ctx: BrokerContext, body: Any, conn: ConnectionInfo, version: int) -> dict[str, Any]:
     txn_id = str(body.transactional_id)
-    try:
-        code = await ctx.transactions.end_txn(txn_id, int(body.producer_id), int(body.producer_epoch),
-                                              bool(body.committed))
-    except BrokerError as exc:
-        log.error("EndTxn failed", extra={"transactional_id": txn_id, "error": str(exc)})
-        code = error_code_for(exc)
-    code = _fenced_for(version, 2, code)
+    code = _fenced_for(version, 2, await _coordinator_answer("EndTxn", txn_id, ctx.transactions.end_txn(
+        txn_id, int(body.producer_id), int(body.producer_epoch), bool(body.committed))))
     _log_refusal("EndTxn", txn_id, code, conn)
     return {"throttle_time": 0, "error_code": code}
 

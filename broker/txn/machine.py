@@ -104,13 +104,13 @@ def init_producer_id(
                           state=TxnState.EMPTY, update_ms=now_ms)
 
 
-def _check_producer(current: TxnMetadata | None, producer_id: int, epoch: int) -> ErrorCode | None:
-    """Rule 2."""
+def _of_producer(current: TxnMetadata | None, producer_id: int, epoch: int) -> ErrorCode | TxnMetadata:
+    """Rule 2: the metadata, if the request's producer id and epoch are its own; else the refusal."""
     if current is None or current.state == TxnState.DEAD or current.producer_id != producer_id:
         return ErrorCode.INVALID_PRODUCER_ID_MAPPING
     if current.producer_epoch != epoch:
         return ErrorCode.PRODUCER_FENCED
-    return None
+    return current
 
 
 def _ongoing(current: TxnMetadata, now_ms: int) -> TxnMetadata:
@@ -119,13 +119,12 @@ def _ongoing(current: TxnMetadata, now_ms: int) -> TxnMetadata:
 
 
 def add_partitions(
-    current: TxnMetadata | None, producer_id: int, epoch: int, partitions: dict[TopicPartition, int], now_ms: int
+    stored: TxnMetadata | None, producer_id: int, epoch: int, partitions: dict[TopicPartition, int], now_ms: int
 ) -> ErrorCode | TxnMetadata | None:
     """Rule 3 for partitions (value: the partition's end offset now). None: nothing to change."""
-    error = _check_producer(current, producer_id, epoch)
-    if error is not None:
-        return error
-    assert current is not None
+    current = _of_producer(stored, producer_id, epoch)
+    if isinstance(current, ErrorCode):
+        return current
     if current.state.is_prepare:
         return ErrorCode.CONCURRENT_TRANSACTIONS
     if current.state == TxnState.ONGOING and partitions.keys() <= current.partitions.keys():
@@ -134,13 +133,12 @@ def add_partitions(
     return _ongoing(current, now_ms).evolve(partitions=merged)
 
 
-def add_group(current: TxnMetadata | None, producer_id: int, epoch: int, group_id: str,
+def add_group(stored: TxnMetadata | None, producer_id: int, epoch: int, group_id: str,
               now_ms: int) -> ErrorCode | TxnMetadata | None:
     """Rule 3 for a consumer group's offsets (AddOffsetsToTxn)."""
-    error = _check_producer(current, producer_id, epoch)
-    if error is not None:
-        return error
-    assert current is not None
+    current = _of_producer(stored, producer_id, epoch)
+    if isinstance(current, ErrorCode):
+        return current
     if current.state.is_prepare:
         return ErrorCode.CONCURRENT_TRANSACTIONS
     if current.state == TxnState.ONGOING and group_id in current.groups:
@@ -150,13 +148,12 @@ def add_group(current: TxnMetadata | None, producer_id: int, epoch: int, group_i
     return _ongoing(current, now_ms).evolve(groups=groups, partitions=partitions)
 
 
-def txn_offset_commit(current: TxnMetadata | None, producer_id: int, epoch: int, group_id: str,
+def txn_offset_commit(stored: TxnMetadata | None, producer_id: int, epoch: int, group_id: str,
                       offsets: dict[TopicPartition, PendingOffset], now_ms: int) -> ErrorCode | TxnMetadata:
     """Rule 4."""
-    error = _check_producer(current, producer_id, epoch)
-    if error is not None:
-        return error
-    assert current is not None
+    current = _of_producer(stored, producer_id, epoch)
+    if isinstance(current, ErrorCode):
+        return current
     if current.state != TxnState.ONGOING or group_id not in current.groups:
         return ErrorCode.INVALID_TXN_STATE
     pending = dict(current.pending_offsets)
@@ -171,13 +168,12 @@ def _finish(current: TxnMetadata, commit: bool, now_ms: int, *, fenced: bool = F
     return EndPlan(prepare, complete, commit, fenced)
 
 
-def end_txn(current: TxnMetadata | None, producer_id: int, epoch: int, commit: bool,
+def end_txn(stored: TxnMetadata | None, producer_id: int, epoch: int, commit: bool,
             now_ms: int) -> ErrorCode | EndPlan:
     """Rule 5: an EndPlan, or the code to answer (NONE for a repeated, already completed request)."""
-    error = _check_producer(current, producer_id, epoch)
-    if error is not None:
-        return error
-    assert current is not None
+    current = _of_producer(stored, producer_id, epoch)
+    if isinstance(current, ErrorCode):
+        return current
     state = current.state
     if state == TxnState.ONGOING:
         return _finish(current, commit, now_ms)
