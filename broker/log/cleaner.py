@@ -48,6 +48,7 @@ from broker.protocol.records import (
     BatchHeader,
     decode_header,
     decode_records,
+    record_keys,
     reencode_batch,
 )
 
@@ -297,11 +298,9 @@ def _build_all(jobs: list[_Job], config: TopicConfig, now: int, interval: int) -
     latest: dict[bytes, int] = {}
     for job in jobs:
         for batch, header in _iter_batches(job.log_path, job.size):
-            if header.is_control:
-                continue
-            for record in decode_records(batch, header):
-                if record.key is not None:
-                    latest[record.key] = record.offset
+            for offset, key, _tombstone in record_keys(batch, header):
+                if key is not None:
+                    latest[key] = offset
     built: list[_Built] = []
     try:
         for job in jobs:
@@ -372,25 +371,25 @@ def _rewrite(job: _Job, latest: dict[bytes, int], drop_tombstones: bool, interva
                 flush_run()
                 out.add(batch, header)
                 continue
-            records = decode_records(batch, header)
-            kept = []
-            for record in records:
-                if record.key is None or latest.get(record.key) != record.offset:
+            keys = record_keys(batch, header)
+            kept: set[int] = set()
+            for offset, key, tombstone in keys:
+                if key is None or latest.get(key) != offset:
                     removed += 1
-                elif record.value is None and drop_tombstones:
+                elif tombstone and drop_tombstones:
                     removed += 1
                     tombstones_removed += 1
                 else:
-                    kept.append(record)
-                    kept_tombstones = kept_tombstones or record.value is None
-            if len(kept) == len(records) and records:
+                    kept.add(offset)
+                    kept_tombstones = kept_tombstones or tombstone
+            if len(kept) == len(keys) and keys:
                 flush_run()
-                out.add(batch, header)
+                out.add(batch, header)  # nothing to remove: the stored bytes as they are
             elif not kept:
                 run = (run[0] if run is not None else header, header.last_offset)
             else:
                 flush_run()
-                data = reencode_batch(header, kept)
+                data = reencode_batch(header, [r for r in decode_records(batch, header) if r.offset in kept])
                 out.add(data, decode_header(data))
         flush_run()
         out.finish()

@@ -47,6 +47,7 @@ __all__ = [
     "encode_batch",
     "encode_record_tuples",
     "recompress_batches",
+    "record_keys",
     "reencode_batch",
     "iter_batches",
     "split_complete_batches",
@@ -445,6 +446,45 @@ def decode_records(
         timestamp = header.max_timestamp if log_append_time else header.base_timestamp + ts_delta
         records.append(Record(header.base_offset + offset_delta, timestamp, key, value, tuple(headers)))
     return records
+
+
+def record_keys(
+    batch: bytes | bytearray | memoryview, header: BatchHeader, *, limit: int = DEFAULT_DECOMPRESS_LIMIT
+) -> list[tuple[int, bytes | None, bool]]:
+    """``(offset, key, is_tombstone)`` of every record of one batch: what the log cleaner needs, read
+    without building records (values and headers are skipped, not copied). Control batches give none."""
+    if header.is_control:
+        return []
+    payload = bytes(memoryview(batch)[BATCH_HEADER_SIZE : header.size])
+    if header.compression is not Compression.NONE:
+        payload = decompress(header.compression, payload, limit)
+    out: list[tuple[int, bytes | None, bool]] = []
+    append = out.append
+    pos = 0
+    size = len(payload)
+    read_varint, one = _read_varint, _ONE_BYTE_VARINTS
+    base = header.base_offset
+    try:
+        for _ in range(header.record_count):
+            # one-byte varints inline (the common case); _read_varint for the rest
+            b = payload[pos]
+            length, pos = (one[b], pos + 1) if b < 0x80 else read_varint(payload, pos)
+            end = pos + length
+            if length < 0 or end > size:
+                raise CorruptRecordError("record length runs past the end of the batch")
+            pos += 1  # attributes
+            pos = pos + 1 if payload[pos] < 0x80 else read_varint(payload, pos)[1]  # timestamp delta
+            b = payload[pos]
+            delta, pos = (one[b], pos + 1) if b < 0x80 else read_varint(payload, pos)
+            b = payload[pos]
+            key_length, pos = (one[b], pos + 1) if b < 0x80 else read_varint(payload, pos)
+            key = None if key_length < 0 else payload[pos : pos + key_length]
+            pos += max(key_length, 0)
+            append((base + delta, key, payload[pos] == 0x01))  # zigzag(-1) = 0x01: a null value
+            pos = end
+    except IndexError:
+        raise CorruptRecordError("record runs past the end of the batch") from None
+    return out
 
 
 def decode_all(buf: bytes | memoryview) -> list[Record]:
