@@ -13,7 +13,9 @@ Rules (Kafka's, for one node):
 - Offsets never change: a batch that keeps some records keeps its base and last offset; a run of
   batches that keep none becomes one empty batch spanning their offsets, so the log stays dense
   (recovery and the index rely on that) and consumers step over the gap, as they do on Kafka.
-  Control batches are kept as they are.
+  Control batches and transactional batches are kept as they are, and transactional records are
+  left out of the latest-per-key map: an aborted record must never shadow a committed one (Kafka
+  consults its aborted-transaction index for this; Sluice does not compact transactional data yet).
 - Crash safety: the cleaned copy of a segment is built beside it as ``<base>.log.clean.tmp`` (plus its
   indexes), fsynced, then renamed over the old files and the directory fsynced, one segment at a time
   in offset order. A kill at any point leaves each segment either old or new (recovery deletes
@@ -298,6 +300,8 @@ def _build_all(jobs: list[_Job], config: TopicConfig, now: int, interval: int) -
     latest: dict[bytes, int] = {}
     for job in jobs:
         for batch, header in _iter_batches(job.log_path, job.size):
+            if header.is_transactional:
+                continue  # see _rewrite: transactional records neither shadow nor are shadowed (yet)
             for offset, key, _tombstone in record_keys(batch, header):
                 if key is not None:
                     latest[key] = offset
@@ -367,7 +371,9 @@ def _rewrite(job: _Job, latest: dict[bytes, int], drop_tombstones: bool, interva
 
     try:
         for batch, header in _iter_batches(job.log_path, job.size):
-            if header.is_control:
+            if header.is_control or header.is_transactional:
+                # Kept as they are: an aborted transaction's record must never shadow a committed
+                # value, and which ones were aborted is the transaction layer's to say.
                 flush_run()
                 out.add(batch, header)
                 continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,7 +12,16 @@ import pytest
 from broker.log.cleaner import LogCleaner
 from broker.log.config import TopicConfig
 from broker.log.segment import SegmentLogStore, SegmentPartitionLog
-from broker.protocol.records import Compression, RecordSpec, decode_records, encode_batch, iter_batches
+from broker.protocol.records import (
+    ATTR_TRANSACTIONAL,
+    Compression,
+    RecordSpec,
+    decode_header,
+    decode_records,
+    encode_batch,
+    iter_batches,
+    reencode_batch,
+)
 from tests.broker.log.helpers import FakeClock, open_store
 
 COMPACT = TopicConfig(segment_bytes=1024, index_interval_bytes=128).with_kafka_configs(
@@ -161,4 +171,25 @@ async def test_compression_type_recompresses_appends(tmp_path: Path, setting: st
     assert header.compression is expected
     assert [(r.key, r.value, r.headers, r.offset) for r in decode_records(data, header)] == [
         (s.key, s.value, s.headers, i) for i, s in enumerate(sent)]
+    await store.close()
+
+
+async def test_transactional_records_neither_shadow_nor_are_shadowed(tmp_path: Path) -> None:
+    """Until the cleaner consults the transaction layer, an (possibly aborted) transactional record must
+    not remove the committed value before it, and is itself kept."""
+    clock = FakeClock()
+    store = await open_store(tmp_path, clock=clock)
+    store.create_topic("c", 1, COMPACT)
+    await produce(store, "c", [(b"k", b"plain")])
+    plain = encode_batch([RecordSpec(b"in-a-transaction", key=b"k")], producer_id=7, producer_epoch=0,
+                         base_sequence=0, timestamp=1_700_000_000_000)
+    header = decode_header(plain)
+    transactional = reencode_batch(dataclasses.replace(header, attributes=header.attributes | ATTR_TRANSACTIONAL),
+                                   decode_records(plain, header))
+    await store.append("c", 0, transactional)
+    await produce(store, "c", [(b"filler-%d" % i, b"y" * 200) for i in range(20)])
+    await store.flush()
+    await LogCleaner(store, clock=clock).clean_once()
+    values = [kv[1] for kv in read_like_a_consumer(part(store)).values() if kv[0] == b"k"]
+    assert values == [b"plain", b"in-a-transaction"]
     await store.close()
