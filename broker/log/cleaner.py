@@ -339,6 +339,9 @@ class _Writer:
         if len(self.buffer) >= _WRITE_CHUNK:
             write_all(self.fd, self.buffer)
             self.buffer.clear()
+            # Sync as we go: one large fsync at the end would hold up the appenders' own fsyncs (the
+            # journal commits them together) for as long as it takes to write the whole segment.
+            os.fdatasync(self.fd)
 
     def finish(self) -> None:
         try:

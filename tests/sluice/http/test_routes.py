@@ -76,6 +76,13 @@ async def test_config_change_applies_and_bad_names_are_refused(client: httpx.Asy
     assert resp.status_code == 200
     assert resp.json()["retention.ms"] == "1000"
     assert (await client.get("/topics/cfg/config")).json()["flush.policy"] == "os"
+    # Kafka's ranges, from the same rules the Kafka listener uses (broker/log/config_defs.py)
+    assert_problem(await client.patch("/topics/cfg/config", json={"config": {"min.cleanable.dirty.ratio": "2"}}),
+                   400, "invalid-config", "min.cleanable.dirty.ratio")
+    compacted = {"cleanup.policy": "compact", "flush.messages": "1"}
+    resp = await client.patch("/topics/cfg/config", json={"config": compacted})
+    assert resp.json()["cleanup.policy"] == "compact" and resp.json()["flush.messages"] == "1"
+    assert resp.json()["flush.policy"] == "os"  # set by name above: Sluice's own flush.policy wins
 
 
 async def test_produce_and_fetch_round_trip(client: httpx.AsyncClient) -> None:
