@@ -30,13 +30,14 @@ from broker.log.segment import SegmentLogStore, SegmentPartitionLog
 from broker.protocol.records import RecordSpec, encode_batch
 
 MiB = 1 << 20
-COMPACT = TopicConfig(segment_bytes=8 * MiB).with_kafka_configs(
+COMPACT = TopicConfig().with_kafka_configs(
     {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0", "flush.policy": "os"})
 
 
 async def fill(store: SegmentLogStore, mb: int) -> None:
     """``mb`` MiB of 100-record batches; 7 in 10 records have a key of their own, 3 share 1,000 keys."""
-    store.create_topic("big", 1, COMPACT)
+    segment_bytes = min(8 * MiB, mb * MiB // 8)  # 8 MiB segments; at least 8 of them for small --mb
+    store.create_topic("big", 1, COMPACT.with_kafka_configs({"segment.bytes": str(segment_bytes)}))
     plog = store.partition("big", 0)
     value = b"v" * 200
     i = 0
