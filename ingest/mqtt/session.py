@@ -32,12 +32,20 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
   the append, or while the ingest backlog is above its high-water mark, and resume when the queue has
   drained to half. A 5.0 client that exceeds the advertised Receive Maximum gets DISCONNECT 0x93.
 * Topic aliases (5.0): alias 0 or above Topic Alias Maximum → DISCONNECT 0x94; an unknown alias → 0x82.
+  Outbound aliases when the client allows them: ``aliases.py``.
 * Keepalive: no packet for 1.5 × keepalive → close (5.0: DISCONNECT 0x8D). Time spent with reads paused
-  by backpressure does not count against the client.
-* Will: published (appended, then delivered) when the connection ends without a normal DISCONNECT
-  (5.0: reason 0x04 also publishes it).
+  by backpressure does not count against the client. A keep alive above ``max_keepalive`` (or 0) becomes
+  ``max_keepalive``; a 5.0 client is told by Server Keep Alive in the CONNACK.
+* Will: due when the connection ends without a normal DISCONNECT (5.0: reason 0x04 also); the hub
+  publishes it (appended, then delivered, with its properties) after the Will Delay Interval or when the
+  session ends, whichever is first, unless the client reconnects to the session before then.
+* SUBSCRIBE: one Subscription Identifier (1..268,435,455) applies to every filter of the packet;
+  ``$share/<group>/<filter>`` joins a shared subscription (``shared.py``); Retain Handling 0/1/2 decides
+  which retained messages follow the SUBACK (none for shared subscriptions).
 * Errors after CONNECT: a 5.0 client gets DISCONNECT with the reason (0x81 malformed, 0x82 protocol
-  error, 0x95 packet too large, 0x90 bad topic …) before the close; a 3.1.1 client's socket is closed.
+  error, 0x95 packet too large, 0x90 bad topic …) and the server lingers (writes nothing more, reads and
+  discards until the client's EOF, at most 2 s) so the client reads it rather than a connection reset;
+  a 3.1.1 client's socket is closed.
   One bad connection never affects the others.
 * PUBLISH out: QoS = min(published, granted); at most the client's Receive Maximum QoS 1/2 in flight,
   the rest queued in the session (bounded; what does not fit is dropped, counted and logged once).
@@ -51,10 +59,10 @@ import struct
 import time
 import uuid
 from collections import deque
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from ingest.errors import IngestError
+from ingest.mqtt.aliases import OutboundAliases
 from ingest.mqtt.codec import Decoder, encode, encode_publish
 from ingest.mqtt.errors import ProtocolError, UnsupportedProtocol
 from ingest.mqtt.packets import (
@@ -92,6 +100,7 @@ log = logging.getLogger("ingest.mqtt")
 _NEW, _CONNECTED, _CLOSED = 0, 1, 2
 _PINGRESP = b"\xd0\x00"
 _FOREVER = float("inf")
+_LINGER_S = 2.0  # after a DISCONNECT for a client's error, at most this long reading and discarding
 _MAX_BATCH = 4096  # messages per append call
 _PUBACK = 0x40020000  # fixed header + remaining length 2; the packet id goes in the low 16 bits
 _PUBREC = 0x50020000
@@ -124,7 +133,6 @@ class MqttConnection(asyncio.BufferedProtocol):
         "_queued",
         "_will",
         "_out_aliases",
-        "client_alias_max",
         "client_id",
         "client_max_packet",
         "client_receive_max",
@@ -152,8 +160,7 @@ class MqttConnection(asyncio.BufferedProtocol):
         self.last_rx = 0.0
         self.client_receive_max = 65535
         self.client_max_packet = 0
-        self.client_alias_max = 0  # topic aliases the client accepts from us (5.0 Topic Alias Maximum)
-        self._out_aliases: dict[str, int] | None = None
+        self._out_aliases: OutboundAliases | None = None  # when the client accepts aliases from us
         self.paused = False
         self.worker: asyncio.Task[None] | None = None
         self._aliases: dict[int, str] | None = None
@@ -245,28 +252,13 @@ class MqttConnection(asyncio.BufferedProtocol):
     def send_publish(self, packet: Publish) -> None:
         if self.state == _CLOSED or self.transport is None:
             return
-        if self.client_alias_max:
-            packet = self._aliased(packet)
+        if self._out_aliases is not None:
+            packet = self._out_aliases.apply(packet)
         wire = encode_publish(packet, self.version == MQTT_5)
         if self.client_max_packet and len(wire) > self.client_max_packet:
             self.hub.stats.dropped_deliveries += 1  # §3.1.2.11.4: too large for this client, discard
             return
         self.transport.write(wire)
-
-    def _aliased(self, packet: Publish) -> Publish:
-        """Server→client topic aliases (§3.3.2.3.4), when the client allows them: a topic's first message
-        carries the topic and a new alias, later ones the alias and an empty topic name; once all the
-        client allows are in use, other topics go out in full."""
-        aliases = self._out_aliases
-        if aliases is None:
-            aliases = self._out_aliases = {}
-        alias = aliases.get(packet.topic)
-        if alias is not None:
-            return replace(packet, topic="", properties=replace(packet.properties, topic_alias=alias))
-        if len(aliases) >= self.client_alias_max:
-            return packet
-        alias = aliases[packet.topic] = len(aliases) + 1
-        return replace(packet, properties=replace(packet.properties, topic_alias=alias))
 
     def can_take_qos0(self) -> bool:
         t = self.transport
@@ -289,10 +281,25 @@ class MqttConnection(asyncio.BufferedProtocol):
         if will is not None:
             self.hub.will_due(self.client_id, will, self.session.expiry_s if self.session is not None else 0.0)
 
-    def _disconnect(self, reason: int, why: str) -> None:
+    def _disconnect(self, reason: int, why: str, linger: bool = False) -> None:
         if self.version == MQTT_5 and self.state == _CONNECTED:
             self.send(Disconnect(reason, Properties(reason_string=why[:200])))
+            if linger and self.transport is not None:
+                self._linger(self.transport)
+                return
         self._close()
+
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """After a DISCONNECT for the client's error: write nothing more, but read and discard what it still
+        sends, so it reads our DISCONNECT instead of a reset (closing with unread bytes sends RST); closed at
+        the client's EOF or after ``_LINGER_S``."""
+        was = self.state
+        self.state = _CLOSED  # data_received discards from now on; send() writes nothing
+        if was == _CONNECTED and self._will is not None:
+            self._will_due()
+        if self.paused:
+            transport.resume_reading()
+        asyncio.get_running_loop().call_later(_LINGER_S, transport.close)
 
     def _refuse(self, code: int, level: int) -> None:
         """CONNACK with a failure code, in the format of ``level``, then close."""
@@ -312,7 +319,7 @@ class MqttConnection(asyncio.BufferedProtocol):
         if self.state == _NEW and self.decoder.version == MQTT_5:
             self._refuse(exc.reason_code, MQTT_5)
             return
-        self._disconnect(exc.reason_code, str(exc))
+        self._disconnect(exc.reason_code, str(exc), linger=True)
 
     def shutdown(self, reason: int) -> None:
         """The server is going away (5.0 clients are told why)."""
@@ -417,7 +424,8 @@ class MqttConnection(asyncio.BufferedProtocol):
         self.keepalive = packet.keepalive
         if max_keepalive and (packet.keepalive == 0 or packet.keepalive > max_keepalive):
             self.keepalive = max_keepalive
-        self.client_alias_max = props.topic_alias_maximum or 0 if v5 else 0
+        if v5 and props.topic_alias_maximum:
+            self._out_aliases = OutboundAliases(props.topic_alias_maximum)
         self.client_receive_max = props.receive_maximum or (65535 if v5 else 20)
         self.client_max_packet = props.maximum_packet_size or 0
         self._will = packet.will
