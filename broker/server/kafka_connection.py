@@ -100,9 +100,9 @@ class KafkaConnection:
                 task.cancel()
             if self._in_flight:
                 self._stats.requests_cancelled += self._in_flight
-                log.debug("Kafka connection closed with requests pending; cancelled them",
+                log.debug("Kafka connection ended with requests pending; their answers are dropped",
                           extra={"peer": self.conn.peer_host, "pending": self._in_flight})
-            # Not cancellable from here on: the tasks are already cancelled, only their cleanup runs.
+            # A second cancellation (shutdown) only cuts this wait short: the socket is still closed below.
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
             for task in tasks:
