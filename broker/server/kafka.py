@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import resource
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ from broker.server.handlers_common import DEFAULT_LISTENER, BrokerContext, Conne
 from broker.server.kafka_connection import CloseConnection, KafkaConnection, Response
 from broker.txn.coordinator import TxnSettings
 
-__all__ = ["KafkaListenerConfig", "KafkaServer", "KafkaServerConfig", "handle_request"]
+__all__ = ["KafkaListenerConfig", "KafkaServer", "KafkaServerConfig", "fd_headroom_warning", "handle_request"]
 
 log = logging.getLogger("broker.server.kafka")
 
@@ -115,6 +116,21 @@ async def handle_request(ctx: BrokerContext, request: Request, conn: ConnectionI
     return await _HANDLERS[header.api_key](ctx, header, request.body, conn)
 
 
+def fd_headroom_warning(max_connections: int, fd_soft_limit: int) -> str | None:
+    """Why ``max_connections`` does not protect the process's file descriptors, or None.
+
+    Each connection holds one fd; if the cap can take more than half of the soft limit (``ulimit -n``),
+    Kafka clients alone can leave segment files, the HTTP API and other listeners without fds.
+    """
+    if fd_soft_limit == resource.RLIM_INFINITY:
+        return None
+    if max_connections > 0 and max_connections <= fd_soft_limit // 2:
+        return None
+    cap = "no limit" if max_connections <= 0 else str(max_connections)
+    return (f"kafka.max_connections ({cap}) can use more than half of the {fd_soft_limit} file descriptors "
+            f"this process may open (ulimit -n): raise the limit or lower kafka.max_connections")
+
+
 @dataclass(frozen=True, slots=True)
 class KafkaListenerConfig:
     """One more port serving the same broker, with the address clients arriving on it are told."""
@@ -163,6 +179,9 @@ class KafkaServer:
         self.listener_ports: dict[str, int] = {}  # extra listener name -> bound port
 
     async def start(self) -> None:
+        warning = fd_headroom_warning(self.config.max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        if warning is not None:
+            log.warning(warning)
         await self.ctx.transactions.start()  # finishes transactions a crash left prepared, before any client
         try:
             main = await asyncio.start_server(self._on_connect, self.config.host, self.config.port)

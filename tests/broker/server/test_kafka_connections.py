@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -21,7 +22,7 @@ from broker.protocol.kafka import ApiKey
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import RecordSpec, decode_all, encode_batch
 from broker.server import kafka
-from broker.server.kafka import KafkaServer, KafkaServerConfig
+from broker.server.kafka import KafkaServer, KafkaServerConfig, fd_headroom_warning
 from sluice.front_metrics import KafkaCollector
 from tests.broker.server.raw_client import RawClient
 
@@ -230,3 +231,21 @@ async def test_a_state_changing_request_runs_to_its_end_when_its_client_leaves(
         release.set()
         await until(lambda: committed == ["g"])
         await until(lambda: not server._detached)
+
+
+def test_fd_headroom_warning() -> None:
+    assert fd_headroom_warning(1000, 20_000) is None
+    assert fd_headroom_warning(1000, resource.RLIM_INFINITY) is None
+    warning = fd_headroom_warning(1000, 1024)
+    assert warning is not None and "ulimit -n" in warning and "1024" in warning
+    assert fd_headroom_warning(0, 1_000_000) is not None  # no cap at all
+
+
+async def test_a_cap_above_the_fd_limit_is_reported_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        pytest.skip("no file descriptor limit in this process: nothing to warn about")
+    with caplog.at_level(logging.WARNING, logger="broker.server.kafka"):
+        async with running(max_connections=soft):
+            pass
+    assert [r.getMessage() for r in caplog.records if "ulimit -n" in r.getMessage()]
