@@ -13,6 +13,7 @@ import hmac
 
 from ingest.admission import ConnectionLimits
 from ingest.bridge import BridgeConfig, MqttBridge
+from ingest.mqtt.from_log import LogToMqtt
 from ingest.mqtt.hub import Authenticator, Hub, HubConfig
 from ingest.mqtt.listener import MqttListener, SinkPort
 from ingest.routing import SourceRef
@@ -61,7 +62,9 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
     hub = Hub(SinkPort(core.sink, MQTT_SOURCE), config, _password_check(settings.users) if settings.users else None)
     runtime.registries["mqtt"] = hub
     publish_collector(runtime, MqttCollector(hub))
-    return MqttListener(hub, runtime.settings.host, settings.port, announce=runtime.announce, backlog=settings.backlog)
+    follower = LogToMqtt(hub, runtime.store, settings.deliver_from_topics) if settings.deliver_from_topics else None
+    return MqttListener(hub, runtime.settings.host, settings.port, announce=runtime.announce, backlog=settings.backlog,
+                        follower=follower)
 
 
 class BridgesComponent:

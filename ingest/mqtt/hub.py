@@ -93,6 +93,9 @@ class HubStats:
     queue_drops: int = 0  # QoS 1/2 messages dropped because a session's queue was full (also in dropped_deliveries)
     sessions_expired: int = 0  # offline sessions dropped at the end of their expiry interval
     max_queued: int = 0  # most messages one connection ever had waiting for the append
+    log_records_delivered: int = 0  # records written by others (Kafka, HTTP) sent to MQTT subscribers (from_log.py)
+    log_records_skipped: int = 0  # records of a followed topic without a valid mqtt_topic header
+    log_headers_skipped: int = 0  # headers of those records that cannot be MQTT properties (not UTF-8)
     messages_expired: int = 0  # queued or retained messages dropped at the end of their Message Expiry Interval
 
 

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from ingest.mqtt.from_log import LogToMqtt
 from ingest.mqtt.hub import Accepted, Hub
 from ingest.mqtt.packets import Reason
 from ingest.mqtt.properties import to_headers
@@ -72,6 +73,7 @@ class MqttListener:
         announce: Callable[[str, str, int], None] | None = None,
         sweep_interval_s: float = 1.0,
         backlog: int = 4096,
+        follower: LogToMqtt | None = None,
     ) -> None:
         self.hub = hub
         self.host = host
@@ -81,6 +83,7 @@ class MqttListener:
         self._backlog = backlog
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self.follower = follower  # delivers records others write to the log to MQTT subscribers
 
     @property
     def bound_port(self) -> int:
@@ -95,6 +98,8 @@ class MqttListener:
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         self._sweeper = asyncio.create_task(self._sweep())
+        if self.follower is not None:
+            await self.follower.start()
         if self._announce is not None:
             self._announce(self.name, self.host, self.port)
         log.info("mqtt listener started", extra={"host": self.host, "port": self.port})
@@ -114,6 +119,8 @@ class MqttListener:
                 log.exception("mqtt sweep failed")
 
     async def stop(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
         if self._server is not None:
             self._server.close()
         if self._sweeper is not None:

@@ -15,6 +15,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
+from broker.protocol.records import RecordSpec
 from ingest.mqtt.packets import (
     MQTT_5,
     Connect,
@@ -279,3 +280,36 @@ async def test_server_keep_alive_exact_connack_bytes(start_server: StartServer) 
              b"\x28\x01" b"\x29\x01" b"\x2a\x01")
     assert data == b"\x20" + bytes([3 + len(props)]) + b"\x00\x00" + bytes([len(props)]) + props
     await raw.close()
+
+
+# ---------------------------------------------------------------------------------------------- from the log
+async def test_a_record_written_by_others_reaches_mqtt_subscribers_with_its_properties(
+    start_server: StartServer,
+) -> None:
+    server = await start_server(deliver_from_topics=["commands", "mqtt"])  # "mqtt": where MQTT publishes go
+    sub = await RawClient.open(server.port, MQTT_5)
+    await sub.connect("device-7")
+    sub.send(Subscribe(1, (Subscription("cmd/#", 1),), Properties(subscription_identifier=(9,))))
+    assert await sub.recv() == Suback(1, (1,))
+    headers = (("mqtt_topic", b"cmd/7"), ("mqtt.content_type", b"application/json"),
+               ("mqtt.response_topic", b"replies/7"), ("mqtt.correlation_data", b"\x00c1"),
+               ("mqtt.message_expiry_interval", b"120"), ("trace-id", b"t-1"))
+    await server.store.append_records("commands", [RecordSpec(b"no topic", b"k")])  # skipped, counted
+    await server.store.append_records("commands", [RecordSpec(b'{"open": true}', b"k", headers)])
+    got = await sub.recv()
+    assert isinstance(got, Publish) and (got.topic, got.payload, got.qos) == ("cmd/7", b'{"open": true}', 1)
+    assert got.properties == Properties(
+        content_type="application/json", response_topic="replies/7", correlation_data=b"\x00c1",
+        message_expiry_interval=120, subscription_identifier=(9,), user_property=(("trace-id", "t-1"),))
+    assert server.hub.stats.log_records_skipped == 1 and server.hub.stats.log_records_delivered == 1
+    # what MQTT clients publish into a followed topic is not delivered twice
+    pub = await RawClient.open(server.port, MQTT_5)
+    await pub.connect("pub")
+    pub.send(Publish("cmd/8", b"once", 1, packet_id=1))
+    assert await pub.recv() == Puback(1)
+    got = await sub.recv()
+    assert isinstance(got, Publish) and got.payload == b"once"
+    sub.send(Puback(got.packet_id or 0))
+    await server.store.append_records("commands", [RecordSpec(b"last", b"k", (("mqtt_topic", b"cmd/9"),))])
+    got = await sub.recv()
+    assert isinstance(got, Publish) and got.payload == b"last"  # not a second "once" before it

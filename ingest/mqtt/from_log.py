@@ -1,0 +1,130 @@
+"""Records written to the log by others (Kafka producers, the HTTP API) reach MQTT subscribers.
+
+Rules
+-----
+1. Follows every partition of the log topics in ``topics`` (setting ``mqtt.deliver_from_topics``, none by
+   default), from the log end when it starts (records written while Sluice was down are not replayed);
+   a topic or partition created later is followed from its beginning, picked up within a second.
+2. A record is delivered when it has an ``mqtt_topic`` header holding a valid topic name and it was not
+   written by this MQTT listener (``source`` header ``mqtt:default``: those went to subscribers as they
+   arrived). The value is the payload; the ``mqtt.*`` and other headers are its properties
+   (``properties.py`` rule 3); it is sent at QoS 1 (capped by each subscription's QoS), not retained.
+3. Read up to the high watermark, control batches skipped (transactional records are delivered as
+   written, not only once committed). Records lost to retention before they were read are skipped.
+4. A record that cannot be delivered (no or a bad ``mqtt_topic``) is skipped and counted in
+   ``HubStats.log_records_skipped``; headers that cannot become properties in ``log_headers_skipped``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+from broker.errors import OffsetOutOfRangeError
+from broker.log.api import LogStore, PartitionLog, wait_for_any
+from broker.protocol.records import Record, decode_records, split_complete_batches
+from ingest.mqtt.hub import Hub
+from ingest.mqtt.packets import Publish
+from ingest.mqtt.properties import from_headers
+from ingest.mqtt.subscriptions import valid_topic
+
+__all__ = ["LogToMqtt"]
+
+log = logging.getLogger("ingest.mqtt")
+
+_READ_BYTES = 1024 * 1024
+_OWN_SOURCE = b"mqtt:default"
+
+
+class LogToMqtt:
+    """Follows log topics and hands their MQTT-addressed records to the hub (rules above)."""
+
+    def __init__(self, hub: Hub, store: LogStore, topics: Sequence[str], *, poll_s: float = 1.0) -> None:
+        self.hub = hub
+        self.store = store
+        self.topics = tuple(topics)
+        self._poll_s = poll_s
+        self._positions: dict[tuple[str, int], int] = {}
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._discover(at_start=True)
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def _discover(self, at_start: bool = False) -> None:
+        """Partitions to follow: from their end at start, from their beginning when they appear later."""
+        for topic in self.topics:
+            if not self.store.has_topic(topic):
+                continue
+            for number, plog in enumerate(self.store.partitions(topic)):
+                start = plog.log_end_offset if at_start else plog.log_start_offset
+                self._positions.setdefault((topic, number), start)
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._discover()
+                for key, offset in list(self._positions.items()):
+                    self._positions[key] = self._drain(self.store.partition(*key), offset)
+                waits = [(self.store.partition(*key), offset) for key, offset in self._positions.items()]
+                if waits:
+                    await wait_for_any(waits, self._poll_s, self._stop)
+                else:
+                    await asyncio.sleep(self._poll_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a deleted topic, a corrupt batch: logged, then carry on from what is there
+                log.exception("mqtt: following the log for MQTT subscribers failed; retrying")
+                self._positions.clear()
+                await asyncio.sleep(self._poll_s)
+
+    def _drain(self, plog: PartitionLog, offset: int) -> int:
+        """Deliver what is readable from ``offset``; returns the next offset to read."""
+        while plog.high_watermark > offset:
+            try:
+                data = plog.read(offset, _READ_BYTES)
+            except OffsetOutOfRangeError:
+                return plog.log_start_offset if offset < plog.log_start_offset else plog.log_end_offset
+            headers, _ = split_complete_batches(data)
+            if not headers:
+                return offset
+            view = memoryview(data)
+            pos = 0
+            for header in headers:
+                batch = view[pos : pos + header.size]
+                pos += header.size
+                if not header.is_control:
+                    for record in decode_records(batch, header):
+                        if record.offset >= offset and record.offset < plog.high_watermark:
+                            self._deliver(record)
+                offset = max(offset, header.last_offset + 1)
+        return offset
+
+    def _deliver(self, record: Record) -> None:
+        stats = self.hub.stats
+        if record.header("source") == _OWN_SOURCE:
+            return
+        raw_topic = record.header("mqtt_topic")
+        try:
+            topic = raw_topic.decode() if raw_topic is not None else ""
+        except UnicodeDecodeError:
+            topic = ""
+        if not valid_topic(topic) or "\x00" in topic:
+            stats.log_records_skipped += 1
+            return
+        props, skipped = from_headers(record.headers)
+        stats.log_headers_skipped += skipped
+        msg = Publish(topic, record.value or b"", 1, False, False, None, props)
+        stats.log_records_delivered += 1
+        self.hub.deliver("", [(msg, 0, record.timestamp if record.timestamp >= 0 else int(time.time() * 1000))])
