@@ -199,10 +199,13 @@ class Runner:
                     continue
                 if gen != before.get(tp, 0):
                     # revoked or repositioned while this fetch was in flight: the records may come from
-                    # before that; read again from where the assignment put the partition
-                    target = self._target.get(tp)
-                    if tp in self._known and target is not None:
-                        self.source.seek(tp, target)
+                    # before that. Read again from where the assignment put the partition (nowhere: from
+                    # these records, none of which was processed under any checkpoint)
+                    if tp in self._known:
+                        self.source.seek(tp, self._target.get(tp, records[0].offset))
+                    elif tp in self._pending:
+                        self._held[tp] = min(self._held.get(tp, records[0].offset), records[0].offset)
+                        held_back = True
                     continue
                 if tp in self._known:
                     await self.in_q.put(("data", tp, (gen, records)))

@@ -97,3 +97,20 @@ def test_a_partition_that_never_sent_anything_has_no_watermark() -> None:
     tracker = WatermarkTracker(BoundedOutOfOrderness(5_000))
     tracker.add_partition(0, now=0)
     assert tracker.advance(10**9) == NO_TIME
+
+
+def test_a_restored_executor_keeps_the_watermark_idleness_and_lateness() -> None:
+    """Through a checkpoint (the records a runner stores) and back: the operator watermark the
+    all-idle policy reached, each partition's idleness and the lateness of old records survive."""
+    h = Harness(pipeline(AllIdlePolicy.ADVANCE_WITH_WALL_CLOCK(after=0)), partitions=2)
+    h.send_batch(sensor_readings(26), partition=0)
+    h.advance(31_000)  # both partitions idle: the wall clock moves the watermark on
+    h.advance(20_000)
+    before = h.executor.watermark
+    assert before > T0 + 25_900 - 5_001 + 20_000
+    restored = Harness(pipeline(AllIdlePolicy.ADVANCE_WITH_WALL_CLOCK(after=0)), clock=h.clock, partitions=2,
+                       restore=h.checkpoint())
+    assert restored.executor.watermark == before
+    assert [p.idle(h.clock.now_ms()) for p in restored.executor.tracker.partitions.values()] == [True, True]
+    restored.send({"sensor": "sensor_0", "temp": 1.0, "ts": T0 + 21_000}, partition=1)  # its window closed
+    assert restored.outputs("avg") == [] and restored.executor.late_count == 1
