@@ -48,9 +48,11 @@ from broker.log.partitioner import StickyPartitioner, partition_for_key
 from broker.protocol.records import (
     BatchHeader,
     RecordSpec,
+    decode_header,
     encode_batch,
     iter_batches,
     recompress_batches,
+    stamp_log_append_time,
     with_base_offset,
 )
 
@@ -280,15 +282,20 @@ class PartitionLog(ABC):
         next_offset = self.log_end_offset
         stored: list[tuple[bytearray, BatchHeader]] = []
         max_ts = -1
+        now = int(time.time() * 1000)
+        append_time = self.config.message_timestamp_type == "LogAppendTime"
         for pos, header in parsed:
             batch = with_base_offset(view[pos : pos + header.size], next_offset)
+            if append_time and not header.is_control:
+                stamp_log_append_time(batch, now)  # message.timestamp.type=LogAppendTime, as Kafka does
+                header = decode_header(batch)
             stored.append((batch, _rebased(header, next_offset)))
             next_offset += header.last_offset_delta + 1
             max_ts = max(max_ts, header.max_timestamp)
         base = self.log_end_offset
         self._write(stored)
         self._wake_readers()
-        return AppendResult(base, next_offset - 1, int(time.time() * 1000), self.log_start_offset, max_ts)
+        return AppendResult(base, next_offset - 1, now, self.log_start_offset, max_ts)
 
     async def wait_for_data(self, offset: int, timeout: float) -> bool:
         """Wait until the high watermark passes ``offset`` or ``timeout`` seconds elapse.

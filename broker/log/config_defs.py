@@ -138,7 +138,7 @@ CONFIG_DEFS: dict[str, ConfigDef] = {d.name: d for d in (
     ConfigDef("message.timestamp.difference.max.ms", L, str(LONG_MAX), at_least(0),
               ("log.message.timestamp.difference.max.ms",), "accepted"),
     ConfigDef("message.timestamp.type", S, "CreateTime", one_of("CreateTime", "LogAppendTime"),
-              ("log.message.timestamp.type",), "accepted"),
+              ("log.message.timestamp.type",)),
     ConfigDef("min.cleanable.dirty.ratio", D, "0.5", between(0, 1), ("log.cleaner.min.cleanable.ratio",)),
     ConfigDef("min.compaction.lag.ms", L, "0", at_least(0), ("log.cleaner.min.compaction.lag.ms",)),
     ConfigDef("min.insync.replicas", INT, "1", at_least(1), ("min.insync.replicas",), "single-node"),

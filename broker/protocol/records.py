@@ -47,6 +47,7 @@ __all__ = [
     "encode_batch",
     "encode_record_tuples",
     "recompress_batches",
+    "stamp_log_append_time",
     "record_keys",
     "reencode_batch",
     "iter_batches",
@@ -553,3 +554,19 @@ def recompress_batches(
         parts.append(reencode_batch(header, decode_records(batch, header), compression=codec))
         changed = True
     return b"".join(parts) if changed else buf
+
+
+_ATTRIBUTES = struct.Struct(">h")
+_TIMESTAMP = struct.Struct(">q")
+_U32_CRC = struct.Struct(">I")
+_ATTRIBUTES_AT, _MAX_TIMESTAMP_AT, _CRC_AT = 21, 35, 17
+
+
+def stamp_log_append_time(batch: bytearray, now_ms: int) -> None:
+    """Mark a stored batch LogAppendTime with ``now_ms`` (in place, CRC recomputed), as Kafka does for a
+    topic with ``message.timestamp.type=LogAppendTime``: the timestamp-type bit and max_timestamp change,
+    the records keep their own create times, which consumers then ignore."""
+    (attributes,) = _ATTRIBUTES.unpack_from(batch, _ATTRIBUTES_AT)
+    _ATTRIBUTES.pack_into(batch, _ATTRIBUTES_AT, attributes | ATTR_LOG_APPEND_TIME)
+    _TIMESTAMP.pack_into(batch, _MAX_TIMESTAMP_AT, now_ms)
+    _U32_CRC.pack_into(batch, _CRC_AT, crc32c.crc32c(memoryview(batch)[CRC_START:]))

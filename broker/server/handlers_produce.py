@@ -125,7 +125,10 @@ def _append_one(
                        "reason": str(exc)},
             )
         return ProducePartitionResponse(partition, code, error_message=str(exc), record_errors=record_errors), None
-    return ProducePartitionResponse(partition, ErrorCode.NONE, result.base_offset, -1, result.log_start_offset), plog
+    # Kafka answers the append time only for message.timestamp.type=LogAppendTime topics (else -1).
+    append_time = result.log_append_time if plog.config.message_timestamp_type == "LogAppendTime" else -1
+    return ProducePartitionResponse(partition, ErrorCode.NONE, result.base_offset, append_time,
+                                    result.log_start_offset), plog
 
 
 def handle_produce(

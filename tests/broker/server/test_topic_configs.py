@@ -3,6 +3,7 @@ CreateTopics / DescribeConfigs / AlterConfigs / IncrementalAlterConfigs round-tr
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,36 @@ def test_refusals_are_answered_and_logged(admin: tuple[AdminClient, SluiceProces
     for needle in ("configuration segment.bytes", "Unknown topic config name: no.such.config",
                    "configuration min.cleanable.dirty.ratio", "append is not allowed", "broker configs are static"):
         assert needle in log_text, needle
+
+
+def test_log_append_time_topics_stamp_append_times(admin: tuple[AdminClient, SluiceProcess]) -> None:
+    from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Consumer, Message, Producer
+
+    client, server = admin
+    for name, kind in (("appended", "LogAppendTime"), ("created", "CreateTime")):
+        client.create_topics([NewTopic(name, 1, 1, config={"message.timestamp.type": kind})])[name].result(10)
+    reports: list[tuple[str, int, int]] = []
+
+    def report(err: object, msg: Message) -> None:
+        assert err is None, err
+        reports.append((msg.topic(), *msg.timestamp()))
+
+    producer = Producer({"bootstrap.servers": server.bootstrap, "linger.ms": 0})
+    before = int(time.time() * 1000)
+    for topic in ("appended", "created"):
+        producer.produce(topic, key=b"k", value=b"v", timestamp=1_000_000, on_delivery=report)
+    assert producer.flush(10) == 0
+    after = int(time.time() * 1000)
+    stamped = {topic: (kind, ts) for topic, kind, ts in reports}
+    assert stamped["appended"][0] == TIMESTAMP_LOG_APPEND_TIME and before <= stamped["appended"][1] <= after
+    consumer = Consumer({"bootstrap.servers": server.bootstrap, "group.id": "ts", "auto.offset.reset": "earliest"})
+    consumer.subscribe(["appended", "created"])
+    seen: dict[str, tuple[int, int]] = {}
+    deadline = time.monotonic() + 30
+    while len(seen) < 2 and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None:
+            seen[msg.topic()] = msg.timestamp()
+    consumer.close()
+    assert seen["appended"] == (TIMESTAMP_LOG_APPEND_TIME, stamped["appended"][1])
+    assert seen["created"] == (TIMESTAMP_CREATE_TIME, 1_000_000)
