@@ -172,6 +172,12 @@ _MQTT_COUNTERS = (
     ("read_pauses", "sluice_mqtt_read_pauses", "Times a connection's reads paused for backpressure"),
     ("queue_drops", "sluice_mqtt_queue_drops", "QoS 1/2 messages dropped because a session queue was full"),
     ("sessions_expired", "sluice_mqtt_sessions_expired", "Offline sessions dropped at the end of their expiry"),
+    ("messages_expired", "sluice_mqtt_messages_expired",
+     "Queued or retained messages dropped at the end of their Message Expiry Interval"),
+    ("log_records_delivered", "sluice_mqtt_log_records_delivered",
+     "Records others wrote to deliver_from_topics sent to MQTT subscribers"),
+    ("log_records_skipped", "sluice_mqtt_log_records_skipped",
+     "Records of deliver_from_topics without a valid mqtt_topic header"),
 )
 
 

@@ -15,7 +15,10 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
+from broker.groups.coordinator import GroupCoordinator
+from broker.groups.offsets import MemoryOffsetStore
 from broker.protocol.records import RecordSpec
+from broker.server.kafka import KafkaServer, KafkaServerConfig
 from ingest.mqtt.packets import (
     MQTT_5,
     Connect,
@@ -313,3 +316,41 @@ async def test_a_record_written_by_others_reaches_mqtt_subscribers_with_its_prop
     await server.store.append_records("commands", [RecordSpec(b"last", b"k", (("mqtt_topic", b"cmd/9"),))])
     got = await sub.recv()
     assert isinstance(got, Publish) and got.payload == b"last"  # not a second "once" before it
+
+
+async def test_kcat_sees_the_properties_and_its_records_reach_mqtt_with_them(start_server: StartServer) -> None:
+    """A Kafka client (kcat, librdkafka) reads the properties as headers, and produces a record whose
+    headers an MQTT 5 subscriber (mosquitto_sub -V 5) receives as properties."""
+    server = await start_server(deliver_from_topics=["commands"])
+    coordinator = GroupCoordinator(MemoryOffsetStore())
+    await coordinator.start()
+    kafka = KafkaServer(server.store, coordinator, KafkaServerConfig(port=0, advertised_host="127.0.0.1"))
+    await kafka.start()
+    bootstrap = f"127.0.0.1:{kafka.port}"
+    try:
+        code, _, err = await run(
+            "mosquitto_pub", "-p", str(server.port), "-V", "5", "-q", "1", "-t", "sensors/x", "-m", "v",
+            "-D", "publish", "content-type", "text/plain", "-D", "publish", "user-property", "site", "north",
+        )
+        assert code == 0, err
+        code, out, err = await run("kcat", "-b", bootstrap, "-C", "-t", "mqtt", "-o", "beginning", "-e", "-q",
+                                   "-f", "%h\\n")
+        assert code == 0, err
+        assert out.strip().endswith("mqtt_topic=sensors/x,mqtt.content_type=text/plain,site=north"), out
+
+        sub = await asyncio.create_subprocess_exec(
+            "mosquitto_sub", "-p", str(server.port), "-V", "5", "-q", "1", "-C", "1", "-t", "cmd/#",
+            "-F", "%t|%p|%C|%R|%P", stdout=asyncio.subprocess.PIPE,
+        )
+        await wait_until(lambda: len(server.hub.tree) == 1, what="subscribed")
+        code, _, err = await run(
+            "kcat", "-b", bootstrap, "-P", "-t", "commands", "-H", "mqtt_topic=cmd/7",
+            "-H", "mqtt.content_type=application/json", "-H", "mqtt.response_topic=replies/7",
+            "-H", "trace=abc", stdin=b'{"open":1}\n',
+        )
+        assert code == 0, err
+        out_sub, _ = await asyncio.wait_for(sub.communicate(), 15)
+        assert out_sub.decode().strip() == 'cmd/7|{"open":1}|application/json|replies/7|trace:abc'
+    finally:
+        await kafka.stop()
+        await coordinator.stop()
