@@ -86,8 +86,8 @@ def test_static_member_restart_keeps_the_group_stable(tmp_path: Path, sluice_fac
     try:
         poll_until([restarted, other], lambda: bool(restarted.assigned), 30, "the restarted static member")
         assert restarted.assigned[0] == mine, "the restarted member gets its old partitions back"
-        for _ in range(20):  # give a rebalance, if one had started, time to reach the other member
-            other.consumer.poll(0.05)
+        # A rebalance could only have assigned the restarted member after the other one had rejoined,
+        # and an eager member revokes (in poll, above) before it rejoins: nothing to wait for here.
         assert len(other.revoked) == revocations, "the other member must not be rebalanced"
         assert other.consumer.assignment() and not restarted.revoked
     finally:
