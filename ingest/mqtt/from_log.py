@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from broker.errors import OffsetOutOfRangeError
 from broker.log.api import LogStore, PartitionLog, wait_for_any
 from broker.protocol.records import Record, decode_records, split_complete_batches
+from ingest.mqtt.errors import EncodeError
 from ingest.mqtt.hub import Hub
 from ingest.mqtt.packets import Publish
 from ingest.mqtt.properties import from_headers
@@ -50,6 +51,7 @@ class LogToMqtt:
         self._positions: dict[tuple[str, int], int] = {}
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._last_problem = ""
 
     async def start(self) -> None:
         self._discover(at_start=True)
@@ -84,9 +86,12 @@ class LogToMqtt:
                     await asyncio.sleep(self._poll_s)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a deleted topic, a corrupt batch: logged, then carry on from what is there
-                log.exception("mqtt: following the log for MQTT subscribers failed; retrying")
-                self._positions.clear()
+            except Exception as exc:  # a deleted topic, a corrupt batch: logged once, retried where it stopped
+                problem = f"{type(exc).__name__}: {exc}"
+                if problem != self._last_problem:
+                    self._last_problem = problem
+                    log.exception("mqtt: following the log for MQTT subscribers failed; retrying every second")
+                self._positions = {k: v for k, v in self._positions.items() if self.store.has_topic(k[0])}
                 await asyncio.sleep(self._poll_s)
 
     def _drain(self, plog: PartitionLog, offset: int) -> int:
@@ -120,11 +125,17 @@ class LogToMqtt:
             topic = raw_topic.decode() if raw_topic is not None else ""
         except UnicodeDecodeError:
             topic = ""
-        if not valid_topic(topic) or "\x00" in topic:
+        if not valid_topic(topic) or "\x00" in topic or len(raw_topic or b"") > 65_535:
             stats.log_records_skipped += 1
             return
         props, skipped = from_headers(record.headers)
         stats.log_headers_skipped += skipped
         msg = Publish(topic, record.value or b"", 1, False, False, None, props)
+        try:
+            self.hub.deliver("", [(msg, 0, record.timestamp if record.timestamp >= 0 else int(time.time() * 1000))])
+        except EncodeError as exc:  # e.g. a topic name longer than MQTT allows: this record only
+            stats.log_records_skipped += 1
+            log.warning("mqtt: a record cannot be sent over MQTT; skipped",
+                        extra={"topic": topic[:200], "offset": record.offset, "error": str(exc)})
+            return
         stats.log_records_delivered += 1
-        self.hub.deliver("", [(msg, 0, record.timestamp if record.timestamp >= 0 else int(time.time() * 1000))])

@@ -15,7 +15,8 @@ Rules
    ``mqtt.``) is stored as ``mqtt.user.<key>`` so it can be told apart and restored.
 3. Headers back to properties (``from_headers``, for records produced over Kafka): the reverse of rule 2;
    every other header whose name and value are UTF-8 becomes a User Property (a header without a value:
-   an empty one); a header that cannot be one (not UTF-8) is skipped and counted by the caller.
+   an empty one); a header that cannot be one (not UTF-8, or too long for an MQTT string) is skipped and
+   counted by the caller.
 4. Expiry (§3.3.2.3.3): a message with an interval expires that many seconds after the server received
    it; an expired message is dropped from offline queues and the retained store (never sent), and a
    message sent later carries the remaining seconds, rounded (at least 1). A message sent the moment it
@@ -51,6 +52,7 @@ HEADER_RESPONSE_TOPIC: Final = "mqtt.response_topic"
 HEADER_CORRELATION_DATA: Final = "mqtt.correlation_data"
 USER_PREFIX: Final = "mqtt.user."
 _SLUICE_HEADERS: Final = frozenset({"source", "device", "mqtt_topic", "reason"})
+_MAX_FIELD: Final = 65_535  # bytes in an MQTT string or binary field
 
 
 def forwarded(props: Properties) -> Properties:
@@ -117,6 +119,9 @@ def from_headers(headers: Headers) -> tuple[Properties, int]:
     skipped = 0
     for name, raw in headers:
         if name in _SLUICE_HEADERS:
+            continue
+        if len(name.encode()) > _MAX_FIELD or (raw is not None and len(raw) > _MAX_FIELD):  # too long for MQTT
+            skipped += 1
             continue
         if name == HEADER_CORRELATION_DATA:
             values["correlation_data"] = raw or b""

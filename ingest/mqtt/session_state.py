@@ -126,7 +126,7 @@ class SessionState:
 
     def _send_new(self, conn: MqttConnection, packet: Publish, group: SharedGroup | None) -> None:
         pid = self._alloc_pid()
-        packet = replace(packet, packet_id=pid)
+        packet = Publish(packet.topic, packet.payload, packet.qos, packet.retain, False, pid, packet.properties)
         self.inflight_out[pid] = packet
         if group is not None:
             if self.shared_inflight is None:

@@ -354,3 +354,9 @@ async def test_kcat_sees_the_properties_and_its_records_reach_mqtt_with_them(sta
     finally:
         await kafka.stop()
         await coordinator.stop()
+
+
+def test_headers_too_long_for_mqtt_are_skipped() -> None:
+    long = b"x" * 65_536
+    assert from_headers((("big", long), ("mqtt.correlation_data", long), ("ok", b"1"))) == (
+        Properties(user_property=(("ok", "1"),)), 2)
