@@ -13,6 +13,7 @@ from broker.errors import BrokerError
 from broker.protocol.kafka import api_versions_body
 from broker.protocol.kafka_codes import ErrorCode
 from broker.server.handlers_common import NODE_ID, BrokerContext, ConnectionInfo, error_code_for
+from broker.server.handlers_configs import created_topic_configs
 
 __all__ = [
     "handle_api_versions",
@@ -86,10 +87,12 @@ async def handle_create_topics(ctx: BrokerContext, body: Any, conn: ConnectionIn
     except BrokerError as exc:
         log.warning("create topics refused", extra={"error": str(exc), "peer": conn.peer_host})
         return {"throttle_time": 0, "topics": [
-            {"name": str(t.name), "error_code": error_code_for(exc), "error_message": str(exc)} for t in body.topics]}
+            {"name": str(t.name), "error_code": error_code_for(exc), "error_message": str(exc), "configs": None,
+             "topic_config_error_code": error_code_for(exc)} for t in body.topics]}
     for topic in body.topics:
         name = str(topic.name)
-        result: dict[str, Any] = {"name": name, "error_code": ErrorCode.NONE, "error_message": None}
+        # configs (v5+) stays null unless the topic is (or would be) created, as Kafka answers
+        result: dict[str, Any] = {"name": name, "error_code": ErrorCode.NONE, "error_message": None, "configs": None}
         results.append(result)
         count: int | None = int(topic.num_partitions)
         if topic.assignments:
@@ -115,12 +118,17 @@ async def handle_create_topics(ctx: BrokerContext, body: Any, conn: ConnectionIn
         try:
             if body.validate_only:
                 ctx.store.validate_create(name, count)
-                continue
-            ctx.store.create_topic(name, count, config)
-            log.info("topic created", extra={"topic": name, "partitions": count, "peer": conn.peer_host})
+            else:
+                ctx.store.create_topic(name, count, config)
+                log.info("topic created", extra={"topic": name, "partitions": count, "peer": conn.peer_host})
+            # v5+: what the topic was (or would be) created with, every config included
+            result.update(num_partitions=count or ctx.store.default_partitions, replication_factor=1,
+                          configs=created_topic_configs(ctx, config))
         except BrokerError as exc:
             result["error_code"] = error_code_for(exc)
             result["error_message"] = str(exc)
+    for result in results:  # v5+: why no configs came back (a tagged field; 0 when they did)
+        result["topic_config_error_code"] = result["error_code"]
     return {"throttle_time": 0, "topics": results}
 
 

@@ -23,7 +23,8 @@ from broker.log.config_defs import CONFIG_DEFS, SLUICE_CONFIGS, ConfigDef, Confi
 from broker.protocol.kafka_codes import ErrorCode
 from broker.server.handlers_common import NODE_ID, BrokerContext, ConnectionInfo, error_code_for
 
-__all__ = ["handle_alter_configs", "handle_describe_configs", "handle_incremental_alter_configs"]
+__all__ = ["created_topic_configs", "handle_alter_configs", "handle_describe_configs",
+           "handle_incremental_alter_configs"]
 
 log = logging.getLogger("broker.server.kafka")
 
@@ -61,6 +62,12 @@ def _topic_entry(name: str, config: TopicConfig, defaults: TopicConfig, synonyms
         "is_sensitive": False, "synonyms": chain if synonyms else [], "config_type": int(definition.type),
         "documentation": _DOCS.get(definition.effect),
     }
+
+
+def created_topic_configs(ctx: BrokerContext, config: TopicConfig) -> list[dict[str, Any]]:
+    """Every config of a topic just created (or validated), as CreateTopics v5+ answers them."""
+    entries = [_topic_entry(name, config, ctx.store.default_config, False) for name in KAFKA_CONFIG_NAMES]
+    return [{k: e[k] for k in ("name", "value", "read_only", "config_source", "is_sensitive")} for e in entries]
 
 
 def broker_configs(ctx: BrokerContext) -> dict[str, tuple[str, str, ConfigType]]:

@@ -117,7 +117,7 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.DESCRIBE_GROUPS, 0, 4),
         ApiSpec(ApiKey.LIST_GROUPS, 0, 2),
         ApiSpec(ApiKey.API_VERSIONS, 0, 3),
-        ApiSpec(ApiKey.CREATE_TOPICS, 2, 4),
+        ApiSpec(ApiKey.CREATE_TOPICS, 2, 5),
         ApiSpec(ApiKey.DELETE_TOPICS, 1, 3),
         ApiSpec(ApiKey.DELETE_RECORDS, 0, 2),
         ApiSpec(ApiKey.INIT_PRODUCER_ID, 0, 4),

@@ -80,7 +80,8 @@ _BUILDERS: dict[int, Callable[[Any, int], Any]] = {
         {"error_code": c, "group_id": g, "group_state": "", "protocol_type": "", "protocol_data": "",
          "members": []} for g in _items(b.groups)]},
     ApiKey.CREATE_TOPICS: lambda b, c: {"throttle_time": 0, "topics": [
-        {"name": t.name, "error_code": c, "error_message": None} for t in _items(b.topics)]},
+        {"name": t.name, "error_code": c, "error_message": None, "configs": None, "topic_config_error_code": c}
+        for t in _items(b.topics)]},
     ApiKey.DELETE_TOPICS: lambda b, c: {"throttle_time": 0, "responses": [
         {"name": n, "error_code": c} for n in _items(b.topic_names)]},
     ApiKey.DESCRIBE_CONFIGS: _resources("results"),
@@ -90,7 +91,8 @@ _BUILDERS: dict[int, Callable[[Any, int], Any]] = {
                                            "end_offset": -1} for p in _items(t.partitions)]}
         for t in _items(b.topics)]},
     ApiKey.CREATE_PARTITIONS: lambda b, c: {"throttle_time": 0, "results": [
-        {"name": t.name, "error_code": c, "error_message": None} for t in _items(b.topics)]},
+        {"name": t.name, "error_code": c, "error_message": None, "configs": None, "topic_config_error_code": c}
+        for t in _items(b.topics)]},
     ApiKey.DELETE_GROUPS: lambda b, c: {"throttle_time": 0, "results": [
         {"group_id": g, "error_code": c} for g in _items(b.groups_names)]},
     ApiKey.ADD_PARTITIONS_TO_TXN: lambda b, c: {"throttle_time": 0, "results_by_topic_v3_and_below": [

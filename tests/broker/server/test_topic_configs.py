@@ -226,3 +226,26 @@ def test_log_append_time_topics_stamp_append_times(admin: tuple[AdminClient, Slu
     consumer.close()
     assert seen["appended"] == (TIMESTAMP_LOG_APPEND_TIME, stamped["appended"][1])
     assert seen["created"] == (TIMESTAMP_CREATE_TIME, 1_000_000)
+
+
+async def test_create_topics_v5_answers_the_configs_it_created_with(
+    admin: tuple[AdminClient, SluiceProcess]
+) -> None:
+    from broker.protocol.kafka import ApiKey
+    from tests.broker.server.raw_client import RawClient
+
+    _, server = admin
+    client = await RawClient.connect(server.port)
+    try:
+        body = {"topics": [{"name": "v5", "num_partitions": 3, "replication_factor": -1, "assignments": [],
+                            "configs": [{"name": "cleanup.policy", "value": "compact"}]}],
+                "timeout": 5000, "validate_only": False}
+        response = await client.request(ApiKey.CREATE_TOPICS, 5, body)
+    finally:
+        await client.close()
+    [topic] = response.topics
+    assert topic.error_code == 0 and topic.num_partitions == 3 and topic.replication_factor == 1
+    configs = {c.name: (c.value, c.config_source) for c in topic.configs}
+    assert set(configs) == set(KAFKA_CONFIG_NAMES)
+    assert configs["cleanup.policy"] == ("compact", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+    assert configs["retention.ms"] == (str(7 * 24 * 3600 * 1000), ConfigSource.DEFAULT_CONFIG.value)
