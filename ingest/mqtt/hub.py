@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ingest.admission import Admission, ConnectionLimits
 from ingest.errors import IngestError
-from ingest.mqtt.packets import MQTT_5, MQTT_311, Publish, Subscription, Will
+from ingest.mqtt.packets import MQTT_5, MQTT_311, Properties, Publish, Subscription, Will
 from ingest.mqtt.properties import expires_at, for_delivery, forwarded
 from ingest.mqtt.shared import SHARE_PREFIX, Granted, SharedGroup, parse_shared
 from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
@@ -75,6 +75,32 @@ class HubConfig:
     max_write_buffer: int = 4 * 1024 * 1024  # QoS 0 deliveries beyond this to a slow client are dropped
     protocol_versions: tuple[int, ...] = (MQTT_311, MQTT_5)
     connection_limits: ConnectionLimits = ConnectionLimits()  # refused at accept beyond these (admission.py)
+
+
+    def granted_keepalive(self, asked: int) -> int:
+        """A keep alive above ``max_keepalive``, or 0 (none), becomes ``max_keepalive``: 5.0 clients are told
+        (Server Keep Alive, §3.2.2.3.14); 3.1.1 ones cannot be and are held to it all the same (as Mosquitto,
+        which accepts them)."""
+        if self.max_keepalive and (asked == 0 or asked > self.max_keepalive):
+            return self.max_keepalive
+        return asked
+
+    def connack_properties(self, *, assigned_client_id: str | None, session_expiry: int | None,
+                           server_keep_alive: int | None) -> Properties:
+        """What a 5.0 CONNACK advertises: exactly what this server supports. Maximum QoS is absent: QoS 2
+        is supported (a value of 2 may not be sent, §3.2.2.3.4)."""
+        return Properties(
+            receive_maximum=self.receive_maximum,
+            topic_alias_maximum=self.topic_alias_maximum,
+            maximum_packet_size=self.max_packet_size,
+            retain_available=1,
+            wildcard_subscription_available=1,
+            subscription_identifier_available=1,
+            shared_subscription_available=1,
+            assigned_client_identifier=assigned_client_id,
+            session_expiry_interval=session_expiry,
+            server_keep_alive=server_keep_alive,
+        )
 
 
 @dataclass(slots=True)

@@ -39,9 +39,8 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
 * Will: due when the connection ends without a normal DISCONNECT (5.0: reason 0x04 also); the hub
   publishes it (appended, then delivered, with its properties) after the Will Delay Interval or when the
   session ends, whichever is first, unless the client reconnects to the session before then.
-* SUBSCRIBE: one Subscription Identifier (1..268,435,455) applies to every filter of the packet;
-  ``$share/<group>/<filter>`` joins a shared subscription (``shared.py``); Retain Handling 0/1/2 decides
-  which retained messages follow the SUBACK (none for shared subscriptions).
+* SUBSCRIBE: ``subscribe.py`` (identifiers, shared subscriptions, Retain Handling); SUBACK, then the
+  retained messages it says.
 * Errors after CONNECT: a 5.0 client gets DISCONNECT with the reason (0x81 malformed, 0x82 protocol
   error, 0x95 packet too large, 0x90 bad topic …) and the server lingers (writes nothing more, reads and
   discards until the client's EOF, at most 2 s) so the client reads it rather than a connection reset;
@@ -80,15 +79,13 @@ from ingest.mqtt.packets import (
     Pubrec,
     Pubrel,
     Reason,
-    Suback,
     Subscribe,
     Unsuback,
     Unsubscribe,
     Will,
 )
 from ingest.mqtt.session_state import SessionState
-from ingest.mqtt.shared import SHARE_PREFIX, parse_shared
-from ingest.mqtt.subscriptions import valid_filter
+from ingest.mqtt.subscribe import apply_subscribe
 
 if TYPE_CHECKING:
     from ingest.mqtt.hub import Accepted, Hub
@@ -418,12 +415,7 @@ class MqttConnection(asyncio.BufferedProtocol):
             return
         self.client_id = client_id
         cfg = hub.config
-        # Keep alive above the maximum, or 0 (none), becomes the maximum; 5.0 clients are told (Server
-        # Keep Alive, §3.2.2.3.14); 3.1.1 ones cannot be, and are held to it all the same (as Mosquitto).
-        max_keepalive = cfg.max_keepalive
-        self.keepalive = packet.keepalive
-        if max_keepalive and (packet.keepalive == 0 or packet.keepalive > max_keepalive):
-            self.keepalive = max_keepalive
+        self.keepalive = cfg.granted_keepalive(packet.keepalive)
         if v5 and props.topic_alias_maximum:
             self._out_aliases = OutboundAliases(props.topic_alias_maximum)
         self.client_receive_max = props.receive_maximum or (65535 if v5 else 20)
@@ -439,18 +431,11 @@ class MqttConnection(asyncio.BufferedProtocol):
         self.state = _CONNECTED
         ack_props = NO_PROPERTIES
         if v5:
-            ack_props = Properties(
-                receive_maximum=cfg.receive_maximum,
-                topic_alias_maximum=cfg.topic_alias_maximum,
-                maximum_packet_size=cfg.max_packet_size,
-                retain_available=1,
-                wildcard_subscription_available=1,
-                subscription_identifier_available=1,
-                shared_subscription_available=1,
-                assigned_client_identifier=assigned,
-                session_expiry_interval=int(expiry) if expiry != requested else None,
+            ack_props = cfg.connack_properties(
+                assigned_client_id=assigned,
+                session_expiry=int(expiry) if expiry != requested else None,
                 server_keep_alive=self.keepalive if self.keepalive != packet.keepalive else None,
-            )  # Maximum QoS is absent: QoS 2 is supported (a value of 2 may not be sent, §3.2.2.3.4)
+            )
         self.send(Connack(present, 0, ack_props))
         log.debug("client connected", extra={"client_id": client_id, "version": level, "session_present": present})
         if present:
@@ -504,35 +489,14 @@ class MqttConnection(asyncio.BufferedProtocol):
         self._batch.append((packet, pid, self._arrival_ms))
 
     def _on_subscribe(self, packet: Subscribe, session: SessionState) -> None:
-        v5 = self.version == MQTT_5
-        ids = packet.properties.subscription_identifier
-        if len(ids) > 1 or (ids and not 1 <= ids[0] <= 268_435_455):  # §3.8.2.1.2: one, 1..268,435,455
-            self._protocol_error(ProtocolError("bad subscription identifier", Reason.PROTOCOL_ERROR))
+        try:
+            ack, retained, sub_id = apply_subscribe(self.hub, session, packet, self.version == MQTT_5)
+        except ProtocolError as exc:  # filters before the bad one stay subscribed; the connection ends
+            self._protocol_error(exc)
             return
-        sub_id = ids[0] if ids else 0
-        codes: list[int] = []
-        granted = []
-        for sub in packet.subscriptions:
-            topic_filter = sub.topic_filter
-            if topic_filter.startswith(SHARE_PREFIX):
-                if parse_shared(topic_filter) is None:
-                    codes.append(Reason.TOPIC_FILTER_INVALID if v5 else 0x80)
-                    continue
-                if sub.no_local:  # §3.8.3.1
-                    self._protocol_error(ProtocolError("No Local on a shared subscription", Reason.PROTOCOL_ERROR))
-                    return
-            elif not valid_filter(topic_filter):
-                codes.append(Reason.TOPIC_FILTER_INVALID if v5 else 0x80)
-                continue
-            new = self.hub.subscribe(session, sub, sub_id)
-            codes.append(sub.qos)
-            granted.append((sub, new))
-        self.send(Suback(packet.packet_id, tuple(codes)))
-        for sub, new in granted:  # Retain Handling (§3.3.1.3); never for shared subscriptions (§4.8.2)
-            if sub.retain_handling == 2 or (sub.retain_handling == 1 and not new):
-                continue
-            if not sub.topic_filter.startswith(SHARE_PREFIX):
-                self.hub.send_retained(session, sub, sub_id)
+        self.send(ack)
+        for sub in retained:
+            self.hub.send_retained(session, sub, sub_id)
 
     # ------------------------------------------------------------------ the append pipeline
     def _flush_batch(self) -> None:
