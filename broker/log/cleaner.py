@@ -1,4 +1,7 @@
-"""Log compaction for topics with ``cleanup.policy`` containing ``compact`` (segment store).
+"""Log compaction for topics with ``cleanup.policy`` containing ``compact``.
+
+The segment store is cleaned as described below; the memory store by the same rules over its stored
+batches (its newest batch stands for the active segment; nothing to crash-proof).
 
 Rules (Kafka's, for one node):
 - Only closed, fsynced segments are cleaned, oldest first, never the active one; a segment becomes
@@ -33,7 +36,8 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +47,7 @@ from broker.log.api import LogStore
 from broker.log.config import TopicConfig
 from broker.log.files import atomic_write, fsync_dir, read_json, write_all
 from broker.log.index import SegmentIndex
+from broker.log.memory import MemoryPartitionLog
 from broker.log.segment import SegmentPartitionLog
 from broker.log.segment_file import Segment
 from broker.protocol.records import (
@@ -111,6 +116,7 @@ class LogCleaner:
         self._clock = clock
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-cleaner")
         self._states: dict[Path, _State] = {}
+        self._memory_states: weakref.WeakKeyDictionary[MemoryPartitionLog, _State] = weakref.WeakKeyDictionary()
         self.passes = 0  # for tests and metrics: completed clean_once calls
         self.cleaned: list[CleanStats] = []  # the last pass's results
 
@@ -132,10 +138,13 @@ class LogCleaner:
             except BrokerError:
                 continue  # deleted meanwhile
             for plog in partitions:
-                if not isinstance(plog, SegmentPartitionLog):
-                    continue  # the memory store is not compacted (README)
                 try:
-                    stats = await self.clean_partition(plog)
+                    if isinstance(plog, SegmentPartitionLog):
+                        stats = await self.clean_partition(plog)
+                    elif isinstance(plog, MemoryPartitionLog):
+                        stats = await self.clean_memory_partition(plog)
+                    else:
+                        continue
                 except (BrokerError, OSError) as exc:
                     log.error("cannot clean partition; will retry", extra={
                         "partition": f"{plog.topic}-{plog.partition}", "error": str(exc)})
@@ -145,6 +154,41 @@ class LogCleaner:
         self.cleaned = results
         self.passes += 1
         return results
+
+    # -- one partition of the memory store ------------------------------------------------------
+
+    async def clean_memory_partition(self, plog: MemoryPartitionLog) -> CleanStats | None:
+        """The same rules on the memory store's batches (the newest one stands for the active segment);
+        the work runs in the worker thread on immutable bytes, the swap in the event loop."""
+        started = time.monotonic()
+        now = int(self._clock() * 1000)
+        config = plog.config
+        batches = plog.cleanable_batches(now, config.min_compaction_lag_ms)
+        if not batches:
+            return None
+        state = self._memory_states.setdefault(plog, _State())
+        headers = [decode_header(batch) for batch, _ in batches]
+        dirty = [(len(b), appended) for (b, appended), h in zip(batches, headers, strict=True)
+                 if h.last_offset >= state.cleaned_to]
+        total = sum(len(b) for b, _ in batches)
+        due = bool(dirty) and (sum(size for size, _ in dirty) / total >= config.min_cleanable_dirty_ratio
+                               or now - dirty[0][1] >= config.max_compaction_lag_ms)
+        if not (due or (state.tombstones_until is not None and now >= state.tombstones_until)):
+            return None
+        loop = asyncio.get_running_loop()
+        cleaned, counts, tombstones_until = await loop.run_in_executor(
+            self._executor, _clean_memory, batches, config.delete_retention_ms, now)
+        if not plog.replace_cleaned(batches[0][0], len(batches), cleaned):
+            return None  # retention moved the log start meanwhile: next pass
+        state.cleaned_to = headers[-1].last_offset + 1
+        state.tombstones_until = tombstones_until
+        stats = CleanStats(plog.topic, plog.partition, len(batches), total, sum(len(b) for b, _, _ in cleaned),
+                           counts.removed, counts.tombstones_removed, time.monotonic() - started)
+        log.info("cleaned partition", extra={
+            "partition": f"{plog.topic}-{plog.partition}", "batches": len(batches), "bytes_before": total,
+            "bytes_after": stats.bytes_after, "records_removed": counts.removed,
+            "tombstones_removed": counts.tombstones_removed, "ms": round(stats.seconds * 1000, 1)})
+        return stats
 
     # -- one partition ---------------------------------------------------------------------
 
@@ -356,51 +400,70 @@ class _Writer:
             self.fd = -1
 
 
+@dataclass(slots=True)
+class _Counts:
+    removed: int = 0
+    tombstones_removed: int = 0
+    kept_tombstones: bool = False
+
+
+def _compact(
+    batches: Iterable[tuple[bytes, BatchHeader, bool, int]], latest: dict[bytes, int], counts: _Counts
+) -> Iterator[tuple[bytes, BatchHeader, int]]:
+    """The cleaned batches for ``(batch, header, drop tombstones?, tag)`` input, each with the tag of the
+    (last) input batch it stands for: kept whole, re-encoded with fewer records, or a run of batches
+    that kept nothing folded into one empty batch spanning their offsets."""
+    run: tuple[BatchHeader, int, int] | None = None  # first header, last offset, tag
+
+    def empty_run() -> tuple[bytes, BatchHeader, int]:
+        assert run is not None
+        first, last, tag = run
+        data = reencode_batch(dataclasses.replace(first, last_offset_delta=last - first.base_offset, attributes=0,
+                                                  producer_id=-1, producer_epoch=-1, base_sequence=-1), [])
+        return data, decode_header(data), tag
+
+    for batch, header, drop_tombstones, tag in batches:
+        if header.is_control or header.is_transactional:
+            # Kept as they are: an aborted transaction's record must never shadow a committed
+            # value, and which ones were aborted is the transaction layer's to say.
+            if run is not None:
+                yield empty_run()
+                run = None
+            yield batch, header, tag
+            continue
+        keys = record_keys(batch, header)
+        kept: set[int] = set()
+        for offset, key, tombstone in keys:
+            if key is None or latest.get(key) != offset:
+                counts.removed += 1
+            elif tombstone and drop_tombstones:
+                counts.removed += 1
+                counts.tombstones_removed += 1
+            else:
+                kept.add(offset)
+                counts.kept_tombstones = counts.kept_tombstones or tombstone
+        if kept or not keys:
+            if run is not None:
+                yield empty_run()
+                run = None
+            if len(kept) == len(keys):
+                yield batch, header, tag  # nothing to remove: the stored bytes as they are
+            else:
+                data = reencode_batch(header, [r for r in decode_records(batch, header) if r.offset in kept])
+                yield data, decode_header(data), tag
+        else:
+            run = (run[0] if run is not None else header, header.last_offset, tag)
+    if run is not None:
+        yield empty_run()
+
+
 def _rewrite(job: _Job, latest: dict[bytes, int], drop_tombstones: bool, interval: int) -> _Built:
     out = _Writer(_tmp(job.log_path), interval, job.base)
-    removed = tombstones_removed = 0
-    kept_tombstones = False
-    run: tuple[BatchHeader, int] | None = None  # (first header, last offset) of batches that keep nothing
-
-    def flush_run() -> None:
-        nonlocal run
-        if run is not None:
-            first, last = run
-            empty = dataclasses.replace(first, last_offset_delta=last - first.base_offset, attributes=0,
-                                        producer_id=-1, producer_epoch=-1, base_sequence=-1)
-            data = reencode_batch(empty, [])
-            out.add(data, decode_header(data))
-            run = None
-
+    counts = _Counts()
     try:
-        for batch, header in _iter_batches(job.log_path, job.size):
-            if header.is_control or header.is_transactional:
-                # Kept as they are: an aborted transaction's record must never shadow a committed
-                # value, and which ones were aborted is the transaction layer's to say.
-                flush_run()
-                out.add(batch, header)
-                continue
-            keys = record_keys(batch, header)
-            kept: set[int] = set()
-            for offset, key, tombstone in keys:
-                if key is None or latest.get(key) != offset:
-                    removed += 1
-                elif tombstone and drop_tombstones:
-                    removed += 1
-                    tombstones_removed += 1
-                else:
-                    kept.add(offset)
-                    kept_tombstones = kept_tombstones or tombstone
-            if len(kept) == len(keys) and keys:
-                flush_run()
-                out.add(batch, header)  # nothing to remove: the stored bytes as they are
-            elif not kept:
-                run = (run[0] if run is not None else header, header.last_offset)
-            else:
-                flush_run()
-                data = reencode_batch(header, [r for r in decode_records(batch, header) if r.offset in kept])
-                out.add(data, decode_header(data))
-        flush_run()
+        source = ((batch, header, drop_tombstones, 0) for batch, header in _iter_batches(job.log_path, job.size))
+        for data, header, _tag in _compact(source, latest, counts):
+            out.add(data, header)
         out.finish()
         out.index.finalize()
         out.index.next_rel = job.segment.end_offset - job.base
@@ -413,7 +476,32 @@ def _rewrite(job: _Job, latest: dict[bytes, int], drop_tombstones: bool, interva
         out.close()
         _discard(job)
         raise
-    return _Built(job, out.size, out.index, removed, tombstones_removed, kept_tombstones)
+    return _Built(job, out.size, out.index, counts.removed, counts.tombstones_removed, counts.kept_tombstones)
+
+
+def _clean_memory(
+    batches: list[tuple[bytes, int]], delete_retention_ms: int, now: int
+) -> tuple[list[tuple[bytes, int, int]], _Counts, int | None]:
+    """The memory store's cleaned batches ``(batch, base offset, append time)``, the counts, and when
+    the earliest kept tombstone may go (worker thread; the bytes objects are immutable)."""
+    latest: dict[bytes, int] = {}
+    headers = [decode_header(batch) for batch, _ in batches]
+    for (batch, _), header in zip(batches, headers, strict=True):
+        if not header.is_transactional:
+            for offset, key, _tombstone in record_keys(batch, header):
+                if key is not None:
+                    latest[key] = offset
+    counts = _Counts()
+    source = ((batch, header, now - appended >= delete_retention_ms, i)
+              for i, ((batch, appended), header) in enumerate(zip(batches, headers, strict=True)))
+    cleaned: list[tuple[bytes, int, int]] = []
+    tombstones_until: int | None = None
+    for data, header, i in _compact(source, latest, counts):
+        appended = batches[i][1]
+        cleaned.append((bytes(data), header.base_offset, appended))
+    if counts.kept_tombstones:
+        tombstones_until = min(appended + delete_retention_ms for _, appended in batches)
+    return cleaned, counts, tombstones_until
 
 
 def _write_synced(path: Path, data: bytes) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from broker.log.api import LogStore, PartitionLog, TopicInfo
 from broker.log.config import TopicConfig
-from broker.protocol.records import BatchHeader
+from broker.protocol.records import BatchHeader, decode_header
 
 __all__ = ["MemoryLogStore", "MemoryPartitionLog"]
 
@@ -104,6 +104,35 @@ class MemoryPartitionLog(PartitionLog):
             for column in (self._batches, self._bases, self._max_ts, self._append_ms):
                 column.clear()
             self._bytes = 0
+
+    # -- compaction hooks (broker/log/cleaner.py) ---------------------------------------------
+
+    def cleanable_batches(self, now_ms: int, min_lag_ms: int) -> list[tuple[bytes, int]]:
+        """``(batch, append time)`` of the stored batches old enough to clean, oldest first; never the
+        newest batch (the memory store's "active segment")."""
+        out: list[tuple[bytes, int]] = []
+        for batch, appended in zip(self._batches[:-1], self._append_ms[:-1], strict=True):
+            if now_ms - appended < min_lag_ms:
+                break
+            out.append((batch, appended))
+        return out
+
+    def replace_cleaned(self, first: bytes, count: int, cleaned: list[tuple[bytes, int, int]]) -> bool:
+        """Replace the ``count`` oldest batches (the first of which must still be ``first``) with
+        ``cleaned`` ``(batch, base offset, append time)``; False when retention moved the start meanwhile."""
+        if not self._batches or self._batches[0] is not first or len(self._batches) <= count:
+            return False
+        removed = sum(len(b) for b in self._batches[:count])
+        self._batches[:count] = [b for b, _, _ in cleaned]
+        self._bases[:count] = [base for _, base, _ in cleaned]
+        self._append_ms[:count] = [appended for _, _, appended in cleaned]
+        self._bytes += sum(len(b) for b, _, _ in cleaned) - removed
+        running = -1
+        for i, batch in enumerate(self._batches):  # the running max, recomputed over the new batches
+            running = max(running, decode_header(batch).max_timestamp)
+            self._max_ts[i] = running
+        del self._max_ts[len(self._batches):]
+        return True
 
     async def flush(self) -> None:
         return None

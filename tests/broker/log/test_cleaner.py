@@ -1,16 +1,19 @@
-"""Log compaction on the segment store: latest per key, offsets kept, tombstones, lags, restarts."""
+"""Log compaction on the segment and memory stores: latest per key, offsets kept, tombstones, lags, restarts."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from broker.log.api import LogStore, PartitionLog
 from broker.log.cleaner import LogCleaner
 from broker.log.config import TopicConfig
+from broker.log.memory import MemoryLogStore
 from broker.log.segment import SegmentLogStore, SegmentPartitionLog
 from broker.protocol.records import (
     ATTR_TRANSACTIONAL,
@@ -30,7 +33,7 @@ COMPACT = TopicConfig(segment_bytes=1024, index_interval_bytes=128).with_kafka_c
 Seen = dict[int, tuple[bytes | None, bytes | None]]
 
 
-def read_like_a_consumer(log: SegmentPartitionLog) -> Seen:
+def read_like_a_consumer(log: PartitionLog) -> Seen:
     """offset -> (key, value) of every record, stepping over batches as consumers do (last offset + 1)."""
     out: Seen = {}
     offset = log.log_start_offset
@@ -45,7 +48,7 @@ def read_like_a_consumer(log: SegmentPartitionLog) -> Seen:
     return out
 
 
-async def produce(store: SegmentLogStore, topic: str, pairs: Sequence[tuple[bytes, bytes | None]]) -> None:
+async def produce(store: LogStore, topic: str, pairs: Sequence[tuple[bytes, bytes | None]]) -> None:
     for key, value in pairs:
         await store.append(topic, 0, encode_batch([RecordSpec(value, key=key)], timestamp=1_700_000_000_000))
 
@@ -193,3 +196,25 @@ async def test_transactional_records_neither_shadow_nor_are_shadowed(tmp_path: P
     values = [kv[1] for kv in read_like_a_consumer(part(store)).values() if kv[0] == b"k"]
     assert values == [b"plain", b"in-a-transaction"]
     await store.close()
+
+
+async def test_the_memory_store_is_compacted_by_the_same_rules() -> None:
+    store = MemoryLogStore()
+    store.create_topic("c", 1, COMPACT)
+    await produce(store, "c", [(b"k%d" % (i % 5), b"v%d" % i) for i in range(100)])
+    await produce(store, "c", [(b"k0", None)])
+    await produce(store, "c", [(b"last", b"anchor")])  # the newest batch is never cleaned
+    log = store.partition("c", 0)
+    before = read_like_a_consumer(log)
+    shift = 0.0
+    cleaner = LogCleaner(store, clock=lambda: time.time() + shift)
+    [stats] = await cleaner.clean_once()
+    after = read_like_a_consumer(log)
+    assert latest_per_key(after) == latest_per_key(before) and log.high_watermark == 102
+    assert all(before[offset] == kv for offset, kv in after.items())
+    assert sorted(after) == [96, 97, 98, 99, 100, 101]  # k1..k4's latest, k0's tombstone, the anchor
+    assert stats.records_removed == 96
+    shift = 61.0  # past delete.retention.ms: the tombstone goes, even with nothing new to clean
+    [stats] = await cleaner.clean_once()
+    assert stats.tombstones_removed == 1
+    assert b"k0" not in [kv[0] for kv in read_like_a_consumer(log).values()]
