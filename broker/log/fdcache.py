@@ -19,12 +19,15 @@ Rules:
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import resource
 from collections import OrderedDict
 from typing import Protocol
 
 __all__ = ["FdCache", "FdUser", "default_fd_limit"]
+
+log = logging.getLogger("broker.log.fdcache")
 
 _MIN_LIMIT = 4  # one segment holds up to three descriptors
 
@@ -56,6 +59,7 @@ class FdCache:
         self.limit = None if limit is None else max(limit, _MIN_LIMIT)
         self.open_count = 0
         self.evictions = 0  # segments closed to stay under the bound
+        self.exhausted = 0  # opens that met EMFILE/ENFILE (each retried once after freeing idle files)
         self._lru: OrderedDict[int, FdUser] = OrderedDict()
 
     def open(self, path: os.PathLike[str] | str, flags: int, owner: FdUser, mode: int = 0o644) -> int:
@@ -65,7 +69,13 @@ class FdCache:
         except OSError as exc:
             if exc.errno not in (errno.EMFILE, errno.ENFILE):
                 raise
+            before = self.open_count
             self.trim(keep=owner, target=0)
+            self.exhausted += 1
+            if self.exhausted == 1 or self.exhausted % 1000 == 0:  # counted always, logged sparingly
+                log.warning("the process ran out of file descriptors; closed idle segment files and retried",
+                            extra={"path": str(path), "closed": before - self.open_count,
+                                   "times": self.exhausted, "bound": self.limit})
             fd = os.open(path, flags, mode)
         self.open_count += 1
         self._lru[id(owner)] = owner

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.groups.coordinator import GroupCoordinator
+from broker.log.fdcache import FdCache
 from sluice.http.context import ApiContext, Ctx
 from sluice.http.groups import collect_group, list_group_summaries
 from sluice.http.ops import processor_statuses, source_rows
@@ -57,20 +58,34 @@ class RuntimeCollector(Collector):
         yield GaugeMetricFamily("sluice_topics", "Topics in the log store", value=len(topics))
         hw = GaugeMetricFamily(
             "sluice_partition_high_watermark",
-            "Next offset to be written (records appended)",
+            "Offset below which readers see records (with flush=always: the fsynced ones)",
             labels=["topic", "partition"],
         )
         start = GaugeMetricFamily(
             "sluice_partition_log_start_offset", "First offset still kept", labels=["topic", "partition"]
         )
         size = GaugeMetricFamily("sluice_partition_size_bytes", "Bytes stored", labels=["topic", "partition"])
+        end = GaugeMetricFamily(
+            "sluice_partition_log_end_offset",
+            "Next offset to be assigned; above the high watermark while records wait for their fsync",
+            labels=["topic", "partition"],
+        )
         for info in topics:
             for log in store.partitions(info.name):
                 labels = [info.name, str(log.partition)]
                 hw.add_metric(labels, log.high_watermark)
                 start.add_metric(labels, log.log_start_offset)
                 size.add_metric(labels, log.size_bytes)
-        yield from (hw, start, size)
+                end.add_metric(labels, log.log_end_offset)
+        yield from (hw, start, size, end)
+        fds = getattr(store, "fds", None)
+        if isinstance(fds, FdCache):
+            yield GaugeMetricFamily("sluice_log_open_segment_files", "Descriptors segment files hold",
+                                    value=fds.open_count)
+            yield CounterMetricFamily("sluice_log_segment_file_evictions", "Segments closed to stay under "
+                                      "storage.max_open_files", value=fds.evictions)
+            yield CounterMetricFamily("sluice_log_fd_exhausted", "Segment file opens that met EMFILE/ENFILE "
+                                      "(retried after closing idle files)", value=fds.exhausted)
 
         lag = GaugeMetricFamily(
             "sluice_group_lag", "Records a group has not committed yet", labels=["group", "topic", "partition"]
