@@ -1,0 +1,210 @@
+"""The user store: salted SCRAM credentials per user, one JSON file in the data directory.
+
+Rules:
+- Each user has a SCRAM-SHA-256 and a SCRAM-SHA-512 credential (RFC 5802 / RFC 7677: salt, iteration
+  count, StoredKey, ServerKey), made with Kafka's default of 4096 iterations. The password itself is
+  never stored, and nothing in the file lets one log in without it.
+- PLAIN logins (Kafka PLAIN, MQTT username/password) are checked against the SCRAM-SHA-256 credential:
+  the password is salted and hashed with the stored salt and count and the StoredKeys compared in
+  constant time.
+- Writes replace the file atomically (temporary file, fsync, rename, fsync of the directory) under an
+  exclusive ``flock`` on a lock file beside it, so an offline ``sluice users`` command and another one
+  never lose each other's change.
+- Readers pick up a changed file on their next lookup (its mtime and size are checked), so users added
+  with ``sluice users add --data-dir`` reach a running broker without a restart.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hmac
+import json
+import os
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import scramp
+
+from broker.security.errors import InvalidUserError, UnknownUserError, UserStoreError
+
+__all__ = [
+    "DEFAULT_ITERATIONS",
+    "SCRAM_MECHANISMS",
+    "USERS_FILE",
+    "ScramCredential",
+    "UserStore",
+    "check_name",
+]
+
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+DEFAULT_ITERATIONS = 4096  # Kafka's default (and RFC 7677's minimum) for SCRAM credentials
+USERS_FILE = Path("security") / "users.json"
+_FORMAT = 1
+_MAX_NAME = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ScramCredential:
+    """What RFC 5802 lets a server keep: enough to verify a proof, not enough to make one."""
+
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+
+    @classmethod
+    def create(cls, mechanism: str, password: str, iterations: int = DEFAULT_ITERATIONS) -> ScramCredential:
+        salt, stored_key, server_key, count = scramp.ScramMechanism(mechanism).make_auth_info(
+            password, iteration_count=iterations)
+        return cls(salt, stored_key, server_key, count)
+
+    def matches(self, mechanism: str, password: str) -> bool:
+        _salt, stored_key, _server_key, _count = scramp.ScramMechanism(mechanism).make_auth_info(
+            password, iteration_count=self.iterations, salt=self.salt)
+        return hmac.compare_digest(stored_key, self.stored_key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "salt": _b64(self.salt), "stored_key": _b64(self.stored_key),
+            "server_key": _b64(self.server_key), "iterations": self.iterations,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ScramCredential:
+        return cls(base64.b64decode(data["salt"]), base64.b64decode(data["stored_key"]),
+                   base64.b64decode(data["server_key"]), int(data["iterations"]))
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def check_name(name: str) -> str:
+    """A user name this store accepts: 1-256 characters, no control characters, not blank."""
+    if not name or not name.strip():
+        raise InvalidUserError("a user name may not be empty")
+    if len(name) > _MAX_NAME:
+        raise InvalidUserError(f"a user name may have at most {_MAX_NAME} characters")
+    if any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") for ch in name):
+        raise InvalidUserError("a user name may not contain control characters")
+    return name
+
+
+class UserStore:
+    """Users and their SCRAM credentials, kept in ``<data_dir>/security/users.json``."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / USERS_FILE
+        self._users: dict[str, dict[str, ScramCredential]] = {}
+        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the file last read; None: never read
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        self._refresh()
+        return sorted(self._users)
+
+    def __contains__(self, name: object) -> bool:
+        self._refresh()
+        return name in self._users
+
+    def credential(self, name: str, mechanism: str) -> ScramCredential | None:
+        """The ``mechanism`` credential of ``name``, or None if there is no such user."""
+        self._refresh()
+        return self._users.get(name, {}).get(mechanism)
+
+    def check_password(self, name: str, password: str) -> bool:
+        """True when ``password`` is ``name``'s password (constant-time comparison of the derived keys)."""
+        credential = self.credential(name, SCRAM_MECHANISMS[0])
+        try:
+            return credential is not None and credential.matches(SCRAM_MECHANISMS[0], password)
+        except scramp.ScramException:  # SASLprep refuses the password (prohibited characters)
+            return False
+
+    def _refresh(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._users, self._seen = {}, (0, 0)
+            return
+        except OSError as exc:
+            raise UserStoreError(f"cannot read the user store {self.path}: {exc}") from exc
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp != self._seen:
+            self._users = self._read()
+            self._seen = stamp
+
+    def _read(self) -> dict[str, dict[str, ScramCredential]]:
+        try:
+            data = json.loads(self.path.read_bytes())
+            if data.get("format") != _FORMAT:
+                raise ValueError(f"unknown format {data.get('format')!r}")
+            return {name: {mech: ScramCredential.from_json(c) for mech, c in creds.items()}
+                    for name, creds in data["users"].items()}
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise UserStoreError(f"cannot read the user store {self.path}: {exc}") from exc
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UserStoreError(f"the user store {self.path} is not valid: {exc}") from exc
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def add(self, name: str, password: str, iterations: int = DEFAULT_ITERATIONS) -> bool:
+        """Create ``name`` or replace its password; True if the user is new."""
+        check_name(name)
+        if not password:
+            raise InvalidUserError("a password may not be empty")
+        try:
+            creds = {mech: ScramCredential.create(mech, password, iterations) for mech in SCRAM_MECHANISMS}
+        except scramp.ScramException as exc:
+            raise InvalidUserError(f"password refused: {exc}") from exc
+        with self._locked() as users:
+            new = name not in users
+            users[name] = creds
+        return new
+
+    def delete(self, name: str) -> None:
+        with self._locked() as users:
+            if name not in users:
+                raise UnknownUserError(f"no user {name!r}")
+            del users[name]
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, dict[str, ScramCredential]]]:
+        """Read-modify-write under the store's lock; the new content is written when the block ends."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(self.path.with_suffix(".lock"), "a+b")  # noqa: SIM115 (held across the yield)
+        except OSError as exc:
+            raise UserStoreError(f"cannot open the user store in {self.path.parent}: {exc}") from exc
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            users = self._read()
+            yield users
+            self._write(users)
+            self._users, self._seen = users, None
+
+    def _write(self, users: dict[str, dict[str, ScramCredential]]) -> None:
+        stored = {name: {mech: c.to_json() for mech, c in creds.items()} for name, creds in sorted(users.items())}
+        doc = {"format": _FORMAT, "users": stored}
+        tmp = self.path.with_suffix(".json.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(json.dumps(doc, indent=1).encode())
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            raise UserStoreError(f"cannot write the user store {self.path}: {exc}") from exc

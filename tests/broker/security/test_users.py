@@ -1,0 +1,115 @@
+"""The user store and the SASL exchanges, driven by scramp's client (an implementation we did not write)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import scramp
+
+from broker.security import (
+    AuthenticationFailed,
+    Authenticator,
+    InvalidUserError,
+    UnknownUserError,
+    UnsupportedMechanismError,
+    UserStore,
+    UserStoreError,
+)
+
+
+def test_store_keeps_salted_credentials_never_the_password(tmp_path: Path) -> None:
+    store = UserStore(tmp_path)
+    assert store.add("alice", "s3cret-pässword") is True
+    raw = store.path.read_text()
+    assert "s3cret" not in raw
+    doc = json.loads(raw)
+    creds = doc["users"]["alice"]
+    assert set(creds) == {"SCRAM-SHA-256", "SCRAM-SHA-512"}
+    assert all(c["iterations"] == 4096 for c in creds.values())
+    assert creds["SCRAM-SHA-256"]["salt"] != creds["SCRAM-SHA-512"]["salt"]
+    assert (store.path.stat().st_mode & 0o777) == 0o600
+    # A second store on the same directory (another process) sees the user; a new password replaces the old.
+    other = UserStore(tmp_path)
+    assert other.check_password("alice", "s3cret-pässword")
+    assert not other.check_password("alice", "wrong")
+    assert not other.check_password("bob", "s3cret-pässword")
+    assert store.add("alice", "new") is False
+    assert other.check_password("alice", "new") and not other.check_password("alice", "s3cret-pässword")
+    store.delete("alice")
+    assert other.names() == []
+    with pytest.raises(UnknownUserError):
+        store.delete("alice")
+
+
+@pytest.mark.parametrize("name", ["", "  ", "a\nb", "x" * 257])
+def test_bad_names_are_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(InvalidUserError):
+        UserStore(tmp_path).add(name, "pw")
+
+
+def test_empty_password_refused_and_corrupt_file_reported(tmp_path: Path) -> None:
+    store = UserStore(tmp_path)
+    with pytest.raises(InvalidUserError):
+        store.add("alice", "")
+    store.path.parent.mkdir(parents=True, exist_ok=True)
+    store.path.write_text("{not json")
+    with pytest.raises(UserStoreError):
+        store.names()
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_scram_exchange_against_scramp_client(tmp_path: Path, mechanism: str) -> None:
+    store = UserStore(tmp_path)
+    store.add("alice", "pw")
+    auth = Authenticator(store)
+    server = auth.exchange(mechanism)
+    client = scramp.ScramClient([mechanism], "alice", "pw")
+    server_first = server.step(client.get_client_first().encode())
+    client.set_server_first(server_first.decode())
+    server_final = server.step(client.get_client_final().encode())
+    client.set_server_final(server_final.decode())  # raises if the server's signature is wrong
+    assert server.complete and server.principal is not None and server.principal.name == "alice"
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+@pytest.mark.parametrize(("user", "password"), [("alice", "bad"), ("nobody", "pw")])
+def test_scram_refuses_bad_password_and_unknown_user_alike(tmp_path: Path, mechanism: str, user: str,
+                                                           password: str) -> None:
+    store = UserStore(tmp_path)
+    store.add("alice", "pw")
+    server = Authenticator(store).exchange(mechanism)
+    client = scramp.ScramClient([mechanism], user, password)
+    with pytest.raises(AuthenticationFailed, match="Invalid user credentials"):
+        client.set_server_first(server.step(client.get_client_first().encode()).decode())
+        server.step(client.get_client_final().encode())
+    assert server.principal is None
+
+
+def test_plain_exchange(tmp_path: Path) -> None:
+    store = UserStore(tmp_path)
+    store.add("alice", "pw")
+    auth = Authenticator(store)
+    ok = auth.exchange("PLAIN")
+    assert ok.step(b"\0alice\0pw") == b"" and ok.principal is not None
+    for token, reason in [(b"\0alice\0bad", "Invalid username or password"), (b"alice\0pw", "3 tokens"),
+                          (b"bob\0alice\0pw", "authorization id"), (b"\0\0pw", "username not specified")]:
+        with pytest.raises(AuthenticationFailed, match=reason):
+            auth.exchange("PLAIN").step(token)
+    with pytest.raises(UnsupportedMechanismError):
+        auth.exchange("GSSAPI")
+
+
+def test_failures_are_counted_and_logged_rate_limited(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    auth = Authenticator(UserStore(tmp_path), log_interval_s=10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="broker.security"):
+        for _ in range(5):
+            auth.failed("kafka", "10.0.0.1", "eve", "bad password")
+        now[0] = 11.0
+        auth.failed("kafka", "10.0.0.1", "eve", "bad password")
+    assert auth.failures == {"kafka": 6}
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "4 more since" in lines[1]
