@@ -306,6 +306,12 @@ class MqttTarget:
                     return True
                 if first[0] == 0xD0:
                     return True
+                if first[0] == 0xE0:
+                    # the server's DISCONNECT: a client closes now; the server, lingering so that the
+                    # DISCONNECT is read rather than reset, must then close at our EOF
+                    closed = closes_after_eof(self.sock, max(end - time.monotonic(), 0.001))
+                    self._drop()
+                    return closed
         except TimeoutError:
             return False
         except OSError:
