@@ -278,7 +278,10 @@ class Hub:
             self.stats.dropped_deliveries += 1
             return
         session, (sub, sub_id) = chosen
-        props = packet.properties if not sub_id else replace(packet.properties, subscription_identifier=(sub_id,))
+        ids = (sub_id,) if sub_id else ()
+        props = packet.properties
+        if props.subscription_identifier != ids:  # this member's own (a message moved from another has theirs)
+            props = replace(props, subscription_identifier=ids)
         session.offer(replace(packet, qos=min(qos, sub.qos), retain=False, properties=props), expiry, self, group)
 
     def send_retained(self, session: SessionState, sub: Subscription, sub_id: int) -> None:
@@ -290,7 +293,7 @@ class Hub:
                 Publish(msg.topic, msg.payload, min(msg.qos, sub.qos), True, False, None, props), expiry, now
             )
             if packet is not None:
-                session.offer(packet, None, self)
+                session.offer(packet, expiry, self)  # if it waits in the queue, it still expires
 
     # ------------------------------------------------------------------ wills
     def will_due(self, client_id: str, will: Will, session_expiry_s: float) -> None:

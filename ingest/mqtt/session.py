@@ -42,9 +42,10 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
 * SUBSCRIBE: ``subscribe.py`` (identifiers, shared subscriptions, Retain Handling); SUBACK, then the
   retained messages it says.
 * Errors after CONNECT: a 5.0 client gets DISCONNECT with the reason (0x81 malformed, 0x82 protocol
-  error, 0x95 packet too large, 0x90 bad topic …) and the server lingers (writes nothing more, reads and
-  discards until the client's EOF, at most 2 s) so the client reads it rather than a connection reset;
-  a 3.1.1 client's socket is closed.
+  error, 0x95 packet too large, 0x90 bad topic …) before the close; after 0x93 (Receive Maximum
+  exceeded: the client is still sending) the server lingers, writing nothing more and reading and
+  discarding until the client's EOF, 0.2 s of silence or 2 s, so the client reads the DISCONNECT rather
+  than a reset. A 3.1.1 client's socket is closed.
   One bad connection never affects the others.
 * PUBLISH out: QoS = min(published, granted); at most the client's Receive Maximum QoS 1/2 in flight,
   the rest queued in the session (bounded; what does not fit is dropped, counted and logged once).
@@ -97,7 +98,8 @@ log = logging.getLogger("ingest.mqtt")
 _NEW, _CONNECTED, _CLOSED = 0, 1, 2
 _PINGRESP = b"\xd0\x00"
 _FOREVER = float("inf")
-_LINGER_S = 2.0  # after a DISCONNECT for a client's error, at most this long reading and discarding
+_LINGER_S = 2.0  # after DISCONNECT 0x93, at most this long reading and discarding ...
+_LINGER_QUIET_S = 0.2  # ... or until the client has sent nothing for this long
 _MAX_BATCH = 4096  # messages per append call
 _PUBACK = 0x40020000  # fixed header + remaining length 2; the packet id goes in the low 16 bits
 _PUBREC = 0x50020000
@@ -194,9 +196,9 @@ class MqttConnection(asyncio.BufferedProtocol):
         return None  # close the transport
 
     def data_received(self, data: bytes) -> None:
+        self.last_rx = time.monotonic()  # also while lingering (see _linger)
         if self.state == _CLOSED:
             return
-        self.last_rx = time.monotonic()
         self._arrival_ms = int(time.time() * 1000)
         try:
             packets = self.decoder.feed(data)
@@ -287,16 +289,27 @@ class MqttConnection(asyncio.BufferedProtocol):
         self._close()
 
     def _linger(self, transport: asyncio.Transport) -> None:
-        """After a DISCONNECT for the client's error: write nothing more, but read and discard what it still
-        sends, so it reads our DISCONNECT instead of a reset (closing with unread bytes sends RST); closed at
-        the client's EOF or after ``_LINGER_S``."""
+        """After DISCONNECT 0x93: write nothing more, but read and discard what the client still sends, so it
+        reads our DISCONNECT instead of a reset (closing with unread bytes sends RST). Closed at the client's
+        EOF, once it has sent nothing for ``_LINGER_QUIET_S``, or after ``_LINGER_S``."""
         was = self.state
         self.state = _CLOSED  # data_received discards from now on; send() writes nothing
         if was == _CONNECTED and self._will is not None:
             self._will_due()
         if self.paused:
             transport.resume_reading()
-        asyncio.get_running_loop().call_later(_LINGER_S, transport.close)
+        self.last_rx = time.monotonic()
+        asyncio.get_running_loop().call_later(_LINGER_QUIET_S, self._end_linger, self.last_rx + _LINGER_S)
+
+    def _end_linger(self, deadline: float) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        now = time.monotonic()
+        if now - self.last_rx >= _LINGER_QUIET_S or now >= deadline:
+            transport.close()
+        else:
+            asyncio.get_running_loop().call_later(_LINGER_QUIET_S, self._end_linger, deadline)
 
     def _refuse(self, code: int, level: int) -> None:
         """CONNACK with a failure code, in the format of ``level``, then close."""
@@ -316,7 +329,7 @@ class MqttConnection(asyncio.BufferedProtocol):
         if self.state == _NEW and self.decoder.version == MQTT_5:
             self._refuse(exc.reason_code, MQTT_5)
             return
-        self._disconnect(exc.reason_code, str(exc), linger=True)
+        self._disconnect(exc.reason_code, str(exc), linger=exc.reason_code == Reason.RECEIVE_MAXIMUM_EXCEEDED)
 
     def shutdown(self, reason: int) -> None:
         """The server is going away (5.0 clients are told why)."""
