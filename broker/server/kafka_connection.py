@@ -173,6 +173,8 @@ class KafkaConnection:
             self._in_flight -= 1
             if item is None:
                 continue  # acks=0
+            if writer.transport.is_closing():
+                return  # the peer reset meanwhile: uvloop raises on writes to a closed transport
             if header is None:
                 writer.write(item)
             else:
