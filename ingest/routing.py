@@ -13,6 +13,15 @@ built-in default for the source kind applies:
   arrival time.
 - ``file``: log topic ``file``, same keys and times as ``tcp`` (file sources usually add a rule).
 
+Before those catch-alls, when ``RouteDefaults.sensors_topic`` is set (``sluice serve`` sets it to
+``sensors``), sensor readings go to that topic: MQTT messages on ``sensors/<id>`` (JSON, key = the
+``<id>`` level) and TCP lines that are JSON objects with a ``sensor`` field (key = that field); both take
+their event time from the ``ts`` field (epoch ms). A message on ``sensors/<id>`` that is not JSON or
+has no ``ts`` is a dead letter with that reason; a TCP line without ``sensor`` falls to ``tcp``.
+
+A rule with ``when_field`` applies only to payloads that have that field (JSON/CSV dotted path,
+InfluxDB field or tag); for other payloads (or ones its format cannot parse) the next rule is tried.
+
 Every record carries the headers ``source`` (``kind:name``) and ``device`` (when known), and an
 event timestamp in ms. Anything that cannot be parsed or routed comes back as ``Rejected`` with
 the reason; the sink sends those to the dead-letter topic.
@@ -218,6 +227,7 @@ class RouteRule:
     value: str = "original"  # "original" bytes, or "json" (the parsed payload re-encoded)
     device: KeySpec | None = None  # where the device id comes from; None = message or device_id
     fan_out: bool = False  # True: later rules may also match ("continue" in TOML)
+    when_field: str | None = None  # applies only to payloads with this field; else the next rule is tried
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -241,7 +251,7 @@ class RouteRule:
         """Build from TOML / JSON (the config file and the HTTP API use the same keys)."""
         known = {
             "name", "topic", "source", "source_name", "filter", "key", "time_field", "time_format",
-            "format", "value", "device", "continue",
+            "format", "value", "device", "continue", "when_field",
         }
         unknown = set(data) - known
         if unknown:
@@ -261,6 +271,7 @@ class RouteRule:
             value=str(data.get("value") or "original"),
             device=KeySpec.parse(str(device)) if device else None,
             fan_out=bool(data.get("continue", False)),
+            when_field=str(data["when_field"]) if data.get("when_field") else None,
         )
 
     def to_mapping(self) -> dict[str, Any]:
@@ -277,6 +288,7 @@ class RouteRule:
             "value": self.value,
             "device": str(self.device) if self.device else None,
             "continue": self.fan_out,
+            "when_field": self.when_field,
         }
 
 
@@ -287,8 +299,29 @@ class RouteDefaults:
     mqtt_topic: str = "mqtt"
     tcp_topic: str = "tcp"
     file_topic: str = "file"
+    sensors_topic: str = ""  # "" = no sensor-reading defaults (sluice serve: "sensors")
+
+    def rules_for(self, source: SourceRef) -> tuple[RouteRule, ...]:
+        """The default rules of a source, tried in order: the sensor rule (if any), then the catch-all."""
+        catch_all = self.rule_for(source)
+        if not self.sensors_topic or source.kind not in ("mqtt", "tcp"):
+            return (catch_all,)
+        return (*self.sensor_rules(source.kind), catch_all)
+
+    def sensor_rules(self, kind: str) -> tuple[RouteRule, ...]:
+        """The sensor-reading rule for ``mqtt`` or ``tcp`` (the sample ``sluice.toml`` spells them out)."""
+        ts = TimeSpec("ts", "epoch_ms")
+        if kind == "mqtt":
+            return (RouteRule("default-sensors-mqtt", self.sensors_topic, "mqtt", filter="sensors/+",
+                              key=KeySpec("level", "1"), time=ts, format="json"),)
+        if kind == "tcp":
+            sensor = KeySpec("field", "sensor")
+            return (RouteRule("default-sensors-tcp", self.sensors_topic, "tcp", key=sensor, time=ts,
+                              format="json", device=sensor, when_field="sensor"),)
+        return ()
 
     def rule_for(self, source: SourceRef) -> RouteRule:
+        """The catch-all for a source kind."""
         if source.kind in ("mqtt", "bridge"):
             return RouteRule(f"default-{source.kind}", self.mqtt_topic, source.kind, key=KeySpec("topic"))
         if source.kind == "file":
@@ -349,8 +382,8 @@ class Router:
         """The routing of one source under the current rules (valid until the rules change)."""
         routes = self._sources.get(source)
         if routes is None:
-            default = self.defaults.rule_for(source)
-            routes = self._sources[source] = SourceRoutes(source, self._rules, default, self._clock)
+            defaults = self.defaults.rules_for(source)
+            routes = self._sources[source] = SourceRoutes(source, self._rules, defaults, self._clock)
         return routes
 
     def route(self, source: SourceRef, message: RawMessage) -> list[Routed | Rejected]:
@@ -381,11 +414,15 @@ class SourceRoutes:
     source and those keys, and the ``Router`` builds a fresh ``SourceRoutes`` when rules change.
     """
 
-    __slots__ = ("_by_subject", "_clock", "_default", "_headers", "_mqtt", "_rules", "_source_header",
+    __slots__ = ("_by_subject", "_clock", "_defaults", "_headers", "_mqtt", "_rules", "_source_header",
                  "_topics", "source")
 
     def __init__(
-        self, source: SourceRef, rules: Sequence[RouteRule], default: RouteRule, clock: Callable[[], float]
+        self,
+        source: SourceRef,
+        rules: Sequence[RouteRule],
+        defaults: RouteRule | Sequence[RouteRule],
+        clock: Callable[[], float],
     ) -> None:
         self.source = source
         # Only rules whose source part matches; their topic filters are checked per topic name.
@@ -393,29 +430,23 @@ class SourceRoutes:
             r for r in rules
             if r.source_kind in ("*", source.kind) and r.source_name in ("*", source.name)
         ]
-        self._default = default
+        self._defaults = (defaults,) if isinstance(defaults, RouteRule) else tuple(defaults)
         self._clock = clock
         self._mqtt = source.kind in ("mqtt", "bridge")
         self._source_header = ("source", source.label.encode())
-        self._by_subject: dict[str | None, tuple[RouteRule, ...]] = {}
+        self._by_subject: dict[str | None, tuple[tuple[RouteRule, ...], tuple[RouteRule, ...]]] = {}
         self._topics: dict[tuple[str, str | None], str] = {}
         self._headers: dict[tuple[str | None, str | None], Headers] = {}
 
-    def rules_for(self, subject: str | None) -> tuple[RouteRule, ...]:
-        """Rules that apply, in order: up to the first one without ``continue``; else the default."""
+    def rules_for(self, subject: str | None) -> tuple[tuple[RouteRule, ...], tuple[RouteRule, ...]]:
+        """(configured, default) rules that may apply, in order, each list up to its first rule that
+        always applies and stops (no ``continue``, no ``when_field``). The defaults are tried only
+        when no configured rule applied to the message."""
         found = self._by_subject.get(subject)
         if found is None:
-            chosen: list[RouteRule] = []
-            for rule in self._rules:
-                if rule.filter is None or (subject is not None and topic_matches(rule.filter, subject)):
-                    chosen.append(rule)
-                    if not rule.fan_out:
-                        break
-            if not chosen:
-                chosen.append(self._default)
             if len(self._by_subject) >= _CACHE_MAX:
                 self._by_subject.clear()
-            found = self._by_subject[subject] = tuple(chosen)
+            found = self._by_subject[subject] = (_chain(self._rules, subject), _chain(self._defaults, subject))
         return found
 
     def route(self, message: RawMessage) -> list[RoutedTuple | Rejected]:
@@ -423,27 +454,48 @@ class SourceRoutes:
         out: list[RoutedTuple | Rejected] = []
         parsed_by_format: dict[str, Parsed | PayloadError] = {}
         source_format = self.source.format
-        for rule in self.rules_for(message.subject):
-            fmt = rule.format or source_format or "raw"
-            parsed = parsed_by_format.get(fmt)
-            if parsed is None:
-                try:
-                    parsed = parse_payload(fmt, message.payload, message.columns)
-                except PayloadError as exc:
-                    parsed = exc
-                parsed_by_format[fmt] = parsed
-            if isinstance(parsed, PayloadError):
-                out.append(Rejected(f"{fmt}: {parsed}", message.payload, message.device))
-                continue
-            try:
-                out.append(self._apply(rule, message, parsed, arrival))
-            except PayloadError as exc:
-                device = message.device or _default_device(parsed)
-                out.append(Rejected(f"route {rule.name}: {exc}", message.payload, device))
-            except Exception as exc:  # hostile input past the parser (e.g. re-encoding a deep document)
-                reason = f"route {rule.name}: cannot use the payload ({type(exc).__name__}: {str(exc)[:80]})"
-                out.append(Rejected(reason, message.payload, message.device))
+        configured, defaults = self.rules_for(message.subject)
+        for chain in (configured, defaults):
+            for rule in chain:
+                fmt = rule.format or source_format or "raw"
+                parsed = parsed_by_format.get(fmt)
+                if parsed is None:
+                    try:
+                        parsed = parse_payload(fmt, message.payload, message.columns)
+                    except PayloadError as exc:
+                        parsed = exc
+                    parsed_by_format[fmt] = parsed
+                if rule.when_field is not None and (
+                    isinstance(parsed, PayloadError) or parsed.lookup(rule.when_field) is None
+                ):
+                    continue  # not this rule's kind of payload: the next rule decides
+                self._route_one(rule, message, parsed, fmt, arrival, out)
+                if not rule.fan_out:
+                    return out
+            if out:
+                return out  # configured fan-out rules applied: no default
         return out
+
+    def _route_one(
+        self,
+        rule: RouteRule,
+        message: RawMessage,
+        parsed: Parsed | PayloadError,
+        fmt: str,
+        arrival: int,
+        out: list[RoutedTuple | Rejected],
+    ) -> None:
+        if isinstance(parsed, PayloadError):
+            out.append(Rejected(f"{fmt}: {parsed}", message.payload, message.device))
+            return
+        try:
+            out.append(self._apply(rule, message, parsed, arrival))
+        except PayloadError as exc:
+            device = message.device or _default_device(parsed)
+            out.append(Rejected(f"route {rule.name}: {exc}", message.payload, device))
+        except Exception as exc:  # hostile input past the parser (e.g. re-encoding a deep document)
+            reason = f"route {rule.name}: cannot use the payload ({type(exc).__name__}: {str(exc)[:80]})"
+            out.append(Rejected(reason, message.payload, message.device))
 
     def _apply(self, rule: RouteRule, message: RawMessage, parsed: Parsed, arrival: int) -> RoutedTuple:
         topic = rule.topic if "{" not in rule.topic else self._topic(rule, message)
@@ -479,6 +531,17 @@ class SourceRoutes:
                 self._headers.clear()
             self._headers[cache_key] = headers
         return headers
+
+
+def _chain(rules: Iterable[RouteRule], subject: str | None) -> tuple[RouteRule, ...]:
+    """The rules whose filter matches ``subject``, up to the first that always applies and stops."""
+    chosen: list[RouteRule] = []
+    for rule in rules:
+        if rule.filter is None or (subject is not None and topic_matches(rule.filter, subject)):
+            chosen.append(rule)
+            if not rule.fan_out and rule.when_field is None:
+                break
+    return tuple(chosen)
 
 
 def _topic_for(rule: RouteRule, message: RawMessage) -> str:

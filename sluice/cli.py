@@ -22,8 +22,31 @@ EXIT_CONFIG = 2  # bad flags, config file or environment
 EXIT_RUNTIME = 1  # the server could not start or failed
 
 
+def _version() -> str:
+    """The installed distribution's version (the package's own when run from a source tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from sluice import __version__
+
+    try:
+        return version("sluice")
+    except PackageNotFoundError:
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"sluice {_version()}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    _show_version: Annotated[
+        bool,
+        typer.Option("--version", "-V", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
     """Sluice: a stream broker for device and sensor data."""
 
 

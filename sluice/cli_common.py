@@ -44,6 +44,7 @@ __all__ = [
     "fail",
     "http_get",
     "name_value_pairs",
+    "plural",
     "print_json",
     "run",
 ]
@@ -53,6 +54,11 @@ EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_NOT_FOUND = 4
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 record``, ``2 records``, ``0 records`` (``nouns`` for irregular plurals)."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
 
 DEFAULT_BOOTSTRAP = os.environ.get("SLUICE_BOOTSTRAP", "127.0.0.1:9092")
 DEFAULT_HTTP = os.environ.get("SLUICE_HTTP", "http://127.0.0.1:8080")

@@ -22,6 +22,7 @@ from sluice.cli_common import (
     err_console,
     fail,
     name_value_pairs,
+    plural,
     print_json,
     run,
 )
@@ -110,7 +111,7 @@ def produce(
     if json_out:
         print_json(result)
     else:
-        err_console.print(f"produced {result['records']} records to {topic} in {result['seconds']} s")
+        err_console.print(f"produced {plural(result['records'], 'record')} to {topic} in {result['seconds']} s")
 
 
 def parse_start(text: str) -> tuple[Literal["beginning", "end", "offset", "time"], int]:

@@ -12,6 +12,10 @@ by N(0,1)·5 every 100 ms. Device profiles (``--profile mix`` cycles through the
 temperature + 10, marked ``"jump": true``) so alerting can be checked deterministically. ``--duration 0``
 runs until SIGINT/SIGTERM (containers). ``--transport kafka`` produces straight to a topic (Sluice's
 Kafka listener or a Kafka/Redpanda cluster), keyed by sensor.
+
+Over TCP each connection asks the listener whether it acks (``TcpDevice(ack="auto")``): with
+``tcp.ack = true`` a reading is resent only when its ACK does not come; without acks (the default
+listener) nothing is ever resent, so no reading is written twice. ``--no-ack`` skips the question.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from sluice.cli_common import (
     console,
     err_console,
     fail,
+    plural,
     print_json,
 )
 
@@ -115,7 +120,9 @@ def simulate(
         int, typer.Option(min=0, help="Make every Nth reading of a sensor a jump (alert test; 0: never).")
     ] = 0,
     topic_prefix: Annotated[str, typer.Option(help="MQTT topic prefix (sensors/<name>).")] = "sensors",
-    ack: Annotated[bool, typer.Option(help="Wait for durable acks (MQTT QoS 1 / TCP ack mode).")] = True,
+    ack: Annotated[
+        bool, typer.Option(help="Wait for durable acks: MQTT QoS 1; TCP when the listener acks (asked per connection).")
+    ] = True,
     seed: Annotated[int | None, typer.Option(help="Random seed for reproducible readings.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
@@ -140,7 +147,7 @@ def simulate(
 
     def device_for(sensor: Sensor) -> BufferedDevice:
         if transport == "tcp":
-            return TcpDevice(host, port, ack=ack, name=sensor.name, backoff_max=1.0)
+            return TcpDevice(host, port, ack="auto" if ack else False, name=sensor.name, backoff_max=1.0)
         if transport == "kafka":
             from clients.devices.kafka import KafkaDevice
 
@@ -219,19 +226,31 @@ def simulate(
         for s, d in zip(fleet, devices, strict=True)
     ]
     undelivered = sum(r["undelivered"] for r in rows)
+    report: dict[str, Any] = {"transport": transport, "address": address, "sensors": rows}
+    tcp_devices = [d for d in devices if isinstance(d, TcpDevice)]
+    if tcp_devices:
+        modes = {d.acking for d in tcp_devices if d.acking is not None}
+        report["tcp_acks"] = modes.pop() if len(modes) == 1 else None  # None: never connected (or mixed)
+        report["unconfirmed"] = sum(d.unconfirmed for d in tcp_devices)
     if json_out:
-        print_json({"transport": transport, "address": address, "sensors": rows})
+        print_json(report)
     else:
         table = Table("sensor", "profile", "sent", "delivered", "undelivered")
         for r in rows:
             table.add_row(r["sensor"], r["profile"], str(r["sent"]), str(r["delivered"]), str(r["undelivered"]))
         console.print(table)
+        if tcp_devices and report["tcp_acks"] is not None:
+            how = "acknowledged each batch" if report["tcp_acks"] else "does not acknowledge (each reading sent once)"
+            err_console.print(f"The TCP listener at {address} {how}.")
+        if tcp_devices and report["unconfirmed"]:
+            err_console.print(f"{plural(report['unconfirmed'], 'reading')} written on a connection that broke; "
+                              "without acks they are not resent and may be missing.")
     if undelivered:
         never = all(d.stats.connects == 0 for d in devices)
         what = {"mqtt": "MQTT", "tcp": "TCP", "kafka": "Kafka"}[transport]
         fix = "pass --bootstrap" if transport == "kafka" else "pass --port"
         fail(
-            f"{undelivered} readings were not delivered to {address}: is Sluice's {what} listener there? {fix}",
+            f"{plural(undelivered, 'reading')} not delivered to {address}: is Sluice's {what} listener there? {fix}",
             EXIT_UNREACHABLE if never else EXIT_RUNTIME,
         )
 

@@ -10,9 +10,19 @@ from rich.table import Table
 
 from clients import AsyncAdmin
 from clients.errors import TopicExistsError
-from sluice.cli_common import DEFAULT_BOOTSTRAP, Bootstrap, JsonFlag, console, name_value_pairs, print_json, run
+from sluice.cli_common import (
+    DEFAULT_BOOTSTRAP,
+    Bootstrap,
+    JsonFlag,
+    console,
+    err_console,
+    name_value_pairs,
+    plural,
+    print_json,
+    run,
+)
 
-__all__ = ["register"]
+__all__ = ["is_internal_topic", "register"]
 
 topics_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
 
@@ -48,18 +58,27 @@ def create(
         console.print(f"created topic {name} with {partitions} partition{'s' if partitions != 1 else ''}")
 
 
+def is_internal_topic(name: str) -> bool:
+    """Sluice's own topics (``_dead_letters``, ``_checkpoints.<group>``) and Kafka's (``__consumer_offsets``)."""
+    return name.startswith("_")
+
+
 @topics_app.command("list")
 def list_topics(
-    internal: Annotated[bool, typer.Option(help="Include internal topics.")] = False,
+    show_all: Annotated[
+        bool, typer.Option("--all", "-a", "--internal", help="Include internal topics (names starting with _).")
+    ] = False,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     json_out: JsonFlag = False,
 ) -> None:
-    """List topics with their partition and record counts."""
+    """List topics with their partition and record counts (internal topics, names starting with _, only with --all)."""
 
-    async def go() -> list[dict[str, object]]:
+    async def go() -> tuple[list[dict[str, object]], int]:
         async with AsyncAdmin(bootstrap) as admin:
             rows = []
-            for name in await admin.list_topics(internal=internal):
+            names = await admin.list_topics(internal=True)
+            shown = [n for n in names if show_all or not is_internal_topic(n)]
+            for name in shown:
                 desc = await admin.describe_topic(name)
                 rows.append(
                     {
@@ -68,9 +87,9 @@ def list_topics(
                         "records": sum(p.records for p in desc.partitions),
                     }
                 )
-            return rows
+            return rows, len(names) - len(shown)
 
-    rows = run(go())
+    rows, hidden = run(go())
     if json_out:
         print_json(rows)
         return
@@ -78,6 +97,8 @@ def list_topics(
     for row in rows:
         table.add_row(str(row["topic"]), str(row["partitions"]), str(row["records"]))
     console.print(table)
+    if hidden:
+        err_console.print(f"({plural(hidden, 'internal topic')} hidden: --all shows them)")
 
 
 @topics_app.command("describe")

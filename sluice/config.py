@@ -206,6 +206,9 @@ class IngestSettings(BaseModel):
     default_mqtt_topic: str = "mqtt"
     default_tcp_topic: str = "tcp"
     default_file_topic: str = "file"
+    # Sensor readings (MQTT ``sensors/<id>``; TCP JSON lines with a ``sensor`` field) go here, keyed by
+    # sensor, event time from ``ts`` (epoch ms), before the catch-alls above; "" switches this off.
+    sensors_topic: str = "sensors"
     max_pending_bytes: int = 64 * 1024 * 1024  # accepted-but-not-durable bytes before sources are paused
     idle_timeout_s: float = 300.0  # a source/device silent this long is reported idle
     max_devices_per_source: int = 100_000

@@ -29,7 +29,9 @@ class IngestCore:
 
 def build_router(settings: IngestSettings) -> Router:
     """The router from config; a bad rule raises ConfigError naming it."""
-    defaults = RouteDefaults(settings.default_mqtt_topic, settings.default_tcp_topic, settings.default_file_topic)
+    defaults = RouteDefaults(
+        settings.default_mqtt_topic, settings.default_tcp_topic, settings.default_file_topic, settings.sensors_topic
+    )
     rules = []
     for i, raw in enumerate(settings.routes):
         try:

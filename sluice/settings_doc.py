@@ -103,6 +103,8 @@ _NOTES = {
     "ingest.default_mqtt_topic": "log topic for MQTT messages no rule matches",
     "ingest.default_tcp_topic": "log topic for TCP lines no rule matches",
     "ingest.default_file_topic": "log topic for file lines no rule matches",
+    "ingest.sensors_topic": "sensor readings (MQTT `sensors/<id>`, TCP JSON with `sensor`) go here keyed by sensor, "
+    "event time from `ts` (ms), before the catch-alls; \"\" = off",
     "ingest.max_pending_bytes": "accepted-but-not-durable bytes before sources are paused",
     "ingest.idle_timeout_s": "a source/device silent this long is reported idle",
     "ingest.max_devices_per_source": "health entries kept per source",

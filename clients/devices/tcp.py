@@ -13,6 +13,13 @@ the listener answers (``ingest/tcp/listener.py``)::
 
 The device keeps lines in its buffer until an ``ACK`` covers them and sends them again after a
 reconnect (at-least-once).
+
+``ack="auto"`` asks the listener on each connection: the device first writes one empty line (stored
+nowhere; an ack-mode listener answers ``ACK 1``) and uses ack mode if an answer comes within
+``probe_timeout``, plain mode otherwise (``acking`` says which). Plain mode never resends a line it
+has written: a batch whose write fails part-way counts as sent and in ``unconfirmed`` (at most once),
+since without acks the device cannot know which of its lines arrived, and resending would store
+them twice.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from typing import Any
+from typing import Any, Literal
 
 from clients.devices.base import BufferedDevice, Overflow
 from clients.errors import DeviceError
@@ -48,8 +55,9 @@ class TcpDevice(BufferedDevice):
         host: str = "127.0.0.1",
         port: int = 8094,
         *,
-        ack: bool = False,
+        ack: bool | Literal["auto"] = False,
         ack_timeout: float = 10.0,
+        probe_timeout: float = 2.0,
         connect_timeout: float = 5.0,
         buffer_size: int = 10_000,
         overflow: Overflow = "block",
@@ -69,7 +77,10 @@ class TcpDevice(BufferedDevice):
         self.host = host
         self.port = port
         self.ack = ack
+        self.acking: bool | None = None if ack == "auto" else bool(ack)  # None: not asked yet
         self.ack_timeout = ack_timeout
+        self.probe_timeout = probe_timeout
+        self.unconfirmed = 0  # plain mode: lines written on a link that broke before the write completed
         self.connect_timeout = connect_timeout
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -83,6 +94,26 @@ class TcpDevice(BufferedDevice):
             asyncio.open_connection(self.host, self.port), self.connect_timeout
         )
         self._line_no = 0
+        if self.ack == "auto":
+            self.acking = await self._probe()
+
+    async def _probe(self) -> bool:
+        """One empty line: an ack-mode listener answers ``ACK 1`` (or FATAL), a plain one says nothing."""
+        writer, reader = self._writer, self._reader
+        assert writer is not None and reader is not None
+        writer.write(b"\n")
+        await writer.drain()
+        self._line_no = 1
+        try:
+            line = await asyncio.wait_for(reader.readline(), self.probe_timeout)
+        except TimeoutError:
+            return False
+        if not line:
+            raise ConnectionError("the TCP listener closed the connection")
+        kind, rest = parse_answer(line)
+        if kind == "FATAL":
+            raise AckProtocolError(f"the TCP listener refused the connection: {rest}")
+        return True
 
     async def _deliver(self, items: list[bytes]) -> None:
         writer, reader = self._writer, self._reader
@@ -92,10 +123,18 @@ class TcpDevice(BufferedDevice):
             if b"\n" in item:
                 raise DeviceError(f"a reading for {self.name} contains a newline; the line protocol cannot carry it")
         writer.write(b"\n".join(items) + b"\n")
+        if not self.acking:
+            try:
+                await writer.drain()
+            except self._link_errors:
+                # Some of these lines may have arrived: sending them again could store them twice.
+                self.unconfirmed += len(items)
+                self._writer = self._reader = None  # the next batch reconnects
+                writer.close()
+            self._line_no += len(items)
+            return
         await writer.drain()
         self._line_no += len(items)
-        if not self.ack:
-            return
         while True:
             line = await asyncio.wait_for(reader.readline(), self.ack_timeout)
             if not line:

@@ -177,7 +177,7 @@ def test_simulate_over_tcp_and_sources_shows_a_device_going_idle(server: SluiceP
 
     metrics = httpx.get(f"{server.http}/metrics").text
     assert 'sluice_ingest_messages_total{device="sensor_0"' in metrics
-    code, out, _ = sluice("consume", "tcp", "--format", "json", "--max", "1", "-b", server.bootstrap)
+    code, out, _ = sluice("consume", "sensors", "--format", "json", "--max", "1", "-b", server.bootstrap)
     assert code == 0 and json.loads(out)["value"]["sensor"].startswith("sensor_")
 
 

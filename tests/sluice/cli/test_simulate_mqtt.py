@@ -55,12 +55,12 @@ def test_simulate_over_sluice_mqtt_and_sources_shows_a_device_going_idle(server:
     idle_lines = [line for line in out.splitlines() if line.startswith("│ mqtt:default")]
     assert any(idle in line for line in idle_lines) and not any(steady in line for line in idle_lines)
 
-    # Every acknowledged reading is in the log: default topic "mqtt", keyed by the MQTT topic name.
+    # Every acknowledged reading is in the log: default topic "sensors", keyed by the sensor id.
     done = subprocess.run(
-        ["kcat", "-C", "-b", server.bootstrap, "-t", "mqtt", "-o", "beginning", "-e", "-q", "-f", "%k\n"],
+        ["kcat", "-C", "-b", server.bootstrap, "-t", "sensors", "-o", "beginning", "-e", "-q", "-f", "%k\n"],
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr
     keys = Counter(done.stdout.splitlines())
     for sensor, s in report.items():
-        assert keys[f"sensors/{sensor}"] == s["delivered"]
+        assert keys[sensor] == s["delivered"]
