@@ -98,7 +98,7 @@ def list_topics(
         table.add_row(str(row["topic"]), str(row["partitions"]), str(row["records"]))
     console.print(table)
     if hidden:
-        err_console.print(f"({plural(hidden, 'internal topic')} hidden: --all shows them)")
+        err_console.print(f"({plural(hidden, 'internal topic')} hidden; sluice topics list --all includes them)")
 
 
 @topics_app.command("describe")

@@ -329,14 +329,14 @@ async def test_kcat_sees_the_properties_and_its_records_reach_mqtt_with_them(sta
     bootstrap = f"127.0.0.1:{kafka.port}"
     try:
         code, _, err = await run(
-            "mosquitto_pub", "-p", str(server.port), "-V", "5", "-q", "1", "-t", "sensors/x", "-m", "v",
+            "mosquitto_pub", "-p", str(server.port), "-V", "5", "-q", "1", "-t", "devices/x", "-m", "v",
             "-D", "publish", "content-type", "text/plain", "-D", "publish", "user-property", "site", "north",
         )
         assert code == 0, err
         code, out, err = await run("kcat", "-b", bootstrap, "-C", "-t", "mqtt", "-o", "beginning", "-e", "-q",
                                    "-f", "%h\\n")
         assert code == 0, err
-        assert out.strip().endswith("mqtt_topic=sensors/x,mqtt.content_type=text/plain,site=north"), out
+        assert out.strip().endswith("mqtt_topic=devices/x,mqtt.content_type=text/plain,site=north"), out
 
         sub = await asyncio.create_subprocess_exec(
             "mosquitto_sub", "-p", str(server.port), "-V", "5", "-q", "1", "-C", "1", "-t", "cmd/#",

@@ -18,3 +18,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProcess]:
     ).start()
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="module")
+def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProcess]:
+    """``sluice serve`` as ``make run`` starts it (no config file), on free ports; one per test module."""
+    data = Path(tmp_path_factory.mktemp("sluice-defaults")) / "data"
+    proc = SluiceProcess(data, env={"SLUICE_STORAGE__BACKEND": "segment"}).start()
+    yield proc
+    proc.stop()

@@ -14,20 +14,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from tests.sluice_server import SluiceProcess
-
-
-@pytest.fixture(scope="module")
-def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProcess]:
-    data = Path(tmp_path_factory.mktemp("sluice-defaults")) / "data"
-    proc = SluiceProcess(data, env={"SLUICE_STORAGE__BACKEND": "segment"}).start()  # as `make run`, ports 0
-    yield proc
-    proc.stop()
 
 
 def sluice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
