@@ -278,3 +278,23 @@ async def test_acked_lines_survive_a_restart_of_the_segment_store(tmp_path: Path
         assert b"invalid field value" in (letter.header("reason") or b"")
     finally:
         await reopened.close()
+
+
+@pytest.mark.parametrize("ack", [True, False])
+async def test_tcp_device_asks_whether_the_listener_acks_and_stores_each_line_once(
+    start_listener: Start, ack: bool
+) -> None:
+    """``TcpDevice(ack="auto")``: its probe line is stored nowhere, it uses acks only where the listener
+    gives them, and each reading is stored exactly once either way."""
+    from clients.devices import TcpDevice
+
+    listener, store = await start_listener(ack=ack)
+    device = TcpDevice("127.0.0.1", listener.port, ack="auto", probe_timeout=0.5, ack_timeout=10)
+    async with device:
+        for i in range(20):
+            await device.send({"device_id": "d1", "i": i})
+        await device.flush(20)
+    assert device.acking is ack and device.unconfirmed == 0
+    found = await wait_for_records(store, "tcp", 20)
+    assert sorted(json.loads(r.value or b"")["i"] for r in found) == list(range(20))
+    assert records(store, "_dead_letters") == []

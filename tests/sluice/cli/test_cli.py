@@ -165,6 +165,7 @@ def test_simulate_over_tcp_and_sources_shows_a_device_going_idle(server: SluiceP
     )
     assert code == 0, err
     report = json.loads(out)
+    assert report["tcp_acks"] is True  # this server runs tcp.ack = true: simulate found out and used it
     assert all(s["undelivered"] == 0 and s["delivered"] == s["sent"] > 0 for s in report["sensors"])
     code, out, _ = sluice("sources", "--json", "--interval", "0.5", "--http", server.http)
     assert code == 0
