@@ -9,6 +9,7 @@ import typer
 from pydantic import ValidationError
 
 from broker.errors import BrokerError
+from broker.security import SecurityError
 from sluice.config import load_settings
 from sluice.logs import configure_logging
 
@@ -100,7 +101,7 @@ def serve(
     configure_logging(settings.log_level, settings.log_format)
     try:
         run_server(settings)
-    except BrokerError as exc:
+    except (BrokerError, SecurityError) as exc:
         raise _fail(str(exc), EXIT_RUNTIME) from None
     except OSError as exc:
         raise _fail(f"cannot start: {exc}", EXIT_RUNTIME) from None

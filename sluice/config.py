@@ -29,6 +29,7 @@ __all__ = [
     "KafkaSettings",
     "MqttBridgeSettings",
     "MqttSettings",
+    "SecuritySettings",
     "Settings",
     "StorageSettings",
     "TcpListenerSettings",
@@ -221,6 +222,16 @@ class HttpSettings(BaseModel):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)  # larger request bodies: 413, refused while streaming
 
 
+class SecuritySettings(BaseModel):
+    """Who may use the front doors (``broker.security``). Users live in ``<data_dir>/security/users.json``
+    (``sluice users add NAME --data-dir DIR``)."""
+
+    # "required": Kafka clients log in with SASL (PLAIN, SCRAM-SHA-256/512) and MQTT clients with a user name
+    # and password from the user store; "off": nobody is asked (MQTT keeps mqtt.allow_anonymous/mqtt.users).
+    auth: Literal["off", "required"] = "off"
+    super_users: list[str] = Field(default_factory=list)  # principals every ACL allows (ACLs are not enforced yet)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SLUICE_",
@@ -239,6 +250,7 @@ class Settings(BaseSettings):
     tcp: TcpSettings = Field(default_factory=TcpSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     ingest: IngestSettings = Field(default_factory=IngestSettings)
+    security: SecuritySettings = Field(default_factory=SecuritySettings)
     processors: list[str] = Field(default_factory=list)  # "module:attribute" pipelines run in-process
 
     @classmethod

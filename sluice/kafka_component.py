@@ -17,6 +17,7 @@ from broker.server.producer_state import ProducerIdAllocator, ProducerStateTable
 from broker.txn import TxnSettings
 from sluice.front_metrics import KafkaCollector, publish_collector
 from sluice.runtime import Runtime
+from sluice.security_wiring import authenticator
 
 __all__ = ["KafkaComponent", "kafka_component"]
 
@@ -59,6 +60,7 @@ class KafkaComponent:
                     KafkaListenerConfig(**extra.model_dump()) for extra in kafka.extra_listeners
                 ),
             ),
+            authenticator=authenticator(runtime),
         )
         self.server.ctx.producer_ids = self.producer_ids
         self.server.ctx.producer_state = ProducerStateTable(

@@ -7,6 +7,8 @@ Rules:
 - PLAIN logins (Kafka PLAIN, MQTT username/password) are checked against the SCRAM-SHA-256 credential:
   the password is salted and hashed with the stored salt and count and the StoredKeys compared in
   constant time.
+- Passwords are taken as their UTF-8 bytes, without SASLprep, as Kafka's ScramFormatter and librdkafka do
+  (a client that normalised differently would fail against Kafka too).
 - Writes replace the file atomically (temporary file, fsync, rename, fsync of the directory) under an
   exclusive ``flock`` on a lock file beside it, so an offline ``sluice users`` command and another one
   never lose each other's change.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import hashlib
 import hmac
 import json
 import os
@@ -27,8 +30,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import scramp
 
 from broker.security.errors import InvalidUserError, UnknownUserError, UserStoreError
 
@@ -39,6 +40,7 @@ __all__ = [
     "ScramCredential",
     "UserStore",
     "check_name",
+    "hash_name",
 ]
 
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -59,13 +61,12 @@ class ScramCredential:
 
     @classmethod
     def create(cls, mechanism: str, password: str, iterations: int = DEFAULT_ITERATIONS) -> ScramCredential:
-        salt, stored_key, server_key, count = scramp.ScramMechanism(mechanism).make_auth_info(
-            password, iteration_count=iterations)
-        return cls(salt, stored_key, server_key, count)
+        salt = os.urandom(32)
+        stored_key, server_key = _derive(mechanism, password, salt, iterations)
+        return cls(salt, stored_key, server_key, iterations)
 
     def matches(self, mechanism: str, password: str) -> bool:
-        _salt, stored_key, _server_key, _count = scramp.ScramMechanism(mechanism).make_auth_info(
-            password, iteration_count=self.iterations, salt=self.salt)
+        stored_key, _server_key = _derive(mechanism, password, self.salt, self.iterations)
         return hmac.compare_digest(stored_key, self.stored_key)
 
     def to_json(self) -> dict[str, Any]:
@@ -78,6 +79,19 @@ class ScramCredential:
     def from_json(cls, data: dict[str, Any]) -> ScramCredential:
         return cls(base64.b64decode(data["salt"]), base64.b64decode(data["stored_key"]),
                    base64.b64decode(data["server_key"]), int(data["iterations"]))
+
+
+def hash_name(mechanism: str) -> str:
+    """The hashlib name of a SCRAM mechanism's hash ("SCRAM-SHA-256" -> "sha256")."""
+    return {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}[mechanism]
+
+
+def _derive(mechanism: str, password: str, salt: bytes, iterations: int) -> tuple[bytes, bytes]:
+    """(StoredKey, ServerKey) of RFC 5802 §3: SaltedPassword = Hi(password, salt, i) = PBKDF2-HMAC."""
+    name = hash_name(mechanism)
+    salted = hashlib.pbkdf2_hmac(name, password.encode("utf-8"), salt, iterations)
+    client_key = hmac.digest(salted, b"Client Key", name)
+    return hashlib.new(name, client_key).digest(), hmac.digest(salted, b"Server Key", name)
 
 
 def _b64(data: bytes) -> str:
@@ -121,10 +135,7 @@ class UserStore:
     def check_password(self, name: str, password: str) -> bool:
         """True when ``password`` is ``name``'s password (constant-time comparison of the derived keys)."""
         credential = self.credential(name, SCRAM_MECHANISMS[0])
-        try:
-            return credential is not None and credential.matches(SCRAM_MECHANISMS[0], password)
-        except scramp.ScramException:  # SASLprep refuses the password (prohibited characters)
-            return False
+        return credential is not None and credential.matches(SCRAM_MECHANISMS[0], password)
 
     def _refresh(self) -> None:
         try:
@@ -160,10 +171,9 @@ class UserStore:
         check_name(name)
         if not password:
             raise InvalidUserError("a password may not be empty")
-        try:
-            creds = {mech: ScramCredential.create(mech, password, iterations) for mech in SCRAM_MECHANISMS}
-        except scramp.ScramException as exc:
-            raise InvalidUserError(f"password refused: {exc}") from exc
+        if iterations < DEFAULT_ITERATIONS:
+            raise InvalidUserError(f"SCRAM iterations must be at least {DEFAULT_ITERATIONS} (RFC 7677)")
+        creds = {mech: ScramCredential.create(mech, password, iterations) for mech in SCRAM_MECHANISMS}
         with self._locked() as users:
             new = name not in users
             users[name] = creds

@@ -13,6 +13,10 @@ Extra listeners (``KafkaServerConfig.extra_listeners``) bind more ports serving 
 connection is told (in Metadata and FindCoordinator) the advertised address of the listener it came in
 on — e.g. ``localhost:9092`` for clients on the host and ``sluice:29092`` inside a compose network.
 
+Authentication: with an ``Authenticator`` (``security.auth = "required"``) each connection must log in with
+SASL (PLAIN, SCRAM-SHA-256/512) before any request but ApiVersions is served (``sasl_gate.py``); without
+one, SaslHandshake and SaslAuthenticate are answered ILLEGAL_SASL_STATE, as by Kafka on a PLAINTEXT listener.
+
 Bad input never takes the broker down: a negative or oversized length, a truncated frame at EOF or
 an undecodable request closes that connection with a WARNING; an unknown API key or version is
 answered UNSUPPORTED_VERSION and the connection stays open. A request that fails inside the broker (a
@@ -44,6 +48,7 @@ from broker.protocol.kafka import (
 )
 from broker.protocol.kafka.error_responses import error_response
 from broker.protocol.kafka_codes import ErrorCode
+from broker.security import Authenticator
 from broker.server import handlers_admin as admin
 from broker.server import handlers_configs as configs
 from broker.server import handlers_fetch as fetching
@@ -52,7 +57,8 @@ from broker.server import handlers_partitions as partitions
 from broker.server import handlers_produce as producing
 from broker.server import handlers_txn as txn
 from broker.server.handlers_common import DEFAULT_LISTENER, BrokerContext, ConnectionInfo
-from broker.server.kafka_connection import CloseConnection, KafkaConnection, Response
+from broker.server.kafka_connection import CloseConnection, Dispatch, KafkaConnection, Response
+from broker.server.sasl_gate import SaslGate, outside_login
 from broker.txn.coordinator import TxnSettings
 
 __all__ = ["KafkaListenerConfig", "KafkaServer", "KafkaServerConfig", "fd_headroom_warning", "handle_request"]
@@ -93,6 +99,8 @@ _HANDLERS: dict[int, Handler] = {
     ApiKey.OFFSET_FOR_LEADER_EPOCH: lambda c, h, b, n: partitions.handle_offset_for_leader_epoch(c, b, n),
     ApiKey.DELETE_RECORDS: lambda c, h, b, n: partitions.handle_delete_records(c, b, n),
     ApiKey.CREATE_PARTITIONS: lambda c, h, b, n: partitions.handle_create_partitions(c, b, n),
+    ApiKey.SASL_HANDSHAKE: lambda c, h, b, n: _answered(outside_login(h.api_key)),
+    ApiKey.SASL_AUTHENTICATE: lambda c, h, b, n: _answered(outside_login(h.api_key)),
 }
 
 # Handlers that may be cancelled when their connection ends: they only read, or wait without changing
@@ -104,8 +112,13 @@ _CANCEL_SAFE = frozenset({
     ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.METADATA, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
     ApiKey.JOIN_GROUP, ApiKey.HEARTBEAT, ApiKey.SYNC_GROUP, ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS,
     ApiKey.API_VERSIONS, ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_TRANSACTIONS, ApiKey.DESCRIBE_CONFIGS,
+    ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
 })
 _DETACHED_STOP_TIMEOUT_S = 10.0  # on stop, time left to handlers whose clients are gone
+
+
+async def _answered(body: Any) -> Any:
+    return body
 
 
 async def handle_request(ctx: BrokerContext, request: Request, conn: ConnectionInfo) -> Any:
@@ -164,8 +177,10 @@ class KafkaServerConfig:
 class KafkaServer:
     """Serves the Kafka protocol for one LogStore and one group coordinator."""
 
-    def __init__(self, store: LogStore, coordinator: Any, config: KafkaServerConfig) -> None:
+    def __init__(self, store: LogStore, coordinator: Any, config: KafkaServerConfig,
+                 authenticator: Authenticator | None = None) -> None:
         self.config = config
+        self.authenticator = authenticator  # set: every connection logs in with SASL first (sasl_gate.py)
         self.ctx = BrokerContext(store, coordinator, config.advertised_host or config.host,
                                  config.advertised_port or config.port)
         self.ctx.transactions.settings = config.transactions
@@ -259,8 +274,11 @@ class KafkaServer:
         self._per_address[host] = self._per_address.get(host, 0) + 1
         conn = ConnectionInfo(host, int(peer[1]), listener)
         self.stats.connected(listener)
+        dispatch: Dispatch = self._dispatch
+        if self.authenticator is not None:
+            dispatch = SaslGate(self.authenticator, self.stats, self._dispatch).dispatch
         connection = KafkaConnection(
-            reader, writer, conn, dispatch=self._dispatch, stats=self.stats,
+            reader, writer, conn, dispatch=dispatch, stats=self.stats,
             max_request_bytes=self.config.max_request_bytes, max_idle_ms=self.config.connections_max_idle_ms,
         )
         try:

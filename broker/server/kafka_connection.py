@@ -44,7 +44,13 @@ Dispatch = Callable[[bytes, ConnectionInfo], Awaitable[Response]]
 
 
 class CloseConnection(Exception):
-    """Raised by the dispatch callable: stop serving this connection (the cause is already logged)."""
+    """Raised by the dispatch callable: stop serving this connection (the cause is already logged).
+
+    ``answer``, if given, is sent before the close (a refused SASL login hears why, as in Kafka)."""
+
+    def __init__(self, answer: Response | None = None) -> None:
+        super().__init__()
+        self.answer = answer
 
 
 _CLOSE: Any = object()  # queued by the dispatcher after a refused request: answer what came before, then close
@@ -147,8 +153,11 @@ class KafkaConnection:
             self._room.set()
             try:
                 response = await self._dispatch(frame, self.conn)
-            except CloseConnection:
-                self._in_flight -= 1
+            except CloseConnection as close:
+                if close.answer is None:
+                    self._in_flight -= 1
+                else:
+                    await self._responses.put(close.answer)
                 await self._responses.put(_CLOSE)
                 return
             except Exception:  # even the error answer failed: logged once here, the connection ends

@@ -71,6 +71,7 @@ class ApiKey(enum.IntEnum):
     SYNC_GROUP = 14
     DESCRIBE_GROUPS = 15
     LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
@@ -83,6 +84,7 @@ class ApiKey(enum.IntEnum):
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
@@ -116,6 +118,8 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.SYNC_GROUP, 0, 3),
         ApiSpec(ApiKey.DESCRIBE_GROUPS, 0, 4),
         ApiSpec(ApiKey.LIST_GROUPS, 0, 2),
+        ApiSpec(ApiKey.SASL_HANDSHAKE, 0, 1),  # v0: raw SASL tokens follow; librdkafka's feature check needs it
+        ApiSpec(ApiKey.SASL_AUTHENTICATE, 0, 2),
         ApiSpec(ApiKey.API_VERSIONS, 0, 3),
         ApiSpec(ApiKey.CREATE_TOPICS, 2, 5),
         ApiSpec(ApiKey.DELETE_TOPICS, 1, 3),

@@ -24,7 +24,7 @@ __all__ = ["error_response"]
 _TOP_LEVEL_FIELDS: dict[str, Any] = {
     "throttle_time": 0, "generation_id": -1, "member_id": "", "leader": "", "protocol_name": "",
     "protocol_type": "", "producer_id": -1, "producer_epoch": -1, "node_id": -1, "host": "", "port": -1,
-    "assignment": b"", "error_message": None,
+    "assignment": b"", "error_message": None, "mechanisms": [], "auth_bytes": b"", "session_lifetime": 0,
 }
 
 

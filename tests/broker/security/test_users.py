@@ -113,3 +113,16 @@ def test_failures_are_counted_and_logged_rate_limited(tmp_path: Path, caplog: py
     assert auth.failures == {"kafka": 6}
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "4 more since" in lines[1]
+
+
+def test_scram_final_nonce_must_end_with_the_servers(tmp_path: Path) -> None:
+    store = UserStore(tmp_path)
+    store.add("alice", "pw")
+    server = Authenticator(store).exchange("SCRAM-SHA-256")
+    client = scramp.ScramClient(["SCRAM-SHA-256"], "alice", "pw")
+    client.set_server_first(server.step(client.get_client_first().encode()).decode())
+    final = client.get_client_final()
+    tampered = final.replace(",r=", ",r=x", 1).replace(final.split(",r=")[1].split(",")[0][-4:] + ",", "abcd,", 1)
+    with pytest.raises(AuthenticationFailed):
+        server.step(tampered.encode())
+    assert server.principal is None

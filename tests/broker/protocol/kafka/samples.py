@@ -54,6 +54,8 @@ SAMPLE_REQUESTS: dict[int, dict[str, Any]] = {
     ApiKey.DESCRIBE_GROUPS: {"groups": ["sample-group"], "include_authorized_operations": False},
     ApiKey.LIST_GROUPS: {},
     ApiKey.API_VERSIONS: {"client_software_name": "sluice-tests", "client_software_version": "1.0"},
+    ApiKey.SASL_HANDSHAKE: {"mechanism": "SCRAM-SHA-256"},
+    ApiKey.SASL_AUTHENTICATE: {"auth_bytes": b"n,,n=alice,r=abc"},
     ApiKey.CREATE_TOPICS: {
         "topics": [{"name": "created", "num_partitions": 3, "replication_factor": 1, "assignments": [],
                     "configs": [{"name": "retention.ms", "value": "60000"}]}],
