@@ -1,16 +1,21 @@
 """Builds the MQTT listener and the MQTT bridges of a running Sluice on the shared ingest core.
 
-The listener writes through ``ingest_core(runtime).sink`` as source ``SourceRef("mqtt", "default")``;
-credentials from ``settings.mqtt.users`` become the authentication hook. Each ``[[mqtt.bridges]]`` entry
-writes as ``SourceRef("bridge", name)``; the bridge objects are in ``runtime.registries["bridges"]``
-(name -> MqttBridge, whose ``status()`` the HTTP API shows). Both publish a collector for ``/metrics``.
+The listener writes through ``ingest_core(runtime).sink`` as source ``SourceRef("mqtt", "default")``.
+With ``security.auth = "required"`` every CONNECT must carry a user name and password of the user store
+(``broker.security``; anonymous clients are refused, ``mqtt.allow_anonymous`` and ``mqtt.users`` are not
+used); with ``"off"``, credentials from ``settings.mqtt.users`` become the authentication hook.
+Each ``[[mqtt.bridges]]`` entry writes as ``SourceRef("bridge", name)``; the bridge objects are in
+``runtime.registries["bridges"]`` (name -> MqttBridge, whose ``status()`` the HTTP API shows). Both publish
+a collector for ``/metrics``.
 """
 
 from __future__ import annotations
 
 import functools
 import hmac
+import logging
 
+from broker.security import Authenticator as SecurityAuthenticator
 from ingest.admission import ConnectionLimits
 from ingest.bridge import BridgeConfig, MqttBridge
 from ingest.mqtt.from_log import LogToMqtt
@@ -20,16 +25,40 @@ from ingest.routing import SourceRef
 from sluice.front_metrics import BridgeCollector, MqttCollector, publish_collector
 from sluice.ingest_wiring import ingest_core
 from sluice.runtime import Component, Runtime
+from sluice.security_wiring import authenticator
 
 __all__ = ["MQTT_SOURCE", "BridgesComponent", "mqtt_bridges", "mqtt_listener"]
 
 MQTT_SOURCE = SourceRef("mqtt", "default")
+
+log = logging.getLogger("sluice.mqtt")
 
 
 def _password_check(users: dict[str, str]) -> Authenticator:
     def check(client_id: str, username: str | None, password: bytes | None) -> bool:
         expected = users.get(username or "")
         return expected is not None and password is not None and hmac.compare_digest(expected.encode(), password)
+
+    return check
+
+
+def _store_check(auth: SecurityAuthenticator) -> Authenticator:
+    """The user store as the hub's hook; failures are counted and logged (rate-limited) as "mqtt"."""
+
+    def check(client_id: str, username: str | None, password: bytes | None) -> bool:
+        who = f"client id {client_id!r}"
+        if username is None or password is None:
+            auth.failed("mqtt", who, username, "no password")
+            return False
+        try:
+            principal = auth.check_password(username, password.decode("utf-8"))
+        except UnicodeDecodeError:
+            principal = None
+        if principal is None:
+            auth.failed("mqtt", who, username, "bad user name or password")
+            return False
+        auth.succeeded("mqtt")
+        return True
 
     return check
 
@@ -44,8 +73,12 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
     if not settings.enabled:
         return None
     core = ingest_core(runtime)
+    auth = authenticator(runtime)
+    check = _store_check(auth) if auth is not None else _password_check(settings.users) if settings.users else None
+    if auth is not None and settings.users:
+        log.warning("mqtt.users is ignored: security.auth = required checks MQTT logins against the user store")
     config = HubConfig(
-        allow_anonymous=settings.allow_anonymous,
+        allow_anonymous=settings.allow_anonymous and auth is None,
         max_packet_size=settings.max_packet_bytes,
         receive_maximum=settings.receive_maximum,
         topic_alias_maximum=settings.topic_alias_maximum,
@@ -59,7 +92,7 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
         protocol_versions=tuple(settings.protocol_versions),
         connection_limits=ConnectionLimits(settings.max_connections, settings.max_connections_per_address),
     )
-    hub = Hub(SinkPort(core.sink, MQTT_SOURCE), config, _password_check(settings.users) if settings.users else None)
+    hub = Hub(SinkPort(core.sink, MQTT_SOURCE), config, check)
     runtime.registries["mqtt"] = hub
     publish_collector(runtime, MqttCollector(hub))
     follower = LogToMqtt(hub, runtime.store, settings.deliver_from_topics) if settings.deliver_from_topics else None
