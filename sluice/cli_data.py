@@ -39,13 +39,17 @@ def produce(
     key_field: Annotated[
         str | None, typer.Option(help="With --format json: take each record's key from this field.")
     ] = None,
+    allow_null_key: Annotated[
+        bool, typer.Option(help="With --key-field: a record without the field gets no key (else: an error).")
+    ] = False,
     header: Annotated[list[str] | None, typer.Option("--header", "-H", help="Header name=value (repeatable).")] = None,
     partition: Annotated[int | None, typer.Option("--partition", "-p", help="Write to this partition.")] = None,
     rate: Annotated[float | None, typer.Option(help="At most this many records per second.")] = None,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     json_out: JsonFlag = False,
 ) -> None:
-    """Produce records read from stdin, one per line."""
+    """Produce records read from stdin, one per line. A bad line stops it; the lines before it are written
+    and the error says how many."""
     if input_format not in ("lines", "json"):
         fail(f"--format must be lines or json, got {input_format!r}", EXIT_USAGE)
     if key_field and input_format != "json":
@@ -59,6 +63,7 @@ def produce(
         started = time.monotonic()
         serializer = "json" if input_format == "json" else "string"
         show = sys.stderr.isatty() and not json_out
+        error: str | None = None
         async with AsyncProducer(bootstrap, value_serializer=serializer) as producer:
             pending = []
             with Progress(
@@ -80,9 +85,14 @@ def produce(
                         try:
                             value = json.loads(line)
                         except ValueError as exc:
-                            fail(f"line {lineno} is not JSON ({exc}); use --format lines for text", EXIT_USAGE)
+                            error = f"line {lineno} is not JSON ({exc}); use --format lines for text"
+                            break
                         if key_field:
                             found = value.get(key_field) if isinstance(value, dict) else None
+                            if found is None and not allow_null_key:
+                                error = (f"line {lineno} has no {key_field!r} field for its key "
+                                         "(--allow-null-key writes such records without a key)")
+                                break
                             record_key = None if found is None else str(found)
                     if interval:
                         due = started + sent * interval
@@ -102,12 +112,19 @@ def produce(
                     last[md.partition] = max(last.get(md.partition, -1), md.offset)
         return {
             "topic": topic,
+            "error": error,
             "records": sent,
             "last_offsets": {str(p): o for p, o in sorted(last.items())},
             "seconds": round(time.monotonic() - started, 3),
         }
 
     result = run(go(), topic=topic)
+    if result["error"] is not None:
+        written = (f"the {plural(result['records'], 'record')} before it were written to {topic}"
+                   if result["records"] else "nothing was written")
+        if result["records"] == 1:
+            written = f"the record before it was written to {topic}"
+        fail(f"{result['error']}; {written}", EXIT_USAGE)
     if json_out:
         print_json(result)
     else:

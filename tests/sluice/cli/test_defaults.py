@@ -83,3 +83,37 @@ def test_produce_counts_with_grammar_and_internal_topics_are_hidden(default_serv
     assert "internal topic" in listed.stderr and "--all" in listed.stderr
     everything = json.loads(sluice("topics", "list", "--all", "--json", "-b", b).stdout)
     assert "_dead_letters" in {row["topic"] for row in everything}
+
+
+def _produce(bootstrap: str, *args: str, stdin: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sluice.cli", "produce", *args, "-b", bootstrap],
+                          input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def _count(bootstrap: str, topic: str) -> int:
+    done = sluice("consume", topic, "--format", "kv", "-b", bootstrap)
+    assert done.returncode == 0, done.stderr
+    return len(done.stdout.splitlines())
+
+
+def test_produce_says_what_it_wrote_before_a_bad_line(default_server: SluiceProcess) -> None:
+    b = default_server.bootstrap
+    bad = _produce(b, "partial-1", "--format", "json", stdin='{"a": 1}\n{"a": 2}\n{nope\n{"a": 4}\n')
+    assert bad.returncode == 2
+    assert "line 3 is not JSON" in bad.stderr and "the 2 records before it were written to partial-1" in bad.stderr
+    assert _count(b, "partial-1") == 2  # what it says it wrote is there; nothing after the bad line
+
+    first = _produce(b, "partial-2", "--format", "json", stdin="{nope\n")
+    assert first.returncode == 2 and "nothing was written" in first.stderr
+
+
+def test_produce_key_field_missing_is_an_error_unless_allowed(default_server: SluiceProcess) -> None:
+    b = default_server.bootstrap
+    lines = '{"sensor": "s1", "t": 1}\n{"t": 2}\n'
+    missing = _produce(b, "keys-1", "--format", "json", "--key-field", "sensor", stdin=lines)
+    assert missing.returncode == 2
+    assert "line 2 has no 'sensor' field" in missing.stderr and "--allow-null-key" in missing.stderr
+    assert "the record before it was written to keys-1" in missing.stderr
+    allowed = _produce(b, "keys-2", "--format", "json", "--key-field", "sensor", "--allow-null-key", "--json",
+                       stdin=lines)
+    assert allowed.returncode == 0 and json.loads(allowed.stdout)["records"] == 2
