@@ -9,6 +9,9 @@ event time), a 10 s tumbling-window mean per sensor with 5 s out-of-orderness.
 * Sluice standalone: ``sluice serve`` (memory storage) in a subprocess; the records are produced
   beforehand with confluent-kafka; ``run_standalone`` consumes them as a group member (aiokafka),
   windows, produces results and checkpoints over the Kafka protocol.
+* Sluice standalone exactly-once: the same with ``guarantee="exactly-once"`` (results, checkpoints
+  and offsets in one Kafka transaction per checkpoint interval), read back ``read_committed``. Both
+  standalone rows are timed to the end of their final checkpoint.
 * Bytewax (PyPI): ``TestingSource`` over the same (key, value bytes) pairs, ``json.loads``,
   ``EventClock`` + ``TumblingWindower`` + ``fold_window``.
 * Plain Python: one dict pass over the same bytes (a batch job; a floor for per-record overhead).
@@ -42,7 +45,7 @@ from broker.log.partitioner import partition_for_key
 from broker.protocol.records import RecordSpec, encode_batch
 from processors.aggregations import Mean
 from processors.pipeline import Pipeline
-from processors.runner import Runner, RunnerConfig
+from processors.runner import AT_LEAST_ONCE, EXACTLY_ONCE, Guarantee, Runner, RunnerConfig
 from processors.runners import AttachedRunner, run_standalone
 from processors.watermarks import BoundedOutOfOrderness
 from processors.windows import Tumbling
@@ -168,7 +171,9 @@ def produce_confluent(bootstrap: str, topic: str, rows: list[Row]) -> None:
 async def read_topic(bootstrap: str, topic: str) -> list[bytes]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    # read_committed: the exactly-once row's results count only once committed
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                isolation_level="read_committed")
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
@@ -186,16 +191,18 @@ async def read_topic(bootstrap: str, topic: str) -> list[bytes]:
         await consumer.stop()
 
 
-async def run_standalone_bench(rows: list[Row], bootstrap: str, round_: int
+async def run_standalone_bench(rows: list[Row], bootstrap: str, round_: int, guarantee: Guarantee = AT_LEAST_ONCE,
                                ) -> tuple[float, dict[tuple[int, str], float]]:
-    """A fresh consumer group (and output topic) per round, reading the same produced input."""
+    """A fresh consumer group (and output topic) per round, reading the same produced input. The time
+    runs to the end of the final checkpoint (stop): exactly-once results count once committed."""
     stop = asyncio.Event()
-    out_topic = f"bench-sa-out-{round_}"
-    p = pipeline("bench-sa-in", f"bench-standalone-{round_}", out_topic)
+    tag = "eos" if guarantee == EXACTLY_ONCE else "alo"
+    out_topic = f"bench-sa-out-{tag}-{round_}"
+    p = pipeline("bench-sa-in", f"bench-standalone-{tag}-{round_}", out_topic)
     started: list[Runner] = []
     start = time.perf_counter()  # group join and partition assignment are included in the time
-    task = asyncio.create_task(run_standalone(p, bootstrap, stop=stop, on_started=started.append,
-                                              config=RunnerConfig(max_batch_records=4_000)))
+    task = asyncio.create_task(run_standalone(p, bootstrap, stop=stop, on_started=started.append, instance_id="bench",
+                                              config=RunnerConfig(guarantee=guarantee, max_batch_records=4_000)))
     while not started:
         if task.done():
             raise RuntimeError(f"standalone runner ended early: {task.exception()!r}")
@@ -205,9 +212,9 @@ async def run_standalone_bench(rows: list[Row], bootstrap: str, round_: int
         if task.done():
             raise RuntimeError(f"standalone runner ended early: {task.exception()!r}")
         await asyncio.sleep(0.005)
-    elapsed = time.perf_counter() - start
     stop.set()
     await task
+    elapsed = time.perf_counter() - start
     return elapsed, results_from(await read_topic(bootstrap, out_topic))
 
 
@@ -257,7 +264,7 @@ async def main_async(n: int, repeat: int) -> None:
     gc.collect()
     gc.freeze()  # the 1M input tuples are not garbage: keep every engine's collections from rescanning them
     names = ["sluice attached", "sluice standalone (Kafka protocol)", f"bytewax {_version('bytewax')}",
-             "plain Python batch job"]
+             "plain Python batch job", "sluice standalone exactly-once"]
     rates: dict[str, list[float]] = {name: [] for name in names}
     checks: dict[str, set[str]] = {name: set() for name in names}
 
@@ -277,6 +284,7 @@ async def main_async(n: int, repeat: int) -> None:
                 record(names[1], *await run_standalone_bench(rows, bootstrap, round_), want_closed)
                 record(names[2], *run_bytewax(rows), expected)
                 record(names[3], *run_plain(rows), expected)
+                record(names[4], *await run_standalone_bench(rows, bootstrap, round_, EXACTLY_ONCE), want_closed)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -290,6 +298,9 @@ async def main_async(n: int, repeat: int) -> None:
         best, median = max(rates[name]), statistics.median(rates[name])
         print(f"{name:38} {best:11,.0f} {median:9,.0f} {best / best_bytewax:15.2f}x "
               f"{median / median_bytewax:9.2f}x  {', '.join(sorted(checks[name]))}")
+    alo, eos = rates[names[1]], rates[names[4]]
+    print(f"exactly-once / at-least-once (standalone): best {max(eos) / max(alo):.2f}, "
+          f"median {statistics.median(eos) / statistics.median(alo):.2f}")
 
 
 def _version(package: str) -> str:

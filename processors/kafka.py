@@ -8,7 +8,16 @@ and checkpoints in a Kafka topic. Works against Sluice's Kafka listener or any K
 * ``KafkaSink``: ``AIOKafkaProducer`` (acks=all); ``flush`` waits for every pending send, which
   the runner does before storing a checkpoint (at-least-once).
 * ``KafkaCheckpointStore``: checkpoint records (keyed by source partition, see
-  ``processors.checkpoint``) in partition 0 of ``_checkpoints.<pipeline>``.
+  ``processors.checkpoint``) in partition 0 of ``_checkpoints.<pipeline>``, read ``read_committed``.
+
+Exactly-once (``guarantee="exactly-once"``): the sink's producer has a ``transactional.id``
+(``<pipeline>-<instance id>``: stable across restarts of one instance, so a restarted instance's
+InitProducerId fences its predecessor and aborts the transaction it left open; unique per instance).
+Each checkpoint interval is one transaction, begun lazily by its first write: results, late records,
+dead letters, the checkpoint records and the input offsets (``send_offsets_to_transaction`` in place
+of ``consumer.commit``) commit together at the checkpoint. The input is read ``read_committed``. A
+transaction that fails (fenced, timed out, broker error) is aborted and stops the processor: its
+in-memory state includes the aborted interval, so it must restart from the last committed checkpoint.
 
 A commit that loses a race with a rebalance (aiokafka's ``CommitFailedError``, raised for
 REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION and UNKNOWN_MEMBER_ID) is not fatal, as in Kafka's own
@@ -73,8 +82,9 @@ class _Listener(ConsumerRebalanceListener):
 
 class KafkaSource:
     def __init__(self, bootstrap: str, topics: tuple[str, ...], group: str, *, client_id: str | None = None,
-                 session_timeout_ms: int = 10_000) -> None:
+                 session_timeout_ms: int = 10_000, transactions: KafkaSink | None = None) -> None:
         self.bootstrap = bootstrap
+        self.transactions = transactions  # exactly-once: offsets commit with the sink's transaction
         self.session_timeout_ms = session_timeout_ms
         self.topics = topics
         self.group = group
@@ -93,6 +103,7 @@ class KafkaSource:
             max_partition_fetch_bytes=1024 * 1024,
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(self.session_timeout_ms // 6, 100),
+            isolation_level="read_committed" if self.transactions is not None else "read_uncommitted",
         )
         self.consumer.subscribe(list(self.topics), listener=_Listener(on_assigned, on_revoked))
         try:
@@ -117,6 +128,9 @@ class KafkaSource:
     async def commit(self, offsets: dict[TP, int]) -> None:
         assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
         chosen = {TopicPartition(*tp): OffsetAndMetadata(off, "") for tp, off in offsets.items() if tp in assigned}
+        if self.transactions is not None:
+            await self.transactions.commit_transaction(chosen, self.group)
+            return
         if not chosen:
             return
         try:
@@ -151,16 +165,65 @@ class KafkaSource:
 
 
 class KafkaSink:
-    def __init__(self, bootstrap: str, *, client_id: str | None = None) -> None:
+    """The producer of results and checkpoints. With ``transactional_id`` every write goes into a
+    transaction begun by the first write after a commit; ``commit_transaction`` ends it."""
+
+    def __init__(self, bootstrap: str, *, client_id: str | None = None, transactional_id: str | None = None,
+                 transaction_timeout_ms: int = 60_000) -> None:
         self.bootstrap = bootstrap
+        txn: dict[str, Any] = {}
+        if transactional_id is not None:
+            txn = {"transactional_id": transactional_id, "transaction_timeout_ms": transaction_timeout_ms}
+        self.transactional_id = transactional_id
         self.producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             client_id=client_id or "sluice-processor",
             acks="all",
             linger_ms=5,
             max_request_size=MAX_REQUEST_BYTES,
+            **txn,
         )
         self._pending: list[asyncio.Future[Any]] = []
+        self.in_transaction = False
+        self.transactions_committed = 0
+        self.transactions_aborted = 0
+
+    async def _begin(self) -> None:
+        if self.transactional_id is not None and not self.in_transaction:
+            await self.producer.begin_transaction()
+            self.in_transaction = True
+
+    async def commit_transaction(self, offsets: dict[TopicPartition, OffsetAndMetadata], group: str) -> None:
+        """Commit the open transaction with ``offsets`` as ``group``'s input offsets (begun here
+        when nothing was written since the last commit but there are offsets to commit)."""
+        try:
+            await self.flush()
+            if not self.in_transaction:
+                if not offsets:
+                    return
+                await self._begin()
+            if offsets:
+                await self.producer.send_offsets_to_transaction(offsets, group)
+            await self.producer.commit_transaction()
+            self.in_transaction = False
+            self.transactions_committed += 1
+        except (KafkaError, SourceError) as exc:
+            await self.abort()
+            raise SourceError(f"transaction {self.transactional_id!r} failed and was aborted: {exc!r}") from exc
+
+    async def abort(self) -> None:
+        """Abort the open transaction, if any (best effort: a fenced producer cannot, and then the
+        broker aborts it when its successor starts or it times out)."""
+        if not self.in_transaction:
+            return
+        self.in_transaction = False
+        self.transactions_aborted += 1
+        self._pending = []
+        try:
+            await self.producer.abort_transaction()
+        except Exception as exc:  # best effort: the broker aborts it anyway
+            log.warning("cannot abort transaction; the broker aborts it on timeout or when the instance restarts",
+                        extra={"transactional_id": self.transactional_id, "error": repr(exc)})
 
     async def start(self) -> None:
         try:
@@ -174,6 +237,7 @@ class KafkaSink:
 
     async def write(self, records: list[OutRecord]) -> None:
         try:
+            await self._begin()
             for r in records:
                 self._pending.append(await self.producer.send(
                     r.topic, r.value, key=r.key, headers=list(r.headers), timestamp_ms=r.timestamp))
@@ -191,6 +255,7 @@ class KafkaSink:
 
     async def send_in_order(self, topic: str, records: list[CheckpointRecord]) -> None:
         """Send keyed records to partition 0 of ``topic`` in this order and wait for all of them."""
+        await self._begin()
         futures = [await self.producer.send(topic, value, key=key, partition=0) for key, value in records]
         await asyncio.gather(*futures)
 
@@ -233,8 +298,10 @@ class KafkaCheckpointStore:
             raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc
 
     async def load(self, tps: Collection[TP] | None = None) -> dict[TP, PartitionRestore]:
+        # read_committed: a checkpoint written in an aborted transaction (exactly-once) never restores
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                    fetch_max_bytes=MAX_REQUEST_BYTES, max_partition_fetch_bytes=MAX_REQUEST_BYTES)
+                                    isolation_level="read_committed", fetch_max_bytes=MAX_REQUEST_BYTES,
+                                    max_partition_fetch_bytes=MAX_REQUEST_BYTES)
         try:
             await consumer.start()
             if self.topic not in await consumer.topics():

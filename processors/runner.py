@@ -11,8 +11,9 @@ the log, not in memory (at most ``2·queue_batches·max_batch_records`` records 
 
 Checkpoints are taken in ``process`` between batches (state encoded at once, so it is consistent)
 and travel through ``out_q`` behind the outputs they cover; ``sink`` flushes those outputs first,
-then stores the checkpoint and commits the offsets. Rebalances (standalone mode) use the same path:
-a revoke waits until a checkpoint of the revoked partitions is stored, then drops their state.
+then stores the checkpoint and commits the offsets (exactly-once: the checkpoint, the offsets and the
+outputs before them commit as one transaction, see ``processors.kafka``). Rebalances (standalone
+mode) use the same path: a revoke waits until a checkpoint of the revoked partitions is stored, then drops their state.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from processors.checkpoint import (
     CheckpointRecord,
@@ -36,13 +37,22 @@ from processors.pipeline import Pipeline
 from processors.sources import Sink, Source
 from processors.time import NO_TIME, Clock, SystemClock
 
-__all__ = ["Runner", "RunnerConfig"]
+__all__ = ["AT_LEAST_ONCE", "EXACTLY_ONCE", "GUARANTEES", "Guarantee", "Runner", "RunnerConfig"]
 
 log = logging.getLogger("processors.runner")
 
 
+Guarantee = Literal["at-least-once", "exactly-once"]
+AT_LEAST_ONCE: Guarantee = "at-least-once"
+EXACTLY_ONCE: Guarantee = "exactly-once"
+GUARANTEES: tuple[Guarantee, ...] = (AT_LEAST_ONCE, EXACTLY_ONCE)
+
+
 @dataclass(frozen=True, slots=True)
 class RunnerConfig:
+    # at-least-once: outputs are flushed before the checkpoint, a crash replays (and may repeat) them.
+    # exactly-once (standalone only): outputs, checkpoint and offsets of an interval in one transaction.
+    guarantee: Guarantee = AT_LEAST_ONCE
     max_batch_records: int = 2_000
     queue_batches: int = 4
     tick_ms: int = 200
@@ -92,6 +102,7 @@ class Runner:
         self.checkpoints_written = 0
         self.last_checkpoint_ms: int | None = None
         self.records_out = 0
+        self._outputs_taken = 0
         self.max_in_q = 0
         self.max_out_q = 0
         self.failed: BaseException | None = None
@@ -250,7 +261,8 @@ class Runner:
                 continue
             await self._flush_outputs()
             if now - self._last_cp >= interval and self.positions:
-                progress = (ex.records_in, ex.watermark, tuple(self.positions.values()))
+                # outputs too: those written since the last checkpoint (an open transaction) get one
+                progress = (ex.records_in, ex.watermark, tuple(self.positions.values()), self._outputs_taken)
                 if progress != self._last_progress:  # nothing new since the last one: skip it
                     self._last_progress = progress
                     await self._put_out(("checkpoint", self._checkpoint(now, None), None))
@@ -272,6 +284,7 @@ class Runner:
     async def _flush_outputs(self) -> None:
         outputs = self.executor.take_outputs()
         if outputs:
+            self._outputs_taken += len(outputs)
             await self._put_out(("out", outputs, None))
 
     async def _put_out(self, item: tuple[Any, ...]) -> None:
@@ -299,7 +312,10 @@ class Runner:
                     await self.sink.flush()
                     if offsets:
                         await self.checkpoints.save(data)
-                        await self.source.commit({tp: off for tp, off in offsets.items() if off >= 0})
+                    # exactly-once: this commits the interval's transaction (outputs and checkpoint with the
+                    # offsets), so it runs even when there is no offset to commit
+                    await self.source.commit({tp: off for tp, off in offsets.items() if off >= 0})
+                    if offsets:
                         self.checkpoints_written += 1
                         self.last_checkpoint_ms = self.clock.now_ms()
                     if done is not None and not done.done():

@@ -7,7 +7,10 @@
   ``runtime.registries["processors"]``.
 * ``run_standalone`` (``sluice process module:pipeline --bootstrap host:port``) runs the same
   pipeline as a member of the consumer group ``pipeline.name`` over the Kafka protocol
-  (``processors.kafka``); start more instances to split the partitions.
+  (``processors.kafka``); start more instances to split the partitions. With
+  ``guarantee="exactly-once"`` its producer is transactional with ``transactional.id``
+  ``<pipeline>-<instance id>`` (``--instance-id``, default the host name): two instances of one
+  pipeline must have different instance ids, and a restarted instance must keep its own.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import contextlib
 import importlib
 import logging
 import signal
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -24,11 +28,11 @@ from broker.log.api import LogStore
 from processors.checkpoint import LogCheckpointStore
 from processors.errors import PipelineDefinitionError
 from processors.pipeline import Pipeline, Stream
-from processors.runner import Runner, RunnerConfig
+from processors.runner import EXACTLY_ONCE, Runner, RunnerConfig
 from processors.sources import LogSink, LogSource
 from processors.time import Clock
 
-__all__ = ["AttachedProcessors", "AttachedRunner", "load_pipeline", "run_standalone"]
+__all__ = ["AttachedProcessors", "AttachedRunner", "load_pipeline", "run_standalone", "transactional_id"]
 
 log = logging.getLogger("processors.runners")
 
@@ -65,6 +69,10 @@ class AttachedRunner(Runner):
 
     def __init__(self, pipeline: Pipeline, store: LogStore, *, clock: Clock | None = None,
                  config: RunnerConfig | None = None) -> None:
+        if config is not None and config.guarantee == EXACTLY_ONCE:
+            raise PipelineDefinitionError(
+                f"pipeline {pipeline.name!r}: exactly-once is not available for attached processors yet; "
+                "run it standalone (sluice process --guarantee exactly-once)")
         source = LogSource(store, pipeline.source_config.topics)
         super().__init__(pipeline, source, LogSink(store), LogCheckpointStore(store, pipeline.name),
                          clock=clock, config=config)
@@ -98,6 +106,12 @@ class AttachedProcessors:
         return [r.status() for r in self.runners]
 
 
+def transactional_id(pipeline: Pipeline, instance_id: str | None) -> str:
+    """``<pipeline>-<instance id>``: the same across restarts of one instance (its InitProducerId
+    fences the predecessor and aborts what it left open), different between instances."""
+    return f"{pipeline.name}-{instance_id or socket.gethostname()}"
+
+
 async def run_standalone(
     pipeline: Pipeline,
     bootstrap: str,
@@ -106,20 +120,26 @@ async def run_standalone(
     stop: asyncio.Event | None = None,
     client_id: str | None = None,
     session_timeout_ms: int = 10_000,
+    instance_id: str | None = None,
     on_started: Callable[[Runner], None] | None = None,
 ) -> Runner:
     """Run ``pipeline`` as a consumer-group member until ``stop`` is set or SIGINT/SIGTERM."""
     from processors.kafka import KafkaCheckpointStore, KafkaSink, KafkaSource
 
+    config = config or RunnerConfig()
+    exactly_once = config.guarantee == EXACTLY_ONCE
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    sink = KafkaSink(bootstrap, client_id=client_id)
-    await sink.start()
+    txn_id = transactional_id(pipeline, instance_id) if exactly_once else None
+    # a transaction spans one checkpoint interval: its timeout leaves room for a slow commit
+    txn_timeout_ms = min(max(60_000, 3 * config.checkpoint_interval_ms), 900_000)
+    sink = KafkaSink(bootstrap, client_id=client_id, transactional_id=txn_id, transaction_timeout_ms=txn_timeout_ms)
+    await sink.start()  # exactly-once: fences this instance's predecessor, aborting its open transaction
     source = KafkaSource(bootstrap, pipeline.source_config.topics, pipeline.name, client_id=client_id,
-                         session_timeout_ms=session_timeout_ms)
+                         session_timeout_ms=session_timeout_ms, transactions=sink if exactly_once else None)
     checkpoints = KafkaCheckpointStore(bootstrap, pipeline.name, sink)
     runner = Runner(pipeline, source, sink, checkpoints, config=config)
     try:
@@ -132,6 +152,7 @@ async def run_standalone(
         stopped.cancel()
         asked.cancel()
     finally:
-        await runner.stop()
+        await runner.stop()  # its final checkpoint commits the open transaction
+        await sink.abort()  # left open only when the runner failed: its outputs must not be committed
         await sink.stop()
     return runner

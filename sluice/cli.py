@@ -113,13 +113,20 @@ def process(
     bootstrap: Annotated[str, typer.Option(help="Kafka bootstrap host:port (Sluice or any Kafka cluster).")],
     checkpoint_interval: Annotated[float, typer.Option(help="Seconds between checkpoints.")] = 10.0,
     session_timeout_ms: Annotated[int, typer.Option(help="Group session timeout (failover time).")] = 10_000,
+    guarantee: Annotated[str, typer.Option(
+        help="at-least-once (a crash may repeat results) or exactly-once (Kafka transactions; "
+             "read outputs with isolation.level=read_committed).")] = "at-least-once",
+    instance_id: Annotated[str | None, typer.Option(
+        help="exactly-once: this instance's name in its transactional.id <pipeline>-<instance id> (default: the "
+             "host name). Keep it across restarts; two instances on one host need different ids.")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
 ) -> None:
     """Run a stream processor standalone, as a member of its consumer group (start more to scale out)."""
     from sluice.process_cmd import run_process
 
     configure_logging(log_level, "text")
-    raise typer.Exit(run_process(pipeline, bootstrap, checkpoint_interval, session_timeout_ms))
+    raise typer.Exit(run_process(pipeline, bootstrap, checkpoint_interval, session_timeout_ms,
+                                 guarantee=guarantee, instance_id=instance_id))
 
 
 def _register_client_commands() -> None:

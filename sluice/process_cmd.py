@@ -6,14 +6,20 @@ import asyncio
 import sys
 
 from processors.errors import ProcessorError
-from processors.runner import RunnerConfig
+from processors.runner import GUARANTEES, RunnerConfig
 from processors.runners import load_pipeline, run_standalone
 
 __all__ = ["run_process"]
 
 
-def run_process(ref: str, bootstrap: str, checkpoint_interval_s: float, session_timeout_ms: int = 10_000) -> int:
-    """Exit code: 0 after a clean stop, 1 when the processor failed, 2 for a bad pipeline reference."""
+def run_process(ref: str, bootstrap: str, checkpoint_interval_s: float, session_timeout_ms: int = 10_000, *,
+                guarantee: str = "at-least-once", instance_id: str | None = None) -> int:
+    """Exit code: 0 after a clean stop, 1 when the processor failed, 2 for a bad pipeline reference
+    or option."""
+    chosen = next((g for g in GUARANTEES if g == guarantee), None)
+    if chosen is None:
+        print(f"error: --guarantee must be one of {', '.join(GUARANTEES)}, not {guarantee!r}", file=sys.stderr)
+        return 2
     if "" not in sys.path and "." not in sys.path:
         sys.path.insert(0, "")  # `module:attr` resolves against the working directory, like uvicorn
     try:
@@ -21,9 +27,10 @@ def run_process(ref: str, bootstrap: str, checkpoint_interval_s: float, session_
     except ProcessorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    config = RunnerConfig(checkpoint_interval_ms=round(checkpoint_interval_s * 1000))
+    config = RunnerConfig(guarantee=chosen, checkpoint_interval_ms=round(checkpoint_interval_s * 1000))
     try:
-        runner = asyncio.run(run_standalone(pipeline, bootstrap, config=config, session_timeout_ms=session_timeout_ms))
+        runner = asyncio.run(run_standalone(pipeline, bootstrap, config=config, session_timeout_ms=session_timeout_ms,
+                                            instance_id=instance_id))
     except ProcessorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -53,8 +53,8 @@ async def heartbeat_all(bootstrap: str, topic: str, watermark: int) -> None:
         await producer.stop()
 
 
-async def read_all(bootstrap: str, topic: str) -> list[dict[str, Any]]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+async def read_all(bootstrap: str, topic: str, isolation_level: str = "read_uncommitted") -> list[dict[str, Any]]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level=isolation_level)
     await consumer.start()
     try:
         if topic not in await consumer.topics():
@@ -72,8 +72,8 @@ async def read_all(bootstrap: str, topic: str) -> list[dict[str, Any]]:
             for messages in batch.values():
                 for m in messages:
                     value = json.loads(m.value)
-                    value["_key"] = json.loads(m.key)
-                    value["_emit_header"] = dict(m.headers)["sluice-emit"].decode()
+                    value["_key"] = json.loads(m.key) if m.key else None
+                    value["_emit_header"] = dict(m.headers).get("sluice-emit", b"").decode()
                     out.append(value)
         return out
     finally:
@@ -81,11 +81,11 @@ async def read_all(bootstrap: str, topic: str) -> list[dict[str, Any]]:
 
 
 class Processor:
-    def __init__(self, bootstrap: str, env: dict[str, str], log: Path) -> None:
+    def __init__(self, bootstrap: str, env: dict[str, str], log: Path, *options: str) -> None:
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sluice.cli", "process", "processors.examples.sensors:pipeline",
-             "--bootstrap", bootstrap, "--checkpoint-interval", "0.3", "--session-timeout-ms", "2000"],
+             "--bootstrap", bootstrap, "--checkpoint-interval", "0.3", "--session-timeout-ms", "2000", *options],
             env={**os.environ, **env}, stderr=log.open("a"), stdout=subprocess.DEVNULL,
         )
 
@@ -116,10 +116,11 @@ def finals(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], float]:
     return {tuple(r["_key"]): r["value"] for r in rows}
 
 
-async def wait_for_windows(bootstrap: str, topic: str, expected: int, timeout: float = 90) -> list[dict[str, Any]]:
+async def wait_for_windows(bootstrap: str, topic: str, expected: int, timeout: float = 90,
+                           isolation_level: str = "read_uncommitted") -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while True:
-        rows = await read_all(bootstrap, topic)
+        rows = await read_all(bootstrap, topic, isolation_level)
         if len(finals(rows)) >= expected:
             return rows
         assert time.monotonic() < deadline, f"only {len(finals(rows))} of {expected} windows"

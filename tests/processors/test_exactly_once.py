@@ -1,0 +1,137 @@
+"""Issue 17, item 1: ``sluice process --guarantee exactly-once`` against a real Sluice. Each checkpoint
+interval is one Kafka transaction (results, checkpoint, input offsets): kill -9 of the processor at
+seeded random points, several rounds, and a read_committed reader still sees every (window, key)
+result exactly once, equal to the batch computation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.broker.server.conftest import SluiceProcess
+from tests.processors.test_standalone import (
+    Processor,
+    finals,
+    heartbeat_all,
+    produce,
+    read_all,
+    sluice,
+    topics,
+    wait_for_windows,
+)
+from tests.processors.workloads import batch_window_means, sensor_readings
+
+__all__ = ["sluice"]  # the fixture, imported for the tests below
+
+pytestmark = pytest.mark.slow
+# 1 s intervals (the later flag wins over Processor's 0.3 s): the kills below land before or after a
+# commit, so some cut an interval whose results are written but not committed
+EXACTLY_ONCE = ("--guarantee", "exactly-once", "--instance-id", "eos-test", "--checkpoint-interval", "1")
+
+
+async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_once(
+        sluice: SluiceProcess, tmp_path: Path) -> None:
+    seed = int(os.environ.get("SLUICE_TEST_SEED", "17"))
+    rng = random.Random(seed)
+    readings = sensor_readings(120)
+    expected = batch_window_means(readings, 10_000)
+    env = topics("eos")
+    log = tmp_path / "eos.log"
+    proc = Processor(sluice.bootstrap, env, log, *EXACTLY_ONCE)
+    chunks = [readings[i : i + 1_000] for i in range(0, len(readings), 1_000)]
+    kills = 0
+
+    async def open_alerts() -> int:
+        """Alerts (emitted per record, as it is processed) written but not committed, aborted ones
+        included: the uncommitted view is read first."""
+        written = len(await read_all(sluice.bootstrap, env["SENSORS_ALERTS"]))
+        return written - len(await read_all(sluice.bootstrap, env["SENSORS_ALERTS"], "read_committed"))
+
+    try:
+        for i, chunk in enumerate(chunks):
+            if i % 3 != 1:
+                await produce(sluice.bootstrap, env["SENSORS_INPUT"], chunk)
+                continue
+            deadline = time.monotonic() + 60
+            while len(proc.restored()) < kills + 1:  # this instance owns the partitions
+                assert time.monotonic() < deadline and proc.proc.poll() is None, log.read_text()[-3000:]
+                await asyncio.sleep(0.05)
+            feeding = asyncio.create_task(produce(sluice.bootstrap, env["SENSORS_INPUT"], chunk))
+            if rng.random() < 0.5:
+                await asyncio.sleep(rng.uniform(0.1, 2.5))  # anywhere in its work
+            else:  # right after it wrote results its open transaction has not committed yet
+                before = await open_alerts()
+                # (a few seconds at most: a long pause would make every partition idle for the pipeline)
+                until = time.monotonic() + 5
+                while await open_alerts() <= before and time.monotonic() < until:
+                    await asyncio.sleep(rng.uniform(0, 0.05))
+            proc.kill9()
+            kills += 1
+            await feeding
+            # same instance id: its start fences the killed one and aborts the transaction it left open
+            proc = Processor(sluice.bootstrap, env, log, *EXACTLY_ONCE)
+        await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
+        await wait_for_windows(sluice.bootstrap, env["SENSORS_OUTPUT"], len(expected), timeout=120,
+                               isolation_level="read_committed")
+    finally:
+        assert proc.stop() == 0, log.read_text()[-3000:]
+    assert kills == 4
+    restores = proc.restored()
+    assert len(restores) == 5 and restores[0] == "{}"
+    assert any(r != "{}" for r in restores[1:]), restores
+    rows = await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"], "read_committed")
+    uncommitted = await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"])
+    print(f"seed {seed}: restored offsets per start: {restores}; read_committed {len(rows)} rows, "
+          f"read_uncommitted {len(uncommitted)} (aborted intervals included), windows {len(expected)}")
+    # exactly once: one row per (window, key), every one of them, each the batch result
+    counts = Counter(tuple(r["_key"]) for r in rows)
+    assert [k for k, n in counts.items() if n > 1] == []
+    assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
+    for r in rows:
+        assert tuple(r["_key"]) == (r["window_start"], r["window_end"], r["key"])
+        assert r["_emit_header"] == r["emit"] == "first"
+    # the alerts (one per jump, emitted as each reading is processed) too: each exactly once
+    alerts = [(a["sensor"], a["ts"], a["temp"]) for a in
+              await read_all(sluice.bootstrap, env["SENSORS_ALERTS"], "read_committed")]
+    assert sorted(alerts) == batch_jump_alerts(readings)
+    # the kills did cut intervals short: results were written in them, and aborted
+    written = await read_all(sluice.bootstrap, env["SENSORS_ALERTS"])
+    print(f"alerts: {len(alerts)} committed, {len(written)} written")
+    assert len(written) > len(alerts)
+
+
+def batch_jump_alerts(readings: list[dict[str, Any]], ratio: float = 1.1) -> list[tuple[str, int, float]]:
+    """What ``JumpAlert`` emits, computed over the whole input at once."""
+    previous: dict[str, float] = {}
+    out = []
+    for r in readings:
+        last = previous.get(r["sensor"])
+        if last is not None and last > 0 and r["temp"] > ratio * last:
+            out.append((r["sensor"], r["ts"], r["temp"]))
+        previous[r["sensor"]] = r["temp"]
+    return sorted(out)
+
+
+def test_an_unknown_guarantee_is_refused_before_connecting(capsys: pytest.CaptureFixture[str]) -> None:
+    from sluice.process_cmd import run_process
+
+    assert run_process("processors.examples.sensors:pipeline", "127.0.0.1:9", 1.0, guarantee="twice") == 2
+    assert "--guarantee must be one of at-least-once, exactly-once" in capsys.readouterr().err
+
+
+def test_attached_processors_refuse_exactly_once_rather_than_run_at_least_once() -> None:
+    from broker.log.memory import MemoryLogStore
+    from processors.errors import PipelineDefinitionError
+    from processors.examples.sensors import build
+    from processors.runner import RunnerConfig
+    from processors.runners import AttachedRunner
+
+    with pytest.raises(PipelineDefinitionError, match="exactly-once is not available for attached"):
+        AttachedRunner(build({}), MemoryLogStore(), config=RunnerConfig(guarantee="exactly-once"))
