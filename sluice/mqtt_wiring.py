@@ -84,6 +84,7 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
         topic_alias_maximum=settings.topic_alias_maximum,
         max_queued_messages=settings.max_queued_messages,
         max_queued_bytes=settings.max_queued_bytes,
+        max_queued_bytes_total=settings.max_queued_bytes_total,
         session_expiry_s=_seconds(settings.session_expiry_s),
         max_session_expiry_s=_seconds(settings.max_session_expiry_s),
         connect_timeout_s=settings.connect_timeout_s,

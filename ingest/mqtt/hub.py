@@ -17,6 +17,7 @@ from ingest.admission import Admission, ConnectionLimits
 from ingest.errors import IngestError
 from ingest.mqtt.packets import MQTT_5, MQTT_311, Properties, Publish, Subscription, Will
 from ingest.mqtt.properties import expires_at, for_delivery, forwarded
+from ingest.mqtt.session_state import QueueBudget
 from ingest.mqtt.shared import SHARE_PREFIX, Granted, SharedGroup, parse_shared
 from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
 
@@ -67,6 +68,7 @@ class HubConfig:
     topic_alias_maximum: int = 32
     max_queued_messages: int = 10_000  # per session, QoS 1/2 waiting for an offline or busy client (0: no bound)
     max_queued_bytes: int = 16 * 1024 * 1024  # per session, payload bytes of those messages (0: no bound)
+    max_queued_bytes_total: int = 256 * 1024 * 1024  # all sessions together (0: no bound)
     session_expiry_s: float = 86_400.0  # 3.1.1 clean session = 0: kept this long after the client leaves
     max_session_expiry_s: float = 86_400.0  # 5.0: a longer Session Expiry Interval (or "never") is cut to this
     connect_timeout_s: float = 10.0
@@ -137,12 +139,14 @@ class Hub:
     retained: RetainedStore = field(default_factory=RetainedStore)
     stats: HubStats = field(default_factory=HubStats)
     admission: Admission = field(init=False)
+    queue_budget: QueueBudget = field(init=False)  # payload bytes queued in all sessions together
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     delayed_wills: dict[str, tuple[float, Will]] = field(default_factory=dict)  # client id -> (due, will)
     _messages_expired: int = 0
 
     def __post_init__(self) -> None:
         self.admission = Admission("MQTT", self.config.connection_limits, log)
+        self.queue_budget = QueueBudget(self.config.max_queued_bytes_total)
 
     # ------------------------------------------------------------------ connect / sessions
     @property
@@ -176,7 +180,7 @@ class Hub:
         if pending is not None and existing is None:  # the session it belonged to has ended: send it now
             self.publish_will(client_id, pending[1])
         present = existing is not None
-        session = existing or SessionState(client_id)
+        session = existing or SessionState(client_id, self.queue_budget)
         session.expiry_s = expiry_s
         session.connection = connection
         session.ended_at = None
@@ -197,6 +201,7 @@ class Hub:
             self.unsubscribe(session, topic_filter)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+        session.release()
         self._messages_expired += session.messages_expired
         session.messages_expired = 0
 

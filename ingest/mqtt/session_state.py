@@ -13,6 +13,9 @@ Rules
   0 = no bound). When a message does not fit it is dropped, not an older one (as Mosquitto does with its
   ``max_queued_messages`` / ``max_queued_bytes``): counted in ``HubStats.queue_drops`` (and
   ``dropped_deliveries``) and logged once, with a WARNING, until the queue has drained empty again.
+* All queues together are bounded by ``HubConfig.max_queued_bytes_total`` (a ``QueueBudget`` shared by
+  every session of a hub): per-session bounds alone let a client that keeps inventing client ids hold
+  that many times ``max_queued_bytes``. A message that does not fit the total is dropped the same way.
 * Expiry: a queued message whose Message Expiry Interval has passed is dropped (by the hub's sweep, or
   when it reaches the front of the queue), counted in ``HubStats.messages_expired``; one sent from the
   queue carries the remaining interval (``properties.py`` rule 4).
@@ -34,9 +37,22 @@ if TYPE_CHECKING:
     from ingest.mqtt.session import MqttConnection
     from ingest.mqtt.shared import SharedGroup
 
-__all__ = ["SessionState"]
+__all__ = ["QueueBudget", "SessionState"]
 
 log = logging.getLogger("ingest.mqtt")
+
+
+class QueueBudget:
+    """Payload bytes queued in all sessions of one hub, against ``limit`` (0: no bound)."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int = 0) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def fits(self, size: int) -> bool:
+        return not self.limit or self.used + size <= self.limit
 
 
 class SessionState:
@@ -44,6 +60,7 @@ class SessionState:
 
     __slots__ = (
         "awaiting_rel",
+        "budget",
         "client_id",
         "connection",
         "dropping",
@@ -59,8 +76,9 @@ class SessionState:
         "subscriptions",
     )
 
-    def __init__(self, client_id: str) -> None:
+    def __init__(self, client_id: str, budget: QueueBudget | None = None) -> None:
         self.client_id = client_id
+        self.budget = budget or QueueBudget()
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight_out: dict[int, Publish | None] = {}  # None: PUBREC received, PUBREL sent
         # (packet, when it expires, the shared subscription it came through)
@@ -109,7 +127,7 @@ class SessionState:
         size = len(packet.payload)
         if (config.max_queued_messages and len(queue) >= config.max_queued_messages) or (
             config.max_queued_bytes and self.queued_bytes + size > config.max_queued_bytes
-        ):
+        ) or not self.budget.fits(size):
             hub.stats.dropped_deliveries += 1
             hub.stats.queue_drops += 1
             if not self.dropping:
@@ -118,11 +136,22 @@ class SessionState:
                     "session queue full: new messages for this client are dropped until it catches up",
                     extra={"client_id": self.client_id, "messages": len(queue), "bytes": self.queued_bytes,
                            "max_queued_messages": config.max_queued_messages,
-                           "max_queued_bytes": config.max_queued_bytes},
+                           "max_queued_bytes": config.max_queued_bytes,
+                           "queued_bytes_all_sessions": self.budget.used},
                 )
             return
         queue.append((packet, expiry, group))
-        self.queued_bytes += size
+        self._account(size)
+
+    def _account(self, delta: int) -> None:
+        self.queued_bytes += delta
+        self.budget.used += delta
+
+    def release(self) -> None:
+        """The session ends: its queue is dropped and its bytes returned to the budget."""
+        self.budget.used -= self.queued_bytes
+        self.queued_bytes = 0
+        self.queue = None
 
     def _send_new(self, conn: MqttConnection, packet: Publish, group: SharedGroup | None) -> None:
         pid = self._alloc_pid()
@@ -157,7 +186,7 @@ class SessionState:
             for entry in self.queue:
                 if entry[2] is group:
                     taken.append((entry[0], entry[1]))
-                    self.queued_bytes -= len(entry[0].payload)
+                    self._account(-len(entry[0].payload))
                 else:
                     kept.append(entry)
             self.queue = kept
@@ -171,7 +200,7 @@ class SessionState:
         now = time.monotonic()
         while queue and len(self.inflight_out) < conn.client_receive_max:
             packet, expiry, group = queue.popleft()
-            self.queued_bytes -= len(packet.payload)
+            self._account(-len(packet.payload))
             ready = for_delivery(packet, expiry, now)
             if ready is None:  # expired while it waited (properties rule 4)
                 self.messages_expired += 1
@@ -190,7 +219,7 @@ class SessionState:
         for entry in queue:
             if entry[1] is not None and entry[1] <= now:
                 dropped += 1
-                self.queued_bytes -= len(entry[0].payload)
+                self._account(-len(entry[0].payload))
             else:
                 kept.append(entry)
         self.queue = kept

@@ -100,3 +100,23 @@ async def test_offline_queue_is_bounded_and_drops_are_counted_and_logged_once(
     assert code == 0, err
     assert [line[:3] for line in out.split()] == ["000", "001", "002", "003", "004"]
     assert session.queued_bytes == 0 and not session.dropping  # drained: the next overflow is logged again
+
+
+async def test_all_session_queues_together_are_bounded(start_server: StartServer) -> None:
+    """Before: only each queue was bounded, so N invented client ids could hold N × max_queued_bytes."""
+    server = await start_server(max_queued_bytes=10_000, max_queued_bytes_total=6_000)
+    port = str(server.port)
+    for client_id in ("away-1", "away-2"):
+        code, _, err = await run("mosquitto_sub", "-p", port, "-c", "-i", client_id, "-q", "1", "-t", "cmd/#", "-E")
+        assert code == 0, err
+    lines = b"".join(b"%03d" % i + b"." * 997 + b"\n" for i in range(5))  # 5 × 1,000-byte payloads
+    code, _, err = await run("mosquitto_pub", "-p", port, "-q", "1", "-t", "cmd/all", "-l", stdin=lines)
+    assert code == 0, err
+    first, second = server.hub.sessions["away-1"], server.hub.sessions["away-2"]
+    assert first.queued_bytes + second.queued_bytes == server.hub.queue_budget.used == 6_000
+    assert server.hub.stats.queue_drops == 4  # 10 deliveries, 6 fit in the total
+    # a session that ends (its client comes back with a clean session) gives its bytes back
+    code, _, err = await run("mosquitto_sub", "-p", port, "-i", "away-1", "-t", "other", "-E")
+    assert code == 0, err
+    await wait_until(lambda: "away-1" not in server.hub.sessions, timeout=5, what="the clean session to end")
+    assert server.hub.queue_budget.used == second.queued_bytes > 0
