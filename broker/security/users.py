@@ -13,7 +13,9 @@ Rules:
   exclusive ``flock`` on a lock file beside it, so an offline ``sluice users`` command and another one
   never lose each other's change.
 - Readers pick up a changed file on their next lookup (its mtime and size are checked), so users added
-  with ``sluice users add --data-dir`` reach a running broker without a restart.
+  with ``sluice users add --data-dir`` reach a running broker without a restart. A file that breaks
+  while the broker runs (edited by hand) is logged once at ERROR and the users read before stay in use,
+  so a login never ends in a traceback; a store unreadable at the first read raises ``UserStoreError``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import fcntl
 import hashlib
 import hmac
 import json
+import logging
 import os
 import unicodedata
 from collections.abc import Iterator
@@ -42,6 +45,8 @@ __all__ = [
     "check_name",
     "hash_name",
 ]
+
+log = logging.getLogger("broker.security")
 
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 DEFAULT_ITERATIONS = 4096  # Kafka's default (and RFC 7677's minimum) for SCRAM credentials
@@ -146,9 +151,15 @@ class UserStore:
         except OSError as exc:
             raise UserStoreError(f"cannot read the user store {self.path}: {exc}") from exc
         stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._seen:
+        if stamp == self._seen:
+            return
+        try:
             self._users = self._read()
-            self._seen = stamp
+        except UserStoreError as exc:
+            if self._seen is None:
+                raise  # never read: the caller (start-up, the CLI) reports it
+            log.error(f"{exc}; logins are checked against the users read before until it is fixed")
+        self._seen = stamp
 
     def _read(self) -> dict[str, dict[str, ScramCredential]]:
         try:

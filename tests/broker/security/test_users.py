@@ -126,3 +126,17 @@ def test_scram_final_nonce_must_end_with_the_servers(tmp_path: Path) -> None:
     with pytest.raises(AuthenticationFailed):
         server.step(tampered.encode())
     assert server.principal is None
+
+
+def test_store_broken_while_running_keeps_the_users_read_before(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    UserStore(tmp_path).add("alice", "pw")
+    running = UserStore(tmp_path)
+    assert running.check_password("alice", "pw")
+    running.path.write_text("{broken")
+    with caplog.at_level(logging.ERROR, logger="broker.security"):
+        assert running.check_password("alice", "pw")
+        assert running.check_password("alice", "pw")
+    assert len([r for r in caplog.records if "not valid" in r.getMessage()]) == 1
+    with pytest.raises(UserStoreError):
+        UserStore(tmp_path).names()  # a fresh reader (start-up, the CLI) is told
