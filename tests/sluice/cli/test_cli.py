@@ -158,7 +158,7 @@ def test_simulate_over_tcp_and_sources_shows_a_device_going_idle(server: SluiceP
         "--sensors",
         "4",
         "--duration",
-        str(IDLE_TIMEOUT_S + 1.0),
+        str(IDLE_TIMEOUT_S + 1.5),
         "--seed",
         "7",
         "--json",

@@ -30,7 +30,7 @@ def test_simulate_over_sluice_mqtt_and_sources_shows_a_device_going_idle(server:
     host, port = server.address("mqtt").rsplit(":", 1)
     code, out, err = sluice(
         "simulate", "--transport", "mqtt", "--host", host, "--port", port, "--sensors", "4",
-        "--first-id", str(FIRST), "--duration", str(IDLE_TIMEOUT_S + 1.0), "--seed", "11", "--json",
+        "--first-id", str(FIRST), "--duration", str(IDLE_TIMEOUT_S + 1.5), "--seed", "11", "--json",
     )
     assert code == 0, err
     report = {s["sensor"]: s for s in json.loads(out)["sensors"]}
