@@ -147,6 +147,7 @@ class MqttSettings(BaseModel):
     max_queued_messages: int = 10_000  # per persistent session
     max_queued_bytes: int = 16 * 1024 * 1024  # per session: payload bytes waiting for an offline or slow client
     max_queued_bytes_total: int = Field(default=256 * 1024 * 1024, ge=0)  # all sessions together (0 = no bound)
+    max_offline_sessions: int = Field(default=100_000, ge=0)  # beyond it the client away longest loses its session
     session_expiry_s: int = Field(default=86_400, ge=0, le=0xFFFFFFFF)  # 3.1.1 clean session = 0 sessions
     max_session_expiry_s: int = Field(default=86_400, ge=0, le=0xFFFFFFFF)  # cap on MQTT 5 Session Expiry
     connect_timeout_s: float = 10.0

@@ -172,6 +172,8 @@ _MQTT_COUNTERS = (
     ("read_pauses", "sluice_mqtt_read_pauses", "Times a connection's reads paused for backpressure"),
     ("queue_drops", "sluice_mqtt_queue_drops", "QoS 1/2 messages dropped because a session queue was full"),
     ("sessions_expired", "sluice_mqtt_sessions_expired", "Offline sessions dropped at the end of their expiry"),
+    ("sessions_evicted", "sluice_mqtt_sessions_evicted",
+     "Offline sessions ended early because mqtt.max_offline_sessions were kept"),
     ("messages_expired", "sluice_mqtt_messages_expired",
      "Queued or retained messages dropped at the end of their Message Expiry Interval"),
     ("log_records_delivered", "sluice_mqtt_log_records_delivered",

@@ -85,6 +85,7 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
         max_queued_messages=settings.max_queued_messages,
         max_queued_bytes=settings.max_queued_bytes,
         max_queued_bytes_total=settings.max_queued_bytes_total,
+        max_offline_sessions=settings.max_offline_sessions,
         session_expiry_s=_seconds(settings.session_expiry_s),
         max_session_expiry_s=_seconds(settings.max_session_expiry_s),
         connect_timeout_s=settings.connect_timeout_s,

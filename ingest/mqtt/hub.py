@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -69,6 +70,9 @@ class HubConfig:
     max_queued_messages: int = 10_000  # per session, QoS 1/2 waiting for an offline or busy client (0: no bound)
     max_queued_bytes: int = 16 * 1024 * 1024  # per session, payload bytes of those messages (0: no bound)
     max_queued_bytes_total: int = 256 * 1024 * 1024  # all sessions together (0: no bound)
+    # sessions kept for clients that are away (0: no bound); beyond it the one away longest is ended, so
+    # clients inventing client ids cannot hold memory for the whole session expiry
+    max_offline_sessions: int = 100_000
     session_expiry_s: float = 86_400.0  # 3.1.1 clean session = 0: kept this long after the client leaves
     max_session_expiry_s: float = 86_400.0  # 5.0: a longer Session Expiry Interval (or "never") is cut to this
     connect_timeout_s: float = 10.0
@@ -120,6 +124,7 @@ class HubStats:
     read_pauses: int = 0  # times a connection's socket reads were paused for backpressure
     queue_drops: int = 0  # QoS 1/2 messages dropped because a session's queue was full (also in dropped_deliveries)
     sessions_expired: int = 0  # offline sessions dropped at the end of their expiry interval
+    sessions_evicted: int = 0  # offline sessions ended early because max_offline_sessions were kept
     max_queued: int = 0  # most messages one connection ever had waiting for the append
     log_records_delivered: int = 0  # records written by others (Kafka, HTTP) sent to MQTT subscribers (from_log.py)
     log_records_skipped: int = 0  # records of a followed topic without a valid mqtt_topic header
@@ -133,6 +138,7 @@ class Hub:
     config: HubConfig = field(default_factory=HubConfig)
     authenticator: Authenticator | None = None
     sessions: dict[str, SessionState] = field(default_factory=dict)
+    offline: OrderedDict[str, SessionState] = field(default_factory=OrderedDict)  # away longest first
     connections: set[MqttConnection] = field(default_factory=set)
     tree: SubscriptionTree[SessionState | SharedGroup, Granted] = field(default_factory=SubscriptionTree)
     shared: dict[tuple[str, str], SharedGroup] = field(default_factory=dict)  # (group, filter) -> members
@@ -143,6 +149,7 @@ class Hub:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     delayed_wills: dict[str, tuple[float, Will]] = field(default_factory=dict)  # client id -> (due, will)
     _messages_expired: int = 0
+    _evicting: bool = False  # the offline-session cap was reached and that was logged
 
     def __post_init__(self) -> None:
         self.admission = Admission("MQTT", self.config.connection_limits, log)
@@ -171,6 +178,7 @@ class Hub:
         from ingest.mqtt.session_state import SessionState
 
         existing = self.sessions.get(client_id)
+        self.offline.pop(client_id, None)
         if existing is not None and existing.connection is not None and existing.connection is not connection:
             existing.connection.take_over()
         if existing is not None and (clean or existing.expired(time.monotonic())):
@@ -195,12 +203,36 @@ class Hub:
             self.drop_session(session)
         else:
             session.ended_at = time.monotonic()
+            self.offline[session.client_id] = session
+            self._evict_offline()
+
+    def _evict_offline(self) -> None:
+        """Keep at most ``max_offline_sessions`` sessions of absent clients: end the one away longest
+        (its delayed will, if any, goes out as at any session end), counted and logged once per episode."""
+        cap = self.config.max_offline_sessions
+        if not cap:
+            return
+        while len(self.offline) > cap:
+            client_id, oldest = self.offline.popitem(last=False)
+            self.stats.sessions_evicted += 1
+            if not self._evicting:
+                self._evicting = True
+                log.warning("max_offline_sessions reached: the sessions of clients away longest are ended early",
+                            extra={"max_offline_sessions": cap, "client_id": client_id})
+            pending = self.delayed_wills.pop(client_id, None)
+            self.drop_session(oldest)
+            if pending is not None:
+                self.publish_will(client_id, pending[1])
+        if len(self.offline) < cap // 2:
+            self._evicting = False
 
     def drop_session(self, session: SessionState) -> None:
         for topic_filter in list(session.subscriptions):
             self.unsubscribe(session, topic_filter)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+        if self.offline.get(session.client_id) is session:
+            del self.offline[session.client_id]
         session.release()
         self._messages_expired += session.messages_expired
         session.messages_expired = 0

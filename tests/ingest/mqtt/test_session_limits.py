@@ -120,3 +120,26 @@ async def test_all_session_queues_together_are_bounded(start_server: StartServer
     assert code == 0, err
     await wait_until(lambda: "away-1" not in server.hub.sessions, timeout=5, what="the clean session to end")
     assert server.hub.queue_budget.used == second.queued_bytes > 0
+
+
+async def test_offline_sessions_are_capped_and_the_one_away_longest_goes(
+    start_server: StartServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: every offline session was kept for its whole expiry (a day), however many client ids came."""
+    server = await start_server(max_offline_sessions=2)
+    port = str(server.port)
+    with caplog.at_level(logging.WARNING, logger="ingest.mqtt"):
+        for client_id in ("first", "second", "third", "fourth"):
+            code, _, err = await run("mosquitto_sub", "-p", port, "-c", "-i", client_id, "-q", "1", "-t", "a/#", "-E")
+            assert code == 0, err
+    assert sorted(server.hub.sessions) == ["fourth", "third"]
+    assert server.hub.stats.sessions_evicted == 2
+    assert len(server.hub.tree) == 2  # the evicted sessions took their subscriptions with them
+    assert len([r for r in caplog.records if "max_offline_sessions" in r.getMessage()]) == 1
+    # a client that comes back in time finds its session; the evicted one does not
+    raw = await RawClient.open(server.port, MQTT_311)
+    assert (await raw.connect("third", clean_start=False)).session_present is True
+    await raw.close()
+    raw = await RawClient.open(server.port, MQTT_311)
+    assert (await raw.connect("first", clean_start=False)).session_present is False
+    await raw.close()
