@@ -135,3 +135,42 @@ def test_attached_processors_refuse_exactly_once_rather_than_run_at_least_once()
 
     with pytest.raises(PipelineDefinitionError, match="exactly-once is not available for attached"):
         AttachedRunner(build({}), MemoryLogStore(), config=RunnerConfig(guarantee="exactly-once"))
+
+
+async def test_a_rebalance_commits_the_revoked_partitions_interval_and_the_new_owner_restores_it(
+        sluice: SluiceProcess, tmp_path: Path) -> None:
+    """A runs alone over half the data (windows half full, inside an open transaction); B joins: A's
+    revoke checkpoint commits that transaction, B restores the revoked partitions' state read_committed
+    and finishes their windows. Two instances on one host: two instance ids."""
+    readings = sensor_readings(60)
+    expected = batch_window_means(readings, 10_000)
+    env = topics("eos-join")
+    half = len(readings) // 2 + 55  # mid-window for every sensor
+    await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings[:half])
+    await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], readings[half - 1]["ts"] - 6_000)
+    options = ("--guarantee", "exactly-once", "--checkpoint-interval", "30")  # only rebalances and stops commit
+    a = Processor(sluice.bootstrap, env, tmp_path / "a.log", *options, "--instance-id", "a")
+    b = None
+    try:
+        deadline = time.monotonic() + 60
+        while len(finals(await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"]))) < 20:  # written, uncommitted
+            assert time.monotonic() < deadline, a.log.read_text()[-3000:]
+            await asyncio.sleep(0.2)
+        assert await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"], "read_committed") == []
+        b = Processor(sluice.bootstrap, env, tmp_path / "b.log", *options, "--instance-id", "b")
+        while not (b.assigned() and b.assigned()[-1] and len(a.assigned()) >= 2):
+            assert time.monotonic() < deadline, (a.log.read_text()[-2000:], b.log.read_text()[-2000:])
+            await asyncio.sleep(0.1)
+        # the revoke committed A's interval: its results are visible read_committed now
+        assert len(finals(await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"], "read_committed"))) >= 20
+        assert any(r != "{}" for r in b.restored()), b.log.read_text()[-3000:]
+        await produce(sluice.bootstrap, env["SENSORS_INPUT"], readings[half:])
+        await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
+        await wait_for_windows(sluice.bootstrap, env["SENSORS_OUTPUT"], len(expected))  # written, maybe uncommitted
+    finally:
+        for p in (a, b):  # a clean stop commits each one's last interval
+            if p is not None:
+                assert p.stop() == 0, p.log.read_text()[-3000:]
+    rows = await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"], "read_committed")
+    assert Counter(tuple(r["_key"]) for r in rows).most_common(1)[0][1] == 1
+    assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
