@@ -232,6 +232,17 @@ class KafkaSink:
             await self.producer.stop()
             raise SourceError(f"cannot connect producer to {self.bootstrap}: {exc}") from exc
 
+    async def track(self, topics: list[str]) -> None:
+        """Have the producer keep metadata for every topic it will write. aiokafka's producer tracks no
+        topic until its first send to one created after it started; from then on each metadata refresh
+        asks for that topic alone and replaces what it knew, so batches queued for the other output
+        topics lose their leader until they fail (NotLeaderForPartitionError)."""
+        try:
+            for topic in topics:
+                await self.producer.partitions_for(topic)
+        except KafkaError as exc:
+            raise SourceError(f"cannot read metadata of the output topics {topics}: {exc}") from exc
+
     async def stop(self) -> None:
         await self.producer.stop()
 

@@ -138,6 +138,7 @@ async def run_standalone(
     txn_timeout_ms = min(max(60_000, 3 * config.checkpoint_interval_ms), 900_000)
     sink = KafkaSink(bootstrap, client_id=client_id, transactional_id=txn_id, transaction_timeout_ms=txn_timeout_ms)
     await sink.start()  # exactly-once: fences this instance's predecessor, aborting its open transaction
+    await sink.track(pipeline.sink_topics())
     source = KafkaSource(bootstrap, pipeline.source_config.topics, pipeline.name, client_id=client_id,
                          session_timeout_ms=session_timeout_ms, transactions=sink if exactly_once else None)
     checkpoints = KafkaCheckpointStore(bootstrap, pipeline.name, sink)
