@@ -25,12 +25,15 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 __all__ = [
+    "SocketTarget",
+    "answer_contains",
     "BrokerProcess",
     "Campaign",
     "CampaignReport",
@@ -114,6 +117,52 @@ def closes_after_eof(sock: socket.socket, limit: float) -> bool:
 
 class Hang(Exception):
     """The broker neither answered nor closed within the deadline."""
+
+
+def answer_contains(address: tuple[str, int], request: bytes, marker: bytes, timeout: float) -> bool:
+    """Send ``request`` on a fresh connection; True once the answer holds ``marker`` (a probe)."""
+    try:
+        with socket.create_connection(address, timeout=timeout) as sock:
+            sock.sendall(request)
+            got = b""
+            while marker not in got:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return False
+                got += chunk
+            return True
+    except OSError:
+        return False
+
+
+class SocketTarget:
+    """What every target shares: one fuzzing connection, the inputs sent on it, and those of the last
+    closed connections (``recent`` is the reproducer a finding saves)."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.broker: BrokerProcess | None = None
+        self.sock: socket.socket | None = None
+        self.sent: list[bytes] = []
+        self.history: deque[list[bytes]] = deque(maxlen=8)  # the inputs of the last closed connections
+
+    def _retire(self) -> None:
+        """The current connection's inputs move to the history (its socket is closed or parked)."""
+        self.sock = None
+        if self.sent:
+            self.history.append(self.sent)
+        self.sent = []
+
+    def _drop(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self._retire()
+
+    def recent(self) -> list[list[bytes]]:
+        return [*self.history, *([self.sent] if self.sent else [])]
+
+    def close_all(self) -> None:
+        self._drop()
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,11 +20,10 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from bench.fuzz.harness import BrokerProcess, Hang, closes_after_eof, recv_exactly
+from bench.fuzz.harness import BrokerProcess, Hang, SocketTarget, closes_after_eof, recv_exactly
 from bench.fuzz.mutate import mutate
 
 __all__ = ["HttpTarget", "Operation", "value_from_schema"]
@@ -125,17 +124,13 @@ def _json_mutation(doc: Any, rng: random.Random) -> Any:
     return rng.choice(hostile)
 
 
-class HttpTarget:
+class HttpTarget(SocketTarget):
     name = "http"
 
     def __init__(self, deadline: float = 10.0) -> None:
-        self.deadline = deadline
-        self.broker: BrokerProcess | None = None
+        super().__init__(deadline)
         self.spec: dict[str, Any] = {}
         self.operations: list[Operation] = []
-        self.sock: socket.socket | None = None
-        self.sent: list[bytes] = []
-        self.history: deque[list[bytes]] = deque(maxlen=8)
         self.conn_budget = 0
         self.corpus: list[bytes] = []
 
@@ -243,14 +238,6 @@ class HttpTarget:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
-    def _drop(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-        self.sock = None
-        if self.sent:
-            self.history.append(self.sent)
-        self.sent = []
-
     def step(self, rng: random.Random) -> None:
         op = rng.choice(self.operations)
         data, framing, wait = self._request(rng, op)
@@ -330,14 +317,8 @@ class HttpTarget:
         except OSError:
             return False
 
-    def recent(self) -> list[list[bytes]]:
-        return [*self.history, *([self.sent] if self.sent else [])]
-
     def flush(self) -> None:
         """Every input is answered before step returns: nothing pending."""
-
-    def close_all(self) -> None:
-        self._drop()
 
     def probe(self) -> bool:
         return self._roundtrip_ok(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")

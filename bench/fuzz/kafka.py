@@ -30,7 +30,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from bench.fuzz.harness import BrokerProcess, Hang, closes_after_eof, recv_exactly
+from bench.fuzz.harness import BrokerProcess, Hang, SocketTarget, closes_after_eof, recv_exactly
 from bench.fuzz.mutate import mutate
 from broker.protocol.kafka import (
     SUPPORTED_APIS,
@@ -202,17 +202,13 @@ def split_frames(data: bytes) -> tuple[list[bytes], str]:
     return frames, "whole"
 
 
-class KafkaTarget:
+class KafkaTarget(SocketTarget):
     name = "kafka"
 
     def __init__(self, deadline: float = 10.0, per_version: int = 12) -> None:
-        self.deadline = deadline
+        super().__init__(deadline)
         self.per_version = per_version
         self.seeds: list[bytes] = []
-        self.broker: BrokerProcess | None = None
-        self.sock: socket.socket | None = None
-        self.sent: list[bytes] = []
-        self.history: deque[list[bytes]] = deque(maxlen=8)  # the inputs of the last closed connections
         self.parked: deque[tuple[float, socket.socket]] = deque()
         self.corr = 0
         self.conn_budget = 0
@@ -269,21 +265,10 @@ class KafkaTarget:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
-    def _drop(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-        self.sock = None
-        if self.sent:
-            self.history.append(self.sent)
-        self.sent = []
-
     def _park(self) -> None:
         assert self.sock is not None
         self.parked.append((time.monotonic() + _PARK_SECONDS, self.sock))
-        self.sock = None
-        if self.sent:
-            self.history.append(self.sent)
-        self.sent = []
+        self._retire()
         while self.parked and (len(self.parked) > _MAX_PARKED or self.parked[0][0] < time.monotonic()):
             self.parked.popleft()[1].close()
 
@@ -389,9 +374,6 @@ class KafkaTarget:
         except OSError:
             self._drop()
             return True
-
-    def recent(self) -> list[list[bytes]]:
-        return [*self.history, *([self.sent] if self.sent else [])]
 
     def flush(self) -> None:
         self._flush()

@@ -16,9 +16,8 @@ import socket
 import subprocess
 import time
 import uuid
-from collections import deque
 
-from bench.fuzz.harness import BrokerProcess, Hang, closes_after_eof, recv_exactly
+from bench.fuzz.harness import BrokerProcess, Hang, SocketTarget, answer_contains, closes_after_eof, recv_exactly
 from bench.fuzz.mutate import mutate
 
 __all__ = ["MqttTarget", "encode_varint", "packet_state", "seed_packets"]
@@ -179,16 +178,12 @@ def packet_state(data: bytes) -> str:
     return "whole"
 
 
-class MqttTarget:
+class MqttTarget(SocketTarget):
     name = "mqtt"
 
     def __init__(self, deadline: float = 10.0) -> None:
-        self.deadline = deadline
-        self.broker: BrokerProcess | None = None
-        self.sock: socket.socket | None = None
+        super().__init__(deadline)
         self.version = 4
-        self.sent: list[bytes] = []
-        self.history: deque[list[bytes]] = deque(maxlen=8)  # the inputs of the last closed connections
         self.corpus: list[bytes] = []
         self.conn_budget = 0
 
@@ -237,14 +232,6 @@ class MqttTarget:
         return bytes((rng.randrange(256),)) + encode_varint(len(body)) + body
 
     # ------------------------------------------------------------------ connections
-
-    def _drop(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-        self.sock = None
-        if self.sent:
-            self.history.append(self.sent)
-        self.sent = []
 
     def step(self, rng: random.Random) -> None:
         if self.sock is None or self.conn_budget <= 0:
@@ -318,29 +305,13 @@ class MqttTarget:
             self._drop()
             return True
 
-    def recent(self) -> list[list[bytes]]:
-        return [*self.history, *([self.sent] if self.sent else [])]
-
     def flush(self) -> None:
         """Every input is answered before step returns: nothing pending."""
 
-    def close_all(self) -> None:
-        self._drop()
-
     def probe(self) -> bool:
         assert self.broker is not None
-        try:
-            with socket.create_connection(self.broker.endpoints["mqtt"], timeout=self.deadline) as sock:
-                sock.sendall(connect(random.Random(0), 4, "probe") + PINGREQ)
-                got = b""
-                while b"\xd0\x00" not in got:
-                    chunk = sock.recv(4096)
-                    if not chunk:
-                        return False
-                    got += chunk
-                return True
-        except OSError:
-            return False
+        return answer_contains(self.broker.endpoints["mqtt"], connect(random.Random(0), 4, "probe") + PINGREQ,
+                               b"\xd0\x00", self.deadline)
 
     def client_check(self) -> list[str]:
         assert self.broker is not None

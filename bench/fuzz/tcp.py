@@ -16,10 +16,9 @@ import socket
 import subprocess
 import time
 import uuid
-from collections import deque
 from typing import Any
 
-from bench.fuzz.harness import BrokerProcess, Hang
+from bench.fuzz.harness import BrokerProcess, Hang, SocketTarget, answer_contains
 from bench.fuzz.mutate import mutate
 
 __all__ = ["LISTENERS", "ROUTES", "TcpTarget", "hostile_line", "valid_line"]
@@ -84,18 +83,14 @@ def hostile_line(rng: random.Random, fmt: str) -> bytes:
     return rng.choice(common + per_format["ndjson" if fmt == "raw" else fmt])
 
 
-class TcpTarget:
+class TcpTarget(SocketTarget):
     name = "tcp"
 
     def __init__(self, deadline: float = 10.0) -> None:
-        self.deadline = deadline
-        self.broker: BrokerProcess | None = None
-        self.sock: socket.socket | None = None
+        super().__init__(deadline)
         self.fmt = "ndjson"
         self.lines = 0  # newlines sent on this connection
         self.buffer = b""  # answers not yet consumed
-        self.sent: list[bytes] = []
-        self.history: deque[list[bytes]] = deque(maxlen=8)
         self.conn_budget = 0
         self.unacked = 0  # inputs sent since the last ACK wait
         self.corpus: list[bytes] = []
@@ -123,14 +118,6 @@ class TcpTarget:
             return rng.randbytes(rng.choice((1, 100, 5000)))
         end = rng.choice((b"\n", b"\n", b"\r\n"))
         return end.join(lines) + end
-
-    def _drop(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-        self.sock = None
-        if self.sent:
-            self.history.append(self.sent)
-        self.sent = []
 
     def step(self, rng: random.Random) -> None:
         if self.sock is None or self.conn_budget <= 0:
@@ -203,26 +190,10 @@ class TcpTarget:
             self._drop()
             return True
 
-    def recent(self) -> list[list[bytes]]:
-        return [*self.history, *([self.sent] if self.sent else [])]
-
-    def close_all(self) -> None:
-        self._drop()
-
     def probe(self) -> bool:
         assert self.broker is not None
-        try:
-            with socket.create_connection(self.broker.endpoints["tcp"], timeout=self.deadline) as sock:
-                sock.sendall(b'{"device": "probe", "ts": 1700000000000}\n')
-                got = b""
-                while b"ACK 1" not in got:
-                    chunk = sock.recv(4096)
-                    if not chunk:
-                        return False
-                    got += chunk
-                return True
-        except OSError:
-            return False
+        return answer_contains(self.broker.endpoints["tcp"], b'{"device": "probe", "ts": 1700000000000}\n',
+                               b"ACK 1", self.deadline)
 
     def client_check(self) -> list[str]:
         """nc sends a line in ack mode; kcat finds it in the topic its route names."""
