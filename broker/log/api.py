@@ -269,8 +269,9 @@ class PartitionLog(ABC):
         order) would otherwise wait for the writes made in between too, one more fsync round each."""
         await self._make_durable(mark)
 
-    def append_nowait(self, data: bytes | bytearray | memoryview) -> AppendResult:
-        """Validate, assign offsets and write, without waiting for durability."""
+    def append_nowait(self, data: bytes | bytearray | memoryview, *, verified: bool = False) -> AppendResult:
+        """Validate, assign offsets and write, without waiting for durability. ``verified``: the caller
+        has already checked every batch's CRC (Produce's validation), so it is not computed twice."""
         if len(data) > self.config.max_message_bytes:
             raise RecordTooLargeError(
                 f"record batch of {len(data)} bytes exceeds max.message.bytes={self.config.max_message_bytes} "
@@ -278,7 +279,7 @@ class PartitionLog(ABC):
             )
         codec = self.config.recompress_to
         view = memoryview(data if codec is None else recompress_batches(data, codec))
-        parsed = list(iter_batches(view))
+        parsed = list(iter_batches(view, verify=not verified))
         next_offset = self.log_end_offset
         stored: list[tuple[bytearray, BatchHeader]] = []
         max_ts = -1

@@ -106,7 +106,7 @@ def _append_one(
                        "producer_id": header.producer_id, "sequence": header.base_sequence},
             )
             return ProducePartitionResponse(partition, decision.error), None
-        result = plog.append_nowait(accepted.data)
+        result = plog.append_nowait(accepted.data, verified=True)  # validate_produce_batch checked the CRC
         ctx.producer_state.record(topic, partition, header, result.base_offset)
         if header.is_transactional:
             ctx.transactions.appended(topic, partition, header.producer_id, result.base_offset)
