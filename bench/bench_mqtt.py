@@ -35,8 +35,8 @@ from pathlib import Path
 
 from broker.log.api import LogStore
 from ingest.mqtt.listener import MqttListener
+from sluice.components.mqtt import mqtt_listener
 from sluice.config import load_settings
-from sluice.mqtt_wiring import mqtt_listener
 from sluice.runtime import Runtime
 from sluice.serve import open_store
 

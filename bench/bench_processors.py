@@ -44,9 +44,9 @@ from broker.log.memory import MemoryLogStore
 from broker.log.partitioner import partition_for_key
 from broker.protocol.records import RecordSpec, encode_batch
 from processors.aggregations import Mean
+from processors.hosting import AttachedRunner, run_standalone
 from processors.pipeline import Pipeline
 from processors.runner import AT_LEAST_ONCE, EXACTLY_ONCE, Guarantee, Runner, RunnerConfig
-from processors.runners import AttachedRunner, run_standalone
 from processors.watermarks import BoundedOutOfOrderness
 from processors.windows import Tumbling
 

@@ -30,8 +30,8 @@ from pathlib import Path
 from ingest.health import HealthRegistry
 from ingest.sink import IngestSink
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
+from sluice.components.ingest_core import build_router
 from sluice.config import load_settings
-from sluice.ingest_wiring import build_router
 from sluice.serve import open_store
 
 

@@ -122,7 +122,7 @@ def process(
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
 ) -> None:
     """Run a stream processor standalone, as a member of its consumer group (start more to scale out)."""
-    from sluice.process_cmd import run_process
+    from sluice.cli_process import run_process
 
     configure_logging(log_level, "text")
     raise typer.Exit(run_process(pipeline, bootstrap, checkpoint_interval, session_timeout_ms,

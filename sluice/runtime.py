@@ -1,7 +1,7 @@
 """What every component of a running Sluice shares: settings, the log store, endpoints.
 
 Components are the pluggable parts of ``sluice serve`` (the Kafka listener, MQTT, TCP, HTTP,
-attached processors). Each is built by a factory in ``sluice/components.py`` from the Runtime and
+attached processors). Each is built by a factory in ``sluice/components/__init__.py`` from the Runtime and
 started in order; they stop in reverse order.
 """
 

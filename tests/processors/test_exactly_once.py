@@ -130,7 +130,7 @@ def batch_jump_alerts(readings: list[dict[str, Any]], ratio: float = 1.1) -> lis
 
 
 def test_an_unknown_guarantee_is_refused_before_connecting(capsys: pytest.CaptureFixture[str]) -> None:
-    from sluice.process_cmd import run_process
+    from sluice.cli_process import run_process
 
     assert run_process("processors.examples.sensors:pipeline", "127.0.0.1:9", 1.0, guarantee="twice") == 2
     assert "--guarantee must be one of at-least-once, exactly-once" in capsys.readouterr().err
@@ -140,8 +140,8 @@ def test_attached_processors_refuse_exactly_once_rather_than_run_at_least_once()
     from broker.log.memory import MemoryLogStore
     from processors.errors import PipelineDefinitionError
     from processors.examples.sensors import build
+    from processors.hosting import AttachedRunner
     from processors.runner import RunnerConfig
-    from processors.runners import AttachedRunner
 
     with pytest.raises(PipelineDefinitionError, match="exactly-once is not available for attached"):
         AttachedRunner(build({}), MemoryLogStore(), config=RunnerConfig(guarantee="exactly-once"))

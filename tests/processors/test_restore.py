@@ -17,9 +17,9 @@ from broker.log.memory import MemoryLogStore
 from broker.log.segment import SegmentLogStore
 from broker.protocol.records import RecordSpec
 from processors.aggregations import Count, Mean
+from processors.hosting import AttachedRunner
 from processors.pipeline import Pipeline
 from processors.runner import RunnerConfig
-from processors.runners import AttachedRunner
 from processors.testing import FakeClock
 from processors.watermarks import AllIdlePolicy, BoundedOutOfOrderness
 from processors.windows import Tumbling

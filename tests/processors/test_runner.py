@@ -20,9 +20,9 @@ from broker.protocol.records import RecordSpec, decode_all, encode_batch
 from processors.aggregations import Mean
 from processors.checkpoint import LogCheckpointStore, PartitionRestore
 from processors.executor import RecordLike, TopicPartition
+from processors.hosting import AttachedRunner
 from processors.pipeline import Pipeline
 from processors.runner import Runner, RunnerConfig
-from processors.runners import AttachedRunner
 from processors.sources import AssignmentListener, LogSource
 from processors.testing import FakeClock, MemorySink, decode_output
 from processors.watermarks import AllIdlePolicy, BoundedOutOfOrderness

@@ -25,10 +25,10 @@ import yaml
 from pydantic import BaseModel
 
 from ingest.routing import RouteRule
-from processors.runners import load_pipeline
 from sluice.cli import app
 from sluice.cli_demo import PIPELINE, SENSOR_ROUTES, TOPICS
 from sluice.cli_simulate import PROFILES, TRANSPORTS
+from sluice.components.processors import load_pipeline
 from sluice.config import Settings
 
 try:  # typer >= 0.2x vendors click

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ingest.routing import RawMessage, Rejected, Routed, Router, SourceRef
+from sluice.components.ingest_core import build_router
 from sluice.config import Settings, load_settings
-from sluice.ingest_wiring import build_router
 
 SAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "sluice.toml"
 MQTT = SourceRef("mqtt", "default")

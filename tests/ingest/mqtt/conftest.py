@@ -18,8 +18,8 @@ from ingest.mqtt.codec import Decoder, encode
 from ingest.mqtt.hub import Hub
 from ingest.mqtt.listener import MqttListener
 from ingest.mqtt.packets import MQTT_311, Connack, Connect, Packet
+from sluice.components.mqtt import mqtt_listener
 from sluice.config import load_settings
-from sluice.mqtt_wiring import mqtt_listener
 from sluice.runtime import Runtime
 
 # Temperatures: topic sensors/<device>/temperature, JSON payload with "ts" (ms) -> log topic

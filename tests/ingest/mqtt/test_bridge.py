@@ -20,8 +20,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from broker.log.memory import MemoryLogStore
 from broker.log.segment import SegmentLogStore
 from ingest.bridge import MqttBridge
+from sluice.components.mqtt import mqtt_bridges
 from sluice.config import load_settings
-from sluice.mqtt_wiring import mqtt_bridges
 from sluice.runtime import Runtime
 from tests.ingest.conftest import records
 from tests.ingest.mqtt.mosquitto import Mosquitto

@@ -1,5 +1,10 @@
 """The one place listeners and runners plug into ``sluice serve``.
 
+One module per part, named after what it wires: ``kafka`` (listener + group coordinator), ``mqtt``
+(listener + bridges), ``tcp_file`` (TCP line listeners + file sources), ``processors`` (attached
+pipelines), and the parts they share: ``ingest_core`` (router, health, sink) and ``security``
+(the authenticator). The HTTP API's component lives in ``sluice.http.server``.
+
 Each factory takes the Runtime and returns a Component, or None when its section is disabled.
 Order matters: components start top to bottom and stop bottom to top, so the front doors that
 accept data stop before the parts that store it.
@@ -9,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sluice.ingest_components import file_component, tcp_component
-from sluice.kafka_component import kafka_component
-from sluice.mqtt_wiring import mqtt_bridges, mqtt_listener
-from sluice.processors_component import processors_component
+from sluice.components.kafka import kafka_component
+from sluice.components.mqtt import mqtt_bridges, mqtt_listener
+from sluice.components.processors import processors_component
+from sluice.components.tcp_file import file_component, tcp_component
 from sluice.runtime import Component, Runtime
 
 __all__ = ["COMPONENT_FACTORIES", "build_components"]

@@ -9,8 +9,8 @@ import pytest
 from broker.log.memory import MemoryLogStore
 from ingest.errors import ConfigError
 from ingest.routing import RawMessage, Routed, SourceRef
+from sluice.components.ingest_core import ingest_core
 from sluice.config import load_settings
-from sluice.ingest_wiring import ingest_core
 from sluice.runtime import Runtime
 
 

@@ -15,9 +15,9 @@ from broker.groups.offsets import DurableOffsetStore, MemoryOffsetStore, OffsetS
 from broker.server.kafka import KafkaListenerConfig, KafkaServer, KafkaServerConfig
 from broker.server.producer_state import ProducerIdAllocator, ProducerStateTable, rebuild
 from broker.txn import TxnSettings
+from sluice.components.security import authenticator
 from sluice.front_metrics import KafkaCollector, publish_collector
 from sluice.runtime import Runtime
-from sluice.security_wiring import authenticator
 
 __all__ = ["KafkaComponent", "kafka_component"]
 

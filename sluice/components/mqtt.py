@@ -22,10 +22,10 @@ from ingest.mqtt.from_log import LogToMqtt
 from ingest.mqtt.hub import Authenticator, Hub, HubConfig
 from ingest.mqtt.listener import MqttListener, SinkPort
 from ingest.routing import SourceRef
+from sluice.components.ingest_core import ingest_core
+from sluice.components.security import authenticator
 from sluice.front_metrics import BridgeCollector, MqttCollector, publish_collector
-from sluice.ingest_wiring import ingest_core
 from sluice.runtime import Component, Runtime
-from sluice.security_wiring import authenticator
 
 __all__ = ["MQTT_SOURCE", "BridgesComponent", "mqtt_bridges", "mqtt_listener"]
 

@@ -1,6 +1,6 @@
 """``sluice serve`` components for the TCP line listeners and the file sources.
 
-Both take the shared ingest core from ``sluice.ingest_wiring.ingest_core`` (the MQTT listener and
+Both take the shared ingest core from ``sluice.components.ingest_core.ingest_core`` (the MQTT listener and
 bridge use the same one), so every front door shares one router, one backpressure budget and one
 health registry.
 """
@@ -14,8 +14,8 @@ from ingest.admission import Admission, ConnectionLimits
 from ingest.file.source import FileSource, FileSourceConfig, PositionStore
 from ingest.routing import KeySpec, RouteRule, TimeSpec
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
+from sluice.components.ingest_core import ingest_core
 from sluice.front_metrics import AdmissionCollector, publish_collector
-from sluice.ingest_wiring import ingest_core
 from sluice.runtime import Runtime
 
 __all__ = ["FileIngestComponent", "TcpIngestComponent", "file_component", "tcp_component"]

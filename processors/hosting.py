@@ -1,10 +1,8 @@
-"""Running pipelines: attached inside ``sluice serve``, or standalone in a consumer group.
+"""Where a pipeline's Runner (``processors.runner``) gets its source, sink and checkpoints.
 
 * ``AttachedRunner`` reads every partition of the source topics straight from the in-process
   ``LogStore``, appends results through it, and checkpoints to ``_checkpoints.<pipeline>`` in the
-  same store. ``AttachedProcessors`` is the ``sluice serve`` component holding all of them; its
-  ``status()`` (a list, one dict per pipeline) is what the HTTP API reads from
-  ``runtime.registries["processors"]``.
+  same store (``sluice.components.processors`` holds one per ``--processor`` in ``sluice serve``).
 * ``run_standalone`` (``sluice process module:pipeline --bootstrap host:port``) runs the same
   pipeline as a member of the consumer group ``pipeline.name`` over the Kafka protocol
   (``processors.kafka``); start more instances to split the partitions. With
@@ -17,51 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import signal
 import socket
 from collections.abc import Callable
-from typing import Any
 
 from broker.log.api import LogStore
 from processors.checkpoint import LogCheckpointStore
 from processors.errors import PipelineDefinitionError
-from processors.pipeline import Pipeline, Stream
+from processors.pipeline import Pipeline
 from processors.runner import EXACTLY_ONCE, Runner, RunnerConfig
 from processors.sources import LogSink, LogSource
 from processors.time import Clock
 
-__all__ = ["AttachedProcessors", "AttachedRunner", "load_pipeline", "run_standalone", "transactional_id"]
+__all__ = ["AttachedRunner", "run_standalone", "transactional_id"]
 
-log = logging.getLogger("processors.runners")
-
-
-def load_pipeline(ref: str | Pipeline | Stream) -> Pipeline:
-    """``"module:attr"`` → the Pipeline (``attr`` may be a Pipeline, a Stream of one, or a
-    function returning either)."""
-    if isinstance(ref, Pipeline):
-        return ref
-    if isinstance(ref, Stream):
-        return ref.pipeline
-    module_name, sep, attr = ref.partition(":")
-    if not sep or not module_name or not attr:
-        raise PipelineDefinitionError(f"processor reference {ref!r} must look like 'module:attribute'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise PipelineDefinitionError(f"cannot import {module_name!r} for processor {ref!r}: {exc}") from exc
-    obj: Any = getattr(module, attr, None)
-    if obj is None:
-        raise PipelineDefinitionError(f"module {module_name!r} has no attribute {attr!r}")
-    if callable(obj) and not isinstance(obj, Pipeline | Stream):
-        obj = obj()
-    if isinstance(obj, Stream):
-        obj = obj.pipeline
-    if not isinstance(obj, Pipeline):
-        raise PipelineDefinitionError(f"{ref!r} is a {type(obj).__name__}, not a Pipeline")
-    obj.validate()
-    return obj
+log = logging.getLogger("processors.hosting")
 
 
 class AttachedRunner(Runner):
@@ -76,34 +45,6 @@ class AttachedRunner(Runner):
         source = LogSource(store, pipeline.source_config.topics)
         super().__init__(pipeline, source, LogSink(store), LogCheckpointStore(store, pipeline.name),
                          clock=clock, config=config)
-
-
-class AttachedProcessors:
-    """The ``sluice serve`` component: every ``--processor module:pipeline``, attached."""
-
-    name = "processors"
-
-    def __init__(self, store: LogStore, refs: list[str], *, clock: Clock | None = None,
-                 config: RunnerConfig | None = None) -> None:
-        self.store = store
-        self.refs = refs
-        self.clock = clock
-        self.config = config
-        self.runners: list[AttachedRunner] = []
-
-    async def start(self) -> None:
-        for ref in self.refs:
-            runner = AttachedRunner(load_pipeline(ref), self.store, clock=self.clock, config=self.config)
-            await runner.start()
-            self.runners.append(runner)
-
-    async def stop(self) -> None:
-        for runner in reversed(self.runners):
-            await runner.stop()
-
-    def status(self) -> list[dict[str, Any]]:
-        """One JSON-ready status dict per pipeline (what ``GET /processors`` lists)."""
-        return [r.status() for r in self.runners]
 
 
 def transactional_id(pipeline: Pipeline, instance_id: str | None) -> str:

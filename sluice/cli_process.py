@@ -6,8 +6,9 @@ import asyncio
 import sys
 
 from processors.errors import ProcessorError
+from processors.hosting import run_standalone
 from processors.runner import GUARANTEES, RunnerConfig
-from processors.runners import load_pipeline, run_standalone
+from sluice.components.processors import load_pipeline
 
 __all__ = ["run_process"]
 
