@@ -7,6 +7,8 @@ by backpressure. The CLI, the HTTP API and metrics read ``snapshot()``.
 Time comes from an injected clock (seconds since the epoch, ``time.time`` by default), so idle
 detection is tested without sleeping. A source or device is idle when nothing arrived from it for
 ``idle_timeout_s`` (a source that never sent anything counts from when it was registered).
+Each row also carries ``rate_per_s`` and a ``state`` (active, slow, idle or bursty; the rules are in
+``ingest/arrivals.py``), so every reader describes a device the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ingest.arrivals import ArrivalRate, bucket_of, slow_devices
 from ingest.routing import SourceRef
 
 __all__ = ["OVERFLOW_DEVICE", "DeviceHealth", "HealthRegistry", "SourceHealth"]
@@ -31,6 +34,7 @@ class DeviceHealth:
     bytes: int = 0
     errors: int = 0
     last_seen: float | None = None
+    arrivals: ArrivalRate = field(default_factory=ArrivalRate)
 
 
 @dataclass(slots=True)
@@ -50,6 +54,7 @@ class SourceHealth:
     connections: int = 0
     connections_total: int = 0
     devices: dict[str, DeviceHealth] = field(default_factory=dict)
+    arrivals: ArrivalRate = field(default_factory=ArrivalRate)
 
 
 class HealthRegistry:
@@ -90,11 +95,14 @@ class HealthRegistry:
         entry.messages += messages
         entry.bytes += nbytes
         entry.last_seen = now
+        bucket = bucket_of(now)
+        entry.arrivals.add(bucket, messages)
         if device is not None:
             dev = self._device(entry, device)
             dev.messages += messages
             dev.bytes += nbytes
             dev.last_seen = now
+            dev.arrivals.add(bucket, messages)
 
     def record_batch(self, source: SourceRef, per_device: Mapping[str | None, Sequence[int]]) -> None:
         """Many messages at once: ``per_device`` maps a device (None: unknown) to ``[messages, bytes]``.
@@ -104,16 +112,19 @@ class HealthRegistry:
         if not per_device:
             return
         now = self._clock()
+        bucket = bucket_of(now)
         entry = self.register(source)
         entry.last_seen = now
         for device, (messages, nbytes) in per_device.items():
             entry.messages += messages
             entry.bytes += nbytes
+            entry.arrivals.add(bucket, messages)
             if device is not None:
                 dev = self._device(entry, device)
                 dev.messages += messages
                 dev.bytes += nbytes
                 dev.last_seen = now
+                dev.arrivals.add(bucket, messages)
 
     def error(self, source: SourceRef, device: str | None, reason: str) -> None:
         entry = self.register(source)
@@ -189,10 +200,13 @@ class HealthRegistry:
     def snapshot(self, *, devices: bool = True) -> list[dict[str, Any]]:
         """JSON-ready rows: one ``"type": "source"`` row per source, then its ``"device"`` rows."""
         now = self._clock()
+        bucket = bucket_of(now)
         rows: list[dict[str, Any]] = []
         for entry in self._sources.values():
             paused = entry.paused_s + (now - entry.paused_since if entry.paused_since is not None else 0.0)
             since = entry.last_seen if entry.last_seen is not None else entry.registered
+            idle = now - since > self.idle_timeout_s
+            rate, _ = entry.arrivals.read(bucket)
             rows.append(
                 {
                     "type": "source",
@@ -204,7 +218,9 @@ class HealthRegistry:
                     "errors": entry.errors,
                     "last_error": entry.last_error,
                     "last_seen_ms": _ms(entry.last_seen),
-                    "idle": now - since > self.idle_timeout_s,
+                    "idle": idle,
+                    "rate_per_s": round(rate, 3),
+                    "state": "idle" if idle else "bursty" if entry.arrivals.bursty(bucket) else "active",
                     "in_flight": entry.in_flight,
                     "paused": entry.paused_count > 0,
                     "paused_s": round(paused, 6),
@@ -214,21 +230,39 @@ class HealthRegistry:
                     "devices": len(entry.devices),
                 }
             )
-            if not devices:
-                continue
-            for dev in entry.devices.values():
-                rows.append(
-                    {
-                        "type": "device",
-                        "source": entry.source.label,
-                        "device": dev.device,
-                        "messages": dev.messages,
-                        "bytes": dev.bytes,
-                        "errors": dev.errors,
-                        "last_seen_ms": _ms(dev.last_seen),
-                        "idle": dev.last_seen is None or now - dev.last_seen > self.idle_timeout_s,
-                    }
-                )
+            if devices:
+                rows.extend(self._device_rows(entry, now, bucket))
+        return rows
+
+    def _device_rows(self, entry: SourceHealth, now: float, bucket: int) -> list[dict[str, Any]]:
+        idle = {
+            dev.device: dev.last_seen is None or now - dev.last_seen > self.idle_timeout_s
+            for dev in entry.devices.values()
+        }
+        rates = {dev.device: dev.arrivals.read(bucket)[0] for dev in entry.devices.values()}
+        slow = slow_devices({name: rate for name, rate in rates.items() if not idle[name]})
+        rows = []
+        for dev in entry.devices.values():
+            if idle[dev.device]:
+                state = "idle"
+            elif dev.arrivals.bursty(bucket):
+                state = "bursty"
+            else:
+                state = "slow" if dev.device in slow else "active"
+            rows.append(
+                {
+                    "type": "device",
+                    "source": entry.source.label,
+                    "device": dev.device,
+                    "messages": dev.messages,
+                    "bytes": dev.bytes,
+                    "errors": dev.errors,
+                    "last_seen_ms": _ms(dev.last_seen),
+                    "idle": idle[dev.device],
+                    "rate_per_s": round(rates[dev.device], 3),
+                    "state": state,
+                }
+            )
         return rows
 
 

@@ -4,7 +4,9 @@
 set -euo pipefail
 # `install-system-deps.sh venv` installs only what `python3 -m venv` needs on a bare Debian (make run);
 # `install-system-deps.sh bench` adds what the benchmarks build their C load generator with (make bench).
-test_packages=(python3-venv kcat mosquitto mosquitto-clients redis-server nats-server docker-compose netcat-openbsd curl)
+# chromium: the web console's browser tests (tests/sluice/console) drive it headless through Playwright.
+test_packages=(python3-venv kcat mosquitto mosquitto-clients redis-server nats-server docker-compose netcat-openbsd curl
+  chromium)
 case "${1:-}" in
   venv) packages=(python3-venv) ;;
   bench) packages=("${test_packages[@]}" gcc libc6-dev librdkafka-dev) ;;

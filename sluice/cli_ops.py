@@ -128,6 +128,14 @@ def groups_describe(group: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, json_o
     console.print(parts)
 
 
+_STATE_STYLE = {"idle": "[yellow]{}[/]", "slow": "[magenta]{}[/]", "bursty": "[cyan]{}[/]"}  # see ingest/arrivals.py
+
+
+def _state(row: dict[str, Any]) -> str:
+    state = str(row.get("state") or ("idle" if row.get("idle") else "active"))
+    return _STATE_STYLE.get(state, "{}").format(state)
+
+
 def _ago(ms: int | None, now: float) -> str:
     if ms is None:
         return "never"
@@ -171,7 +179,7 @@ def sources(
         print_json(rows + extra)
         return
     now = time.time()
-    table = Table("source", "device", "messages", "rate/s", "bytes", "errors", "last seen", "idle")
+    table = Table("source", "device", "messages", "rate/s", "bytes", "errors", "last seen", "state")
     for r in rows:
         table.add_row(
             str(r.get("source", "")),
@@ -181,7 +189,7 @@ def sources(
             str(r.get("bytes", 0)),
             str(r.get("errors", 0)),
             _ago(r.get("last_seen_ms"), now),
-            "[yellow]idle[/]" if r.get("idle") else "active",
+            _state(r),
         )
     console.print(table)
     if bridges:

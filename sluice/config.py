@@ -221,6 +221,7 @@ class IngestSettings(BaseModel):
 class HttpSettings(BaseModel):
     enabled: bool = True
     port: int = 8080
+    console: bool = True  # the web console at /console (sluice/console)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)  # larger request bodies: 413, refused while streaming
 
 

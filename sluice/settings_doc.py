@@ -99,6 +99,7 @@ _NOTES = {
     "tcp.listeners[].ack": "answer ACK/OK/ERR after the durable append",
     "http.enabled": "HTTP API (FastAPI)",
     "http.port": "HTTP API port",
+    "http.console": "the web console at /console (pages over the API's data; files shipped in the package)",
     "ingest.routes": "routing rules, see \"Device ingest\" above (JSON list of rule objects)",
     "ingest.dead_letter_topic": "where unparseable or unroutable messages go, with the reason",
     "ingest.default_mqtt_topic": "log topic for MQTT messages no rule matches",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
 
 import sluice
+from sluice.console import install_console
 from sluice.http import fronts, groups, metrics, ops, records, stream, topics
 from sluice.http.context import ApiContext, ApiCounters
 from sluice.http.limits import BodyLimitMiddleware
@@ -25,7 +27,15 @@ dashboards and operators. Errors are `application/problem+json` documents (type,
 
 def create_app(runtime: Runtime, *, max_wait_ms: int = 30_000, sse_heartbeat_s: float = 15.0) -> FastAPI:
     """The API over ``runtime``; ``max_wait_ms`` caps long-polls, ``sse_heartbeat_s`` paces SSE keepalives."""
-    app = FastAPI(title="Sluice", version=sluice.__version__, description=DESCRIPTION)
+    # /docs and /redoc with Swagger UI and ReDoc served from fastapi-offline's files, not a CDN;
+    # no validator badge (Swagger UI would fetch it from validator.swagger.io)
+    app = FastAPIOffline(
+        title="Sluice",
+        version=sluice.__version__,
+        description=DESCRIPTION,
+        static_url="/docs-static",
+        swagger_ui_parameters={"validatorUrl": None},
+    )
     registry = CollectorRegistry(auto_describe=True)
     ctx = ApiContext(runtime, registry, ApiCounters(registry), max_wait_ms=max_wait_ms, sse_heartbeat_s=sse_heartbeat_s)
     ctx.collector = RuntimeCollector(ctx)
@@ -37,4 +47,6 @@ def create_app(runtime: Runtime, *, max_wait_ms: int = 30_000, sse_heartbeat_s: 
     for module in (topics, records, stream, groups, ops, fronts, metrics):
         # Any request may carry a number out of range (400) or an oversized body (413).
         app.include_router(module.router, responses={k: PROBLEM_RESPONSES[k] for k in (400, 413, 422)})
+    if runtime.settings.http.console:
+        install_console(app)
     return app

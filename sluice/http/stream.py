@@ -8,7 +8,7 @@ goes away, after ``limit`` records, or when the server stops.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
@@ -22,11 +22,14 @@ from sluice.http.models import OutFormat, record_out
 from sluice.http.problems import PROBLEM_RESPONSES, ProblemError
 from sluice.http.records import check_offset, read_records
 
-__all__ = ["router", "sse_event"]
+__all__ = ["RecordRenderer", "record_events", "router", "sse_event", "start_cursors"]
 
 router = APIRouter(prefix="/topics", tags=["records"], responses={500: PROBLEM_RESPONSES[500]})
 
 BATCH = 500
+
+# (partition, record) -> the ``data:`` of its ``record`` event; the API sends JSON, the console HTML
+RecordRenderer = Callable[[int, Record], str]
 
 
 def sse_event(event: str, data: str, event_id: str | None = None) -> bytes:
@@ -44,9 +47,16 @@ def _render(partition: int, record: Record, fmt: OutFormat) -> str:
         return record_out(partition, record, "auto").model_dump_json()
 
 
-async def _events(
-    ctx: ApiContext, topic: str, logs: list[PartitionLog], cursors: dict[int, int], limit: int | None, fmt: OutFormat
+async def record_events(
+    ctx: ApiContext,
+    topic: str,
+    logs: list[PartitionLog],
+    cursors: dict[int, int],
+    limit: int | None,
+    render: RecordRenderer,
 ) -> AsyncIterator[bytes]:
+    """``subscribed``, then one ``record`` event per record from ``cursors`` on, until the client leaves,
+    ``limit`` records were sent, or the server stops; keepalive comments while nothing arrives."""
     sent = 0
     ctx.counters.sse_clients.inc()
     try:
@@ -63,7 +73,7 @@ async def _events(
                 progressed = True
                 cursors[log.partition] = records[-1].offset + 1
                 chunk = b"".join(
-                    sse_event("record", _render(log.partition, r, fmt), f"{log.partition}:{r.offset}") for r in records
+                    sse_event("record", render(log.partition, r), f"{log.partition}:{r.offset}") for r in records
                 )
                 sent += len(records)
                 ctx.counters.fetched_records.labels(topic, "sse").inc(len(records))
@@ -77,6 +87,20 @@ async def _events(
                     yield b": keepalive\n\n"
     finally:
         ctx.counters.sse_clients.dec()
+
+
+def start_cursors(
+    logs: list[PartitionLog], offset: int | None, start: Literal["latest", "earliest"]
+) -> dict[int, int]:
+    """Where a stream starts in each partition (an ``offset`` outside what is kept: a 416 problem)."""
+    cursors: dict[int, int] = {}
+    for log in logs:
+        if offset is not None:
+            check_offset(log, offset)
+            cursors[log.partition] = offset
+        else:
+            cursors[log.partition] = log.high_watermark if start == "latest" else log.log_start_offset
+    return cursors
 
 
 @router.get(
@@ -110,15 +134,9 @@ async def stream(
             "an offset only means something within one partition; pass partition= as well",
         )
     logs = [store.partition(topic, partition)] if partition is not None else store.partitions(topic)
-    cursors: dict[int, int] = {}
-    for log in logs:
-        if offset is not None:
-            check_offset(log, offset)
-            cursors[log.partition] = offset
-        else:
-            cursors[log.partition] = log.high_watermark if start == "latest" else log.log_start_offset
+    cursors = start_cursors(logs, offset, start)
     return StreamingResponse(
-        _events(ctx, topic, logs, cursors, limit, format),
+        record_events(ctx, topic, logs, cursors, limit, lambda p, r: _render(p, r, format)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

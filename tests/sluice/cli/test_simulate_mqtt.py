@@ -47,6 +47,12 @@ def test_simulate_over_sluice_mqtt_and_sources_shows_a_device_going_idle(server:
     assert devices[steady]["idle"] is False  # kept publishing until the end
     assert devices[idle]["messages"] == 3
     assert devices[steady]["messages"] == report[steady]["delivered"]
+    # states (ingest/arrivals.py): 1/s next to 10/s peers is slow, 20 readings at once are a burst; a steady
+    # sender may look bursty if the loaded server took several of its readings in one 100 ms, never slow or idle
+    slow, bursty = f"sensor_{FIRST + 1}", f"sensor_{FIRST + 3}"
+    assert (report[slow]["profile"], report[bursty]["profile"]) == ("slow", "bursty")
+    assert (devices[idle]["state"], devices[slow]["state"], devices[bursty]["state"]) == ("idle", "slow", "bursty")
+    assert devices[steady]["state"] in ("active", "bursty")
     (listener,) = [r for r in rows if r.get("type") == "mqtt_listener"]
     assert listener["messages_in"] >= sum(s["delivered"] for s in report.values())
 
