@@ -232,7 +232,7 @@ class SecuritySettings(BaseModel):
     # "required": Kafka clients log in with SASL (PLAIN, SCRAM-SHA-256/512) and MQTT clients with a user name
     # and password from the user store; "off": nobody is asked (MQTT keeps mqtt.allow_anonymous/mqtt.users).
     auth: Literal["off", "required"] = "off"
-    super_users: list[str] = Field(default_factory=list)  # principals every ACL allows (ACLs are not enforced yet)
+    super_users: list[str] = Field(default_factory=list)  # principals every ACL allows (and the SCRAM admin APIs)
 
 
 class Settings(BaseSettings):

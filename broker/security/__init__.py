@@ -16,15 +16,25 @@ from broker.security.errors import (
 )
 from broker.security.principal import ANONYMOUS, Principal
 from broker.security.sasl import MECHANISMS, PlainExchange, SaslExchange, ScramExchange, start_exchange
-from broker.security.users import DEFAULT_ITERATIONS, SCRAM_MECHANISMS, ScramCredential, UserStore
+from broker.security.users import (
+    DEFAULT_ITERATIONS,
+    MAX_ITERATIONS,
+    SCRAM_MECHANISMS,
+    CredentialChange,
+    ScramCredential,
+    UserStore,
+    check_name,
+)
 
 __all__ = [
     "ANONYMOUS",
     "DEFAULT_ITERATIONS",
+    "MAX_ITERATIONS",
     "MECHANISMS",
     "SCRAM_MECHANISMS",
     "AuthenticationFailed",
     "Authenticator",
+    "CredentialChange",
     "InvalidUserError",
     "PlainExchange",
     "Principal",
@@ -36,5 +46,6 @@ __all__ = [
     "UnsupportedMechanismError",
     "UserStore",
     "UserStoreError",
+    "check_name",
     "start_exchange",
 ]

@@ -4,9 +4,12 @@ Rules:
 - Each user has a SCRAM-SHA-256 and a SCRAM-SHA-512 credential (RFC 5802 / RFC 7677: salt, iteration
   count, StoredKey, ServerKey), made with Kafka's default of 4096 iterations. The password itself is
   never stored, and nothing in the file lets one log in without it.
-- PLAIN logins (Kafka PLAIN, MQTT username/password) are checked against the SCRAM-SHA-256 credential:
-  the password is salted and hashed with the stored salt and count and the StoredKeys compared in
-  constant time.
+- Kafka's AlterUserScramCredentials may give a user one mechanism only, or remove one (``alter``: the
+  client sends the salted password, from which StoredKey and ServerKey are derived as Kafka's
+  ScramFormatter does); a user whose last credential is removed is gone.
+- PLAIN logins (Kafka PLAIN, MQTT username/password) are checked against the user's SCRAM-SHA-256
+  credential, or its SCRAM-SHA-512 one when it has only that: the password is salted and hashed with the
+  stored salt and count and the StoredKeys compared in constant time.
 - Passwords are taken as their UTF-8 bytes, without SASLprep, as Kafka's ScramFormatter and librdkafka do
   (a client that normalised differently would fail against Kafka too).
 - Writes replace the file atomically (temporary file, fsync, rename, fsync of the directory) under an
@@ -38,7 +41,9 @@ from broker.security.errors import InvalidUserError, UnknownUserError, UserStore
 
 __all__ = [
     "DEFAULT_ITERATIONS",
+    "MAX_ITERATIONS",
     "SCRAM_MECHANISMS",
+    "CredentialChange",
     "USERS_FILE",
     "ScramCredential",
     "UserStore",
@@ -50,6 +55,7 @@ log = logging.getLogger("broker.security")
 
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 DEFAULT_ITERATIONS = 4096  # Kafka's default (and RFC 7677's minimum) for SCRAM credentials
+MAX_ITERATIONS = 16384  # the most Kafka's controller accepts in AlterUserScramCredentials
 USERS_FILE = Path("security") / "users.json"
 _FORMAT = 1
 _MAX_NAME = 256
@@ -68,6 +74,13 @@ class ScramCredential:
     def create(cls, mechanism: str, password: str, iterations: int = DEFAULT_ITERATIONS) -> ScramCredential:
         salt = os.urandom(32)
         stored_key, server_key = _derive(mechanism, password, salt, iterations)
+        return cls(salt, stored_key, server_key, iterations)
+
+    @classmethod
+    def from_salted_password(cls, mechanism: str, salt: bytes, salted_password: bytes,
+                             iterations: int) -> ScramCredential:
+        """The credential for ``SaltedPassword = Hi(password, salt, i)``, as AlterUserScramCredentials sends it."""
+        stored_key, server_key = _keys(mechanism, salted_password)
         return cls(salt, stored_key, server_key, iterations)
 
     def matches(self, mechanism: str, password: str) -> bool:
@@ -93,10 +106,14 @@ def hash_name(mechanism: str) -> str:
 
 def _derive(mechanism: str, password: str, salt: bytes, iterations: int) -> tuple[bytes, bytes]:
     """(StoredKey, ServerKey) of RFC 5802 §3: SaltedPassword = Hi(password, salt, i) = PBKDF2-HMAC."""
+    salted = hashlib.pbkdf2_hmac(hash_name(mechanism), password.encode("utf-8"), salt, iterations)
+    return _keys(mechanism, salted)
+
+
+def _keys(mechanism: str, salted_password: bytes) -> tuple[bytes, bytes]:
     name = hash_name(mechanism)
-    salted = hashlib.pbkdf2_hmac(name, password.encode("utf-8"), salt, iterations)
-    client_key = hmac.digest(salted, b"Client Key", name)
-    return hashlib.new(name, client_key).digest(), hmac.digest(salted, b"Server Key", name)
+    client_key = hmac.digest(salted_password, b"Client Key", name)
+    return hashlib.new(name, client_key).digest(), hmac.digest(salted_password, b"Server Key", name)
 
 
 def _b64(data: bytes) -> str:
@@ -112,6 +129,15 @@ def check_name(name: str) -> str:
     if any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") for ch in name):
         raise InvalidUserError("a user name may not contain control characters")
     return name
+
+
+@dataclass(frozen=True, slots=True)
+class CredentialChange:
+    """One item of ``UserStore.alter``: set (``credential`` given) or remove one mechanism's credential."""
+
+    name: str
+    mechanism: str
+    credential: ScramCredential | None = None
 
 
 class UserStore:
@@ -137,10 +163,18 @@ class UserStore:
         self._refresh()
         return self._users.get(name, {}).get(mechanism)
 
+    def credentials(self, name: str) -> dict[str, ScramCredential]:
+        """``name``'s credentials by mechanism (empty when there is no such user)."""
+        self._refresh()
+        return dict(self._users.get(name, {}))
+
     def check_password(self, name: str, password: str) -> bool:
         """True when ``password`` is ``name``'s password (constant-time comparison of the derived keys)."""
-        credential = self.credential(name, SCRAM_MECHANISMS[0])
-        return credential is not None and credential.matches(SCRAM_MECHANISMS[0], password)
+        credentials = self.credentials(name)
+        for mechanism in SCRAM_MECHANISMS:
+            if mechanism in credentials:
+                return credentials[mechanism].matches(mechanism, password)
+        return False
 
     def _refresh(self) -> None:
         try:
@@ -195,6 +229,26 @@ class UserStore:
             if name not in users:
                 raise UnknownUserError(f"no user {name!r}")
             del users[name]
+
+    def alter(self, changes: list[CredentialChange]) -> dict[str, str]:
+        """Apply ``changes`` in one write; returns {user: why} for the removals of credentials that do not
+        exist (those users are left unchanged; every other change is applied)."""
+        missing: dict[str, str] = {}
+        with self._locked() as users:
+            for change in changes:
+                if change.credential is None and change.mechanism not in users.get(change.name, {}):
+                    missing[change.name] = "Attempt to delete a user credential that does not exist"
+            for change in changes:
+                if change.name in missing:
+                    continue
+                creds = users.setdefault(change.name, {})
+                if change.credential is None:
+                    del creds[change.mechanism]
+                else:
+                    creds[change.mechanism] = change.credential
+                if not creds:
+                    del users[change.name]
+        return missing
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, dict[str, ScramCredential]]]:

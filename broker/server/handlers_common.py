@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ from broker.errors import (
 from broker.groups.offsets import CommittedOffset
 from broker.log.api import LogStore
 from broker.protocol.kafka_codes import ErrorCode
+from broker.security import ANONYMOUS, Principal, UserStore
 from broker.server.producer_state import ProducerIdAllocator, ProducerStateTable
 from broker.server.stats import KafkaStats
 from broker.txn.coordinator import TransactionCoordinator
@@ -52,6 +54,9 @@ class BrokerContext:
     # the listener it arrived on (Metadata, FindCoordinator), the default one otherwise.
     listener_addresses: dict[str, tuple[str, int]] = field(default_factory=dict)
     stats: KafkaStats = field(default_factory=KafkaStats)  # plain counters for metrics
+    users: UserStore | None = None  # the SCRAM user store the SCRAM admin APIs manage (handlers_scram)
+    # May a principal perform an operation ("describe", "alter") on the cluster? None: everyone may.
+    cluster_access: Callable[[Principal, str], bool] | None = None
     transactions: TransactionCoordinator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +82,7 @@ class ConnectionInfo:
     peer_host: str
     peer_port: int
     listener: str = DEFAULT_LISTENER  # the name of the listener the connection arrived on
+    principal: Principal = ANONYMOUS  # who the connection logged in as (SASL), ANONYMOUS without auth
 
 
 _ERRORS: tuple[tuple[type[BrokerError], ErrorCode], ...] = (

@@ -48,13 +48,14 @@ from broker.protocol.kafka import (
 )
 from broker.protocol.kafka.error_responses import error_response
 from broker.protocol.kafka_codes import ErrorCode
-from broker.security import Authenticator
+from broker.security import Authenticator, UserStore
 from broker.server import handlers_admin as admin
 from broker.server import handlers_configs as configs
 from broker.server import handlers_fetch as fetching
 from broker.server import handlers_groups as groups
 from broker.server import handlers_partitions as partitions
 from broker.server import handlers_produce as producing
+from broker.server import handlers_scram as scram
 from broker.server import handlers_txn as txn
 from broker.server.handlers_common import DEFAULT_LISTENER, BrokerContext, ConnectionInfo
 from broker.server.kafka_connection import CloseConnection, Dispatch, KafkaConnection, Response
@@ -99,6 +100,8 @@ _HANDLERS: dict[int, Handler] = {
     ApiKey.OFFSET_FOR_LEADER_EPOCH: lambda c, h, b, n: partitions.handle_offset_for_leader_epoch(c, b, n),
     ApiKey.DELETE_RECORDS: lambda c, h, b, n: partitions.handle_delete_records(c, b, n),
     ApiKey.CREATE_PARTITIONS: lambda c, h, b, n: partitions.handle_create_partitions(c, b, n),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: lambda c, h, b, n: scram.handle_describe_user_scram_credentials(c, b, n),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: lambda c, h, b, n: scram.handle_alter_user_scram_credentials(c, b, n),
     ApiKey.SASL_HANDSHAKE: lambda c, h, b, n: _answered(outside_login(h.api_key)),
     ApiKey.SASL_AUTHENTICATE: lambda c, h, b, n: _answered(outside_login(h.api_key)),
 }
@@ -112,7 +115,7 @@ _CANCEL_SAFE = frozenset({
     ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.METADATA, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
     ApiKey.JOIN_GROUP, ApiKey.HEARTBEAT, ApiKey.SYNC_GROUP, ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS,
     ApiKey.API_VERSIONS, ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_TRANSACTIONS, ApiKey.DESCRIBE_CONFIGS,
-    ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
+    ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS,
 })
 _DETACHED_STOP_TIMEOUT_S = 10.0  # on stop, time left to handlers whose clients are gone
 
@@ -167,6 +170,7 @@ class KafkaServerConfig:
     connections_max_idle_ms: int = 10 * 60 * 1000  # Kafka's connections.max.idle.ms; 0 = never
     max_connections: int = 1000  # all listeners together; 0 = no limit
     max_connections_per_address: int = 0  # per client IP address; 0 = no limit (Kafka's default)
+    super_users: tuple[str, ...] = ()  # with an authenticator, the only principals with cluster access
 
     def __post_init__(self) -> None:
         names = [DEFAULT_LISTENER, *(extra.name for extra in self.extra_listeners)]
@@ -178,11 +182,15 @@ class KafkaServer:
     """Serves the Kafka protocol for one LogStore and one group coordinator."""
 
     def __init__(self, store: LogStore, coordinator: Any, config: KafkaServerConfig,
-                 authenticator: Authenticator | None = None) -> None:
+                 authenticator: Authenticator | None = None, users: UserStore | None = None) -> None:
         self.config = config
         self.authenticator = authenticator  # set: every connection logs in with SASL first (sasl_gate.py)
         self.ctx = BrokerContext(store, coordinator, config.advertised_host or config.host,
                                  config.advertised_port or config.port)
+        self.ctx.users = authenticator.users if authenticator is not None else users
+        if authenticator is not None:
+            super_users = frozenset(config.super_users)
+            self.ctx.cluster_access = lambda principal, _operation: principal.name in super_users
         self.ctx.transactions.settings = config.transactions
         self.stats = self.ctx.stats  # plain counters, read at scrape time (broker.server.stats)
         self._servers: list[asyncio.Server] = []

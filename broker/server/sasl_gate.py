@@ -14,7 +14,8 @@ Rules (Kafka's ``SaslServerAuthenticator``, in its order):
   A request of another API is answered ILLEGAL_SASL_STATE in that API's response, then the connection
   closes. A failed exchange is answered SASL_AUTHENTICATION_FAILED with Kafka's message (which never says
   whether the user exists), then the connection closes.
-- When the exchange completes the connection acts as its principal and every request reaches the broker.
+- When the exchange completes the connection acts as its principal (handlers see it as ``conn.principal``)
+  and every request reaches the broker.
   A later SaslHandshake or SaslAuthenticate is answered ILLEGAL_SASL_STATE (``outside_login``), as Kafka's
   request handler does; re-authentication (KIP-368) is not offered (session_lifetime_ms = 0).
 - Every refusal and failure is counted and logged by the ``Authenticator`` (rate-limited) under "kafka";
@@ -23,6 +24,7 @@ Rules (Kafka's ``SaslServerAuthenticator``, in its order):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from broker.protocol.kafka import (
@@ -71,10 +73,13 @@ class SaslGate:
         self._exchange: SaslExchange | None = None
         self._raw_tokens = False  # SaslHandshake v0: tokens come without SaslAuthenticate around them
         self.principal: Principal | None = None
+        self._logged_in: ConnectionInfo | None = None  # the connection as its principal, once logged in
 
     async def dispatch(self, frame: bytes, conn: ConnectionInfo) -> Response:
         if self.principal is not None:
-            return await self._inner(frame, conn)
+            if self._logged_in is None:
+                self._logged_in = dataclasses.replace(conn, principal=self.principal)
+            return await self._inner(frame, self._logged_in)
         if self._raw_tokens:
             return self._raw_step(frame, conn)
         return self._login_step(frame, conn)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.group import GroupSettings
 from broker.groups.offsets import DurableOffsetStore, MemoryOffsetStore, OffsetStore
+from broker.security import UserStore
 from broker.server.kafka import KafkaListenerConfig, KafkaServer, KafkaServerConfig
 from broker.server.producer_state import ProducerIdAllocator, ProducerStateTable, rebuild
 from broker.txn import TxnSettings
@@ -51,6 +52,7 @@ class KafkaComponent:
                 connections_max_idle_ms=kafka.connections_max_idle_ms,
                 max_connections=kafka.max_connections,
                 max_connections_per_address=kafka.max_connections_per_address,
+                super_users=tuple(settings.security.super_users),
                 transactions=TxnSettings(
                     max_timeout_ms=kafka.transaction_max_timeout_ms,
                     abort_check_interval_ms=kafka.transaction_abort_check_interval_ms,
@@ -61,6 +63,7 @@ class KafkaComponent:
                 ),
             ),
             authenticator=authenticator(runtime),
+            users=UserStore(settings.data_dir),
         )
         self.server.ctx.producer_ids = self.producer_ids
         self.server.ctx.producer_state = ProducerStateTable(

@@ -100,6 +100,13 @@ _BUILDERS: dict[int, Callable[[Any, int], Any]] = {
                                                   for i in _items(t.partitions)]}
         for t in _items(b.v3_and_below_topics)]},
     ApiKey.TXN_OFFSET_COMMIT: lambda b, c: {"throttle_time": 0, "topics": _partitions(b, c)},
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: lambda b, c: {"throttle_time": 0, "error_code": c, "error_message": None,
+                                                          "results": [{"user": u.name, "error_code": c,
+                                                                       "error_message": None, "credential_infos": []}
+                                                                      for u in _items(b.users)]},
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: lambda b, c: {"throttle_time": 0, "results": [
+        {"user": n, "error_code": c, "error_message": None}
+        for n in dict.fromkeys(str(i.name) for i in (*_items(b.deletions), *_items(b.upsertions)))]},
     ApiKey.DESCRIBE_TRANSACTIONS: lambda b, c: {"throttle_time": 0, "transaction_states": [
         {"error_code": c, "transactional_id": t, "transaction_state": "", "transaction_timeout": 0,
          "transaction_start_time": 0, "producer_id": -1, "producer_epoch": -1, "topics": []}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -12,7 +13,9 @@ import scramp
 from broker.security import (
     AuthenticationFailed,
     Authenticator,
+    CredentialChange,
     InvalidUserError,
+    ScramCredential,
     UnknownUserError,
     UnsupportedMechanismError,
     UserStore,
@@ -140,3 +143,27 @@ def test_store_broken_while_running_keeps_the_users_read_before(tmp_path: Path,
     assert len([r for r in caplog.records if "not valid" in r.getMessage()]) == 1
     with pytest.raises(UserStoreError):
         UserStore(tmp_path).names()  # a fresh reader (start-up, the CLI) is told
+
+
+def test_alter_sets_and_removes_single_mechanisms_from_salted_passwords(tmp_path: Path) -> None:
+    """AlterUserScramCredentials' form: the client sends Hi(password, salt, i); scramp's client logs in with it."""
+    store = UserStore(tmp_path)
+    salt = b"0123456789abcdef"
+    salted = hashlib.pbkdf2_hmac("sha512", b"pw512", salt, 4096)
+    credential = ScramCredential.from_salted_password("SCRAM-SHA-512", salt, salted, 4096)
+    assert store.alter([CredentialChange("carol", "SCRAM-SHA-512", credential)]) == {}
+    assert set(store.credentials("carol")) == {"SCRAM-SHA-512"}
+    assert store.check_password("carol", "pw512")  # PLAIN falls back to the only credential she has
+    assert store.credential("carol", "SCRAM-SHA-256") is None
+    auth = Authenticator(store)
+    client = scramp.ScramClient(["SCRAM-SHA-512"], "carol", "pw512")
+    exchange = auth.exchange("SCRAM-SHA-512")
+    client.set_server_first(exchange.step(client.get_client_first().encode()).decode())
+    client.set_server_final(exchange.step(client.get_client_final().encode()).decode())
+    assert exchange.principal is not None and exchange.principal.name == "carol"
+    # Removing a credential she does not have changes nothing for her; removing her last one removes her.
+    assert store.alter([CredentialChange("carol", "SCRAM-SHA-256")]) == {
+        "carol": "Attempt to delete a user credential that does not exist"}
+    assert store.names() == ["carol"]
+    assert store.alter([CredentialChange("carol", "SCRAM-SHA-512")]) == {}
+    assert store.names() == []

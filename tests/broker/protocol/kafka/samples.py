@@ -104,4 +104,10 @@ SAMPLE_REQUESTS: dict[int, dict[str, Any]] = {
                        "configs": [{"name": "cleanup.policy", "config_operation": 2, "value": "compact"}]}],
         "validate_only": True,
     },
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: {"users": [{"name": "sample-user"}]},
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: {
+        "deletions": [{"name": "never-seen", "mechanism": 1}],
+        "upsertions": [{"name": "sample-user", "mechanism": 2, "iterations": 4096, "salt": b"salt",
+                        "salted_password": b"x" * 64}],
+    },
 }
