@@ -20,6 +20,7 @@ from pydantic_settings import (
 
 from broker.log.api import MAX_PARTITIONS, PartitionLimits
 from broker.log.config import FlushPolicy, TopicConfig, Visibility
+from broker.log.indexcache import DEFAULT_INDEX_CACHE_BYTES
 
 __all__ = [
     "FileSourceSettings",
@@ -55,6 +56,9 @@ class StorageSettings(BaseModel):
     visibility: Visibility = Visibility.DURABLE
     # Descriptors segment files may hold at once, all partitions together; 0 = half the soft RLIMIT_NOFILE.
     max_open_files: int = Field(default=0, ge=0)  # otherwise at least 4 (one segment's files)
+    # Memory closed segments' sparse indexes may hold, all partitions together (least recently used
+    # dropped and read from their files again on use); 0 = no bound.
+    index_cache_bytes: int = Field(default=DEFAULT_INDEX_CACHE_BYTES, ge=0)
     # Partitions one request may create (Kafka's controller: 10,000), and the most the broker holds.
     max_partitions_per_request: int = Field(default=MAX_PARTITIONS, ge=1)
     max_partitions: int = Field(default=50_000, ge=1)

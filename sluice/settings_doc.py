@@ -56,6 +56,7 @@ _NOTES = {
     "storage.cleaner_interval_s": "pause between log-compaction passes over `cleanup.policy=compact` topics",
     "storage.visibility": "with `flush = always`: `durable` shows records once fsynced, `written` once written",
     "storage.max_open_files": "descriptors segment files hold at once; 0 = half the soft RLIMIT_NOFILE",
+    "storage.index_cache_bytes": "memory closed segments' indexes may hold (LRU, reread on use); 0 = no bound",
     "storage.max_partitions_per_request": "partitions one create may add (Kafka: 10000); more is POLICY_VIOLATION",
     "storage.max_partitions": "partitions the broker holds in total; more is POLICY_VIOLATION",
     "kafka.enabled": "Kafka wire protocol listener",

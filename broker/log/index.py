@@ -19,19 +19,47 @@ Rules:
   closed segment is the segment's max timestamp. ``T`` strictly increases.
 - ``time_scan_start(ts)`` is the ``r`` of the last entry with ``T < ts``: no batch before it can hold
   a timestamp ``>= ts``, so a seek-to-time scan may start there.
+
+Entries live in typed arrays (4 or 8 bytes each), not lists of ints (about 36 bytes each): an index
+costs about 20 bytes per ``interval`` bytes of log, and ``nbytes`` reports it to the ``IndexCache``
+that bounds how many closed segments keep theirs in memory.
 """
 
 from __future__ import annotations
 
 import bisect
 import struct
+import sys
+from array import array
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 __all__ = ["OFFSET_ENTRY", "TIME_ENTRY", "SegmentIndex"]
 
 OFFSET_ENTRY = struct.Struct(">II")
 TIME_ENTRY = struct.Struct(">qI")
 NO_TIMESTAMP = -1
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def _u32s() -> array[int]:
+    return array("I")
+
+
+def _i64s() -> array[int]:
+    return array("q")
+
+
+def _increasing(values: array[int]) -> bool:
+    return all(a < b for a, b in pairwise(values))
+
+
+def _from_big_endian(typecode: str, raw: bytes) -> array[int]:
+    out = array(typecode)
+    out.frombytes(raw)
+    if not _BIG_ENDIAN:
+        out.byteswap()
+    return out
 
 
 @dataclass(slots=True)
@@ -39,10 +67,10 @@ class SegmentIndex:
     """The in-memory copy of both indexes of a segment plus the state needed to extend them."""
 
     interval: int
-    rel_offsets: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    time_stamps: list[int] = field(default_factory=list)
-    time_rels: list[int] = field(default_factory=list)
+    rel_offsets: array[int] = field(default_factory=_u32s)
+    positions: array[int] = field(default_factory=_u32s)
+    time_stamps: array[int] = field(default_factory=_i64s)
+    time_rels: array[int] = field(default_factory=_u32s)
     bytes_since_entry: int = 0
     max_timestamp: int = NO_TIMESTAMP  # running max over every batch seen
     next_rel: int = 0  # relative offset after the last batch seen
@@ -80,6 +108,11 @@ class SegmentIndex:
         return b""
 
     @property
+    def nbytes(self) -> int:
+        """Bytes the entries take in memory."""
+        return 8 * len(self.rel_offsets) + 12 * len(self.time_stamps)
+
+    @property
     def last_time(self) -> int:
         return self.time_stamps[-1] if self.time_stamps else NO_TIMESTAMP
 
@@ -115,19 +148,20 @@ class SegmentIndex:
         """
         if len(index) % OFFSET_ENTRY.size or len(times) % TIME_ENTRY.size:
             return None
-        out = cls(interval)
-        for rel, pos in OFFSET_ENTRY.iter_unpack(index):
-            if (out.rel_offsets and (rel <= out.rel_offsets[-1] or pos <= out.positions[-1])) or pos >= size:
-                return None
-            if rel >= rel_limit:
-                return None
-            out.rel_offsets.append(rel)
-            out.positions.append(pos)
-        for ts, rel in TIME_ENTRY.iter_unpack(times):
-            if (out.time_stamps and (ts <= out.time_stamps[-1] or rel < out.time_rels[-1])) or rel > rel_limit:
-                return None
-            out.time_stamps.append(ts)
-            out.time_rels.append(rel)
+        pairs = _from_big_endian("I", index)
+        rels, positions = pairs[0::2], pairs[1::2]
+        time_entries = list(TIME_ENTRY.iter_unpack(times))
+        stamps = array("q", (t for t, _ in time_entries))
+        time_rels = array("I", (r for _, r in time_entries))
+        if not (_increasing(rels) and _increasing(positions) and _increasing(stamps)):
+            return None
+        if any(b < a for a, b in pairwise(time_rels)):
+            return None
+        if (positions and positions[-1] >= size) or (rels and rels[-1] >= rel_limit):
+            return None
+        if time_rels and time_rels[-1] > rel_limit:
+            return None
+        out = cls(interval, rels, positions, stamps, time_rels)
         out.max_timestamp = out.last_time
         out.next_rel = rel_limit
         return out
@@ -141,7 +175,7 @@ class SegmentIndex:
         keep = bisect.bisect_left(self.positions, position)
         while keep and self.rel_offsets[keep - 1] >= rel:
             keep -= 1
-        out = SegmentIndex(self.interval, self.rel_offsets[:keep], self.positions[:keep])
+        out = SegmentIndex(self.interval, self.rel_offsets[:keep], self.positions[:keep])  # array slices copy
         for ts, r in zip(self.time_stamps, self.time_rels, strict=True):
             if r > rel or ts > max_timestamp:
                 break

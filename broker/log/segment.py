@@ -39,6 +39,7 @@ from broker.log.api import LogStore, PartitionLimits, PartitionLog, TopicInfo
 from broker.log.config import TopicConfig, Visibility
 from broker.log.fdcache import FdCache, default_fd_limit
 from broker.log.files import DirLock, atomic_write, fsync_dir, read_json
+from broker.log.indexcache import DEFAULT_INDEX_CACHE_BYTES, IndexCache
 from broker.log.recovery import (
     CLEAN_MARKER,
     RecoveryPoint,
@@ -72,6 +73,7 @@ class SegmentLogStore(LogStore):
         limits: PartitionLimits | None = None,
         max_open_files: int | None = None,
         visibility: Visibility = Visibility.DURABLE,
+        index_cache_bytes: int | None = DEFAULT_INDEX_CACHE_BYTES,
     ) -> None:
         super().__init__(default_config=default_config, default_partitions=default_partitions,
                          auto_create_topics=auto_create_topics, limits=limits)
@@ -79,6 +81,8 @@ class SegmentLogStore(LogStore):
         self.visibility = visibility
         # Descriptors of segment files, all partitions together (None: half the soft RLIMIT_NOFILE).
         self.fds = FdCache(default_fd_limit() if max_open_files is None else max_open_files)
+        # Closed segments' indexes held in memory, all partitions together (None: no bound).
+        self.indexes = IndexCache(index_cache_bytes)
         self._clock = clock
         self._checkpoint_interval_s = checkpoint_interval_s
         self._executor = ThreadPoolExecutor(max_workers=sync_threads, thread_name_prefix="sluice-fsync")
@@ -169,7 +173,7 @@ class SegmentLogStore(LogStore):
     def _make_log(self, info: TopicInfo, p: int, segments: list[Segment], point: RecoveryPoint,
                   *, materialized: bool = True) -> PartitionLog:
         return SegmentPartitionLog(info.name, p, info.config, self._dir(info.name, p), segments, point,
-                                   executor=self._executor, clock=self._clock, fds=self.fds,
+                                   executor=self._executor, clock=self._clock, fds=self.fds, indexes=self.indexes,
                                    materialized=materialized, visibility=self.visibility)
 
     def _new_partition(self, info: TopicInfo, p: int) -> PartitionLog:

@@ -20,6 +20,7 @@ from broker.errors import InvalidRecordError, StorageError
 from broker.log.fdcache import FdCache
 from broker.log.files import atomic_write, write_all
 from broker.log.index import SegmentIndex
+from broker.log.indexcache import UNBOUNDED_INDEXES, IndexCache
 from broker.protocol.records import BATCH_HEADER_SIZE, BatchHeader, decode_header, split_complete_batches
 
 __all__ = ["MAX_SEGMENT_BYTES", "UNBOUNDED_FDS", "Segment", "segment_name"]
@@ -67,6 +68,7 @@ class Segment:
         self.dirty_index = False  # index files written and not yet fsynced (after a roll)
         self.syncing = 0  # fsyncs in flight using this segment's descriptors
         self.active = False  # the partition appends here; its index lives in memory, built by us
+        self.indexes: IndexCache = UNBOUNDED_INDEXES  # bounds closed segments' loaded indexes (set by the partition)
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -192,6 +194,7 @@ class Segment:
 
     def delete(self) -> None:
         self.close()
+        self.indexes.release(self)
         for path in (self.log_path, self.index_path, self.time_path):
             try:
                 path.unlink()
@@ -253,6 +256,7 @@ class Segment:
     def load_index(self, interval: int) -> SegmentIndex:
         """The index of a closed segment: read from its files, or rebuilt from the log if they are bad."""
         if self.index is not None:
+            self.indexes.hold(self)
             return self.index
         index: SegmentIndex | None = None
         try:
@@ -270,6 +274,7 @@ class Segment:
         if index is None:
             index = self.rebuild_index(interval, reason)
         self.index = index
+        self.indexes.hold(self)
         return index
 
     def entry_matches(self, index: SegmentIndex) -> bool:
@@ -311,7 +316,9 @@ class Segment:
                 # disk: rebuild them and search again. The active index is built in memory by us.
                 if self.active or not retry:
                     return self._locate_by_scan(offset)
+                self.indexes.release(self)
                 self.index = self.rebuild_index(interval, "inconsistent")
+                self.indexes.hold(self)
                 return self.locate(offset, interval, retry=False)
             if header.last_offset >= offset:
                 return pos

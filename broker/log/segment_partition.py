@@ -36,6 +36,7 @@ from broker.log.config import FlushPolicy, TopicConfig, Visibility
 from broker.log.fdcache import FdCache
 from broker.log.files import atomic_write, read_json, write_all
 from broker.log.flusher import Flusher
+from broker.log.indexcache import UNBOUNDED_INDEXES, IndexCache
 from broker.log.recovery import RecoveryPoint
 from broker.log.segment_file import MAX_RELATIVE_OFFSET, MAX_SEGMENT_BYTES, UNBOUNDED_FDS, Segment
 from broker.protocol.records import BatchHeader
@@ -62,6 +63,7 @@ class SegmentPartitionLog(PartitionLog):
         executor: ThreadPoolExecutor,
         clock: Callable[[], float],
         fds: FdCache = UNBOUNDED_FDS,
+        indexes: IndexCache = UNBOUNDED_INDEXES,
         materialized: bool = True,
         visibility: Visibility = Visibility.DURABLE,
     ) -> None:
@@ -74,6 +76,10 @@ class SegmentPartitionLog(PartitionLog):
         self._executor = executor
         self._clock = clock
         self._fds = fds
+        self._indexes = indexes
+        for seg in segments:
+            seg.indexes = indexes
+            indexes.hold(seg)  # closed segments recovery indexed
         self._materialized = materialized
         self._dir_dirty = False  # entries of this directory changed since the last sync
         self._parent_dirty = False  # this directory's own entry in the data directory is new
@@ -233,7 +239,9 @@ class SegmentPartitionLog(PartitionLog):
             write_all(old.time_writer(), tail)
         old.dirty_index = True
         new = Segment.create(self.directory, old.end_offset, now, self.config.index_interval_bytes, self._fds)
+        new.indexes = self._indexes
         old.active = False
+        self._indexes.hold(old)  # closed now: its index may be dropped (its files hold every entry)
         self._segments.append(new)
         self._bases.append(new.base_offset)
         self._dir_dirty = True  # the new segment's files: fsynced with the next round
@@ -330,6 +338,7 @@ class SegmentPartitionLog(PartitionLog):
         self._closed = True
         for seg in self._segments:
             seg.close()
+            self._indexes.release(seg)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -471,6 +480,9 @@ class SegmentPartitionLog(PartitionLog):
         Reads are synchronous, so none is half on each; ``old``'s descriptors (of the replaced files) close."""
         i = next(j for j, seg in enumerate(self._segments) if seg is old)
         new.fds = self._fds  # its descriptors count against the store's bound like every other segment's
+        new.indexes = self._indexes
+        self._indexes.release(old)
+        self._indexes.hold(new)
         self._segments[i] = new
         self._size += new.size - old.size
         old.close()

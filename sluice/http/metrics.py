@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.groups.coordinator import GroupCoordinator
 from broker.log.fdcache import FdCache
+from broker.log.indexcache import IndexCache
 from sluice.http.context import ApiContext, Ctx
 from sluice.http.groups import collect_group, list_group_summaries
 from sluice.http.ops import processor_statuses, source_rows
@@ -86,6 +87,12 @@ class RuntimeCollector(Collector):
                                       "storage.max_open_files", value=fds.evictions)
             yield CounterMetricFamily("sluice_log_fd_exhausted", "Segment file opens that met EMFILE/ENFILE "
                                       "(retried after closing idle files)", value=fds.exhausted)
+        indexes = getattr(store, "indexes", None)
+        if isinstance(indexes, IndexCache):
+            yield GaugeMetricFamily("sluice_log_index_cache_bytes", "Memory closed segments' indexes hold",
+                                    value=indexes.held_bytes)
+            yield CounterMetricFamily("sluice_log_index_cache_evictions", "Closed segments' indexes dropped "
+                                      "to stay under storage.index_cache_bytes", value=indexes.evictions)
 
         lag = GaugeMetricFamily(
             "sluice_group_lag", "Records a group has not committed yet", labels=["group", "topic", "partition"]

@@ -42,6 +42,7 @@ class SegmentStoreOptions(LogStoreOptions, total=False):
     sync_threads: int
     max_open_files: int | None
     visibility: Visibility
+    index_cache_bytes: int | None
 
 
 class FakeClock:
