@@ -1,6 +1,6 @@
 """Shared pieces of the ``sluice`` client commands: exit codes, error reporting, output, options.
 
-Exit codes (documented in the README):
+Exit codes (documented in docs/cli.md):
 
     0  ok
     1  runtime failure (the broker refused a request, a device could not deliver, ...)

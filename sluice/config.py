@@ -178,7 +178,7 @@ class TcpSettings(BaseModel):
     enabled: bool = True
     port: int = 8094
     format: Literal["ndjson", "influx", "csv"] = "ndjson"
-    ack: bool = False  # answer each batch of lines once durable (see README "Device ingest": ack mode)
+    ack: bool = False  # answer each batch of lines once durable (docs/ingest.md: ack mode)
     max_line_bytes: int = 64 * 1024  # longer lines go to the dead-letter topic (truncated), not a crash
     idle_timeout_s: float = 300.0  # close connections silent for this long (0 = never)
     read_bytes: int = 64 * 1024  # bytes read per batch of lines

@@ -1,4 +1,4 @@
-"""Every `sluice …` command the README shows parses against the real CLI with the options it shows.
+"""Every `sluice …` command the README and docs/ show parses against the real CLI with the options it shows.
 
 Code blocks (``sh``) and inline code spans are scanned. The README's shorthand is expanded before parsing:
 ``[--opt value]`` brackets are dropped (optional parts are checked too) and ``a|b|c`` checks each
@@ -16,7 +16,8 @@ import pytest
 
 from tests.sluice.test_compose import parse_sluice_args
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _ENTRY = re.compile(r"(?:^|[|;]\s*|&&\s*)(?:\.venv/bin/)?sluice\s+(.*)$")
 
 
@@ -38,6 +39,7 @@ def _shell_commands(text: str) -> list[str]:
 
 def _variants(rest: str) -> list[list[str]]:
     rest = re.split(r"\s+#\s", rest, maxsplit=1)[0]  # a trailing comment
+    rest = re.split(r"\s[|>]\s", rest, maxsplit=1)[0]  # piped into, or redirected to, something else
     tokens = [t.strip("[]") for t in shlex.split(rest)]
     tokens = [t for t in tokens if t and t != "--help"]
     variants = [tokens]
@@ -49,12 +51,13 @@ def _variants(rest: str) -> list[list[str]]:
 
 def commands() -> list[list[str]]:
     out: list[list[str]] = []
-    for rest in _shell_commands(README.read_text()):
-        out.extend(_variants(rest))
+    for page in PAGES:
+        for rest in _shell_commands(page.read_text()):
+            out.extend(_variants(rest))
     return out
 
 
-def test_the_readme_shows_the_main_commands() -> None:
+def test_the_docs_show_the_main_commands() -> None:
     shown = {tuple(c[:2]) if c[0] in ("topics", "groups") else (c[0],) for c in commands()}
     for expected in [("serve",), ("topics", "create"), ("topics", "list"), ("topics", "describe"),
                      ("topics", "delete"), ("produce",), ("consume",), ("groups", "list"), ("groups", "describe"),
