@@ -49,6 +49,7 @@ MODULES = (
     "bench_clients",
     "bench_http_limits",
     "bench_pipeline",
+    "bench_soak",
 )
 
 # --quick: small sizes that show a module still works end to end (figures not meant for RESULTS.md).
@@ -58,6 +59,7 @@ QUICK_ARGS: dict[str, tuple[str, ...]] = {
     "bench_kafka_codec": (),
     "bench_kafka_conn": ("--rounds", "1"),
     "bench_log": ("--quick",),
+    "bench_soak": ("--duration", "20", "--devices", "20", "--sample-s", "2"),
     "bench_cleaner": ("--mb", "4", "--seconds", "0.5"),
     "bench_processors": ("--records", "20000"),
     "bench_tcp": ("--lines", "10000"),
