@@ -237,6 +237,8 @@ class SecuritySettings(BaseModel):
     # and password from the user store; "off": nobody is asked (MQTT keeps mqtt.allow_anonymous/mqtt.users).
     auth: Literal["off", "required"] = "off"
     super_users: list[str] = Field(default_factory=list)  # principals every ACL allows (and the SCRAM admin APIs)
+    # With auth off, a listener bound beyond loopback refuses to start unless this is true (then a WARNING).
+    allow_insecure: bool = False  # start with auth off on non-loopback addresses (an open broker)
 
 
 class Settings(BaseSettings):

@@ -1,6 +1,7 @@
 """``sluice serve``: one asyncio process holding the log store and every front door.
 
-Start-up: open (and recover) the store, start components in order, write endpoints.json.
+Start-up: refuse an unauthenticated broker bound beyond loopback (``sluice.exposure``), open (and recover)
+the store, start components in order, write endpoints.json.
 Shutdown on SIGINT/SIGTERM: stop components in reverse (stop accepting, finish in-flight appends),
 flush the store, close it.
 """
@@ -22,6 +23,7 @@ from broker.log.memory import MemoryLogStore
 from broker.log.segment import SegmentLogStore
 from sluice.components import build_components
 from sluice.config import Settings
+from sluice.exposure import check_exposure
 from sluice.runtime import Component, Runtime
 
 __all__ = ["check_data_dir", "open_store", "run_server", "serve"]
@@ -67,6 +69,7 @@ async def _retention_loop(store: LogStore, interval: float) -> None:
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Run until ``stop`` is set (or SIGINT/SIGTERM arrives)."""
     stop = stop or asyncio.Event()
+    check_exposure(settings)  # before anything is opened: an open broker on the network refuses to start
     check_data_dir(settings.data_dir)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
