@@ -42,7 +42,9 @@ __all__ = [
     "console",
     "err_console",
     "fail",
+    "http_auth",
     "http_get",
+    "http_request",
     "name_value_pairs",
     "plural",
     "print_json",
@@ -115,14 +117,47 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-async def http_get(base: str, path: str, params: dict[str, Any] | None = None, *, missing_ok: bool = False) -> Any:
-    """GET a JSON document; unreachable exits 3, 404 exits 4 (or returns None with ``missing_ok``)."""
+def http_auth() -> httpx.Auth | None:
+    """The caller's credentials for the HTTP API (a broker with ``security.auth = required``), from the
+    environment, never from flags: ``SLUICE_TOKEN`` (a bearer token), else ``SLUICE_USER`` and
+    ``SLUICE_PASSWORD`` (Basic)."""
+    token = os.environ.get("SLUICE_TOKEN")
+    if token:
+        return _Bearer(token)
+    user = os.environ.get("SLUICE_USER")
+    if user:
+        return httpx.BasicAuth(user, os.environ.get("SLUICE_PASSWORD", ""))
+    return None
+
+
+class _Bearer(httpx.Auth):
+    def __init__(self, token: str) -> None:
+        self._header = f"Bearer {token}"
+
+    def auth_flow(self, request: httpx.Request) -> Any:
+        request.headers["Authorization"] = self._header
+        yield request
+
+
+async def http_request(method: str, base: str, path: str, *, params: dict[str, Any] | None = None,
+                       json_body: Any = None) -> httpx.Response:
+    """One request with the caller's credentials (``http_auth``); unreachable exits 3, 401/403 exit 1."""
     url = base.rstrip("/") + path
     try:
-        async with httpx.AsyncClient(timeout=10) as client:
-            resp = await client.get(url, params=params)
+        async with httpx.AsyncClient(timeout=10, auth=http_auth()) as client:
+            resp = await client.request(method, url, params=params, json=json_body)
     except httpx.TransportError:
         fail(f"cannot reach the Sluice HTTP API at {base}: is `sluice serve` running? pass --http", EXIT_UNREACHABLE)
+    if resp.status_code in (401, 403):
+        detail = resp.json().get("detail", resp.text) if resp.content else resp.reason_phrase
+        hint = " (set SLUICE_TOKEN, or SLUICE_USER and SLUICE_PASSWORD)" if resp.status_code == 401 else ""
+        fail(f"the HTTP API answered {resp.status_code}: {detail}{hint}", EXIT_RUNTIME)
+    return resp
+
+
+async def http_get(base: str, path: str, params: dict[str, Any] | None = None, *, missing_ok: bool = False) -> Any:
+    """GET a JSON document; unreachable exits 3, 404 exits 4 (or returns None with ``missing_ok``)."""
+    resp = await http_request("GET", base, path, params=params)
     if resp.status_code == 404:
         if missing_ok:
             return None

@@ -231,12 +231,14 @@ class HttpSettings(BaseModel):
 
 class SecuritySettings(BaseModel):
     """Who may use the front doors (``broker.security``). Users live in ``<data_dir>/security/users.json``
-    (``sluice users add NAME --data-dir DIR``)."""
+    (``sluice users add NAME --data-dir DIR``), bearer tokens in ``tokens.json``, ACLs in ``acls.json``."""
 
-    # "required": Kafka clients log in with SASL (PLAIN, SCRAM-SHA-256/512) and MQTT clients with a user name
-    # and password from the user store; "off": nobody is asked (MQTT keeps mqtt.allow_anonymous/mqtt.users).
+    # "required": Kafka clients log in with SASL (PLAIN, SCRAM-SHA-256/512), MQTT clients with a user name
+    # and password from the user store, HTTP callers with Basic or a bearer token; the ACLs are enforced on
+    # every front door. "off": nobody is asked, nothing is checked (MQTT keeps mqtt.allow_anonymous/mqtt.users).
     auth: Literal["off", "required"] = "off"
-    super_users: list[str] = Field(default_factory=list)  # principals every ACL allows (and the SCRAM admin APIs)
+    super_users: list[str] = Field(default_factory=list)  # principals every ACL allows ("alice" or "User:alice")
+    open_metrics: bool = False  # /metrics without credentials (else: describe on the cluster) when auth is required
     # With auth off, a listener bound beyond loopback refuses to start unless this is true (then a WARNING).
     allow_insecure: bool = False  # start with auth off on non-loopback addresses (an open broker)
 

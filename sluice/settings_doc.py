@@ -75,7 +75,10 @@ _NOTES = {
     "mqtt.enabled": "MQTT 3.1.1/5.0 listener",
     "mqtt.port": "MQTT port",
     "mqtt.allow_anonymous": "accept clients without credentials",
-    "security.auth": "`required`: Kafka SASL (PLAIN, SCRAM-SHA-256/512) and MQTT user/password against the user store",
+    "security.auth": "`required`: Kafka SASL (PLAIN, SCRAM-SHA-256/512), MQTT user/password and HTTP Basic/bearer "
+                     "against the user store; ACLs enforced on every front door",
+    "security.super_users": "principals every ACL allows (`alice` or `User:alice`)",
+    "security.open_metrics": "with auth required, `/metrics` without credentials (else: describe on the cluster)",
     "mqtt.max_packet_bytes": "larger packets close the connection",
     "mqtt.topic_alias_maximum": "MQTT 5 topic aliases per connection",
     "mqtt.connect_timeout_s": "time for a client to send CONNECT",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
 
 import sluice
+from sluice.components.security import authenticator, authorizer
 from sluice.console import install_console
 from sluice.http import fronts, groups, metrics, ops, records, stream, topics
+from sluice.http.auth import caller, console_access, metrics_access
 from sluice.http.context import ApiContext, ApiCounters
 from sluice.http.limits import BodyLimitMiddleware
 from sluice.http.metrics import RequestMetricsMiddleware, RuntimeCollector
@@ -39,14 +41,18 @@ def create_app(runtime: Runtime, *, max_wait_ms: int = 30_000, sse_heartbeat_s: 
     registry = CollectorRegistry(auto_describe=True)
     ctx = ApiContext(runtime, registry, ApiCounters(registry), max_wait_ms=max_wait_ms, sse_heartbeat_s=sse_heartbeat_s)
     ctx.collector = RuntimeCollector(ctx)
+    ctx.authenticator, ctx.authorizer = authenticator(runtime), authorizer(runtime)  # None with security.auth off
     registry.register(ctx.collector)
     app.state.ctx = ctx
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.http.max_body_bytes)
     app.add_middleware(RequestMetricsMiddleware, ctx=ctx)  # outermost: counts the 413s too
     for module in (topics, records, stream, groups, ops, fronts, metrics):
-        # Any request may carry a number out of range (400) or an oversized body (413).
-        app.include_router(module.router, responses={k: PROBLEM_RESPONSES[k] for k in (400, 413, 422)})
+        # Any request may carry a number out of range (400) or an oversized body (413); with security.auth =
+        # required, every route but /health, /ready and (per security.open_metrics) /metrics wants credentials.
+        common = (400, 413, 422) if module is ops else (400, 401, 403, 413, 422)
+        auth = [Depends(metrics_access)] if module is metrics else [] if module is ops else [Depends(caller)]
+        app.include_router(module.router, responses={k: PROBLEM_RESPONSES[k] for k in common}, dependencies=auth)
     if runtime.settings.http.console:
-        install_console(app)
+        install_console(app, dependencies=[Depends(console_access)])
     return app

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from broker.log.api import LogStore
+from broker.security import Authenticator, Authorizer
 from sluice.runtime import Runtime
 
 __all__ = ["ApiContext", "ApiCounters", "Ctx", "api_context"]
@@ -59,6 +60,8 @@ class ApiContext:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     accepting: bool = False  # set by the component once the socket serves; cleared when stopping
     collector: Any = None  # the RuntimeCollector read by /metrics
+    authenticator: Authenticator | None = None  # set with security.auth = required (see auth.py)
+    authorizer: Authorizer | None = None
 
     @property
     def store(self) -> LogStore:

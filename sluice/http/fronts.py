@@ -8,16 +8,20 @@ error; how many clients, sessions and subscriptions the MQTT listener holds. The
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
+from broker.security import Operation, ResourceType
 from sluice.front_metrics import bridge_statuses, mqtt_status
+from sluice.http.auth import allow
 from sluice.http.context import ApiContext, Ctx
 from sluice.http.problems import PROBLEM_RESPONSES, ProblemError
 
 __all__ = ["BridgeStatusOut", "MqttListenerStatus", "router"]
 
-router = APIRouter(tags=["operations"], responses={500: PROBLEM_RESPONSES[500]})
+# The status of the front doors is the cluster's: describe on it (with security.auth = required).
+router = APIRouter(tags=["operations"], responses={500: PROBLEM_RESPONSES[500]},
+                   dependencies=[Depends(allow(Operation.DESCRIBE, ResourceType.CLUSTER))])
 
 
 class BridgeStatusOut(BaseModel):

@@ -13,13 +13,15 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, Request
 
 from broker.errors import BrokerError
 from broker.groups import GroupsError, decode_assignment
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.group import MemberDescription
 from broker.log.api import LogStore
+from broker.security import Operation, ResourceType
+from sluice.http.auth import Caller, allow, may
 from sluice.http.context import Ctx
 from sluice.http.models import GroupDetail, GroupPartitionLag, GroupSummary
 from sluice.http.problems import PROBLEM_RESPONSES, ProblemError
@@ -163,8 +165,10 @@ def collect_group(coordinator: GroupCoordinator | None, store: LogStore, group_i
 
 
 @router.get("", response_model=list[GroupSummary], summary="List consumer groups")
-async def list_groups(ctx: Ctx) -> list[GroupSummary]:
-    return list_group_summaries(_coordinator(ctx.runtime.registries))
+async def list_groups(ctx: Ctx, request: Request, who: Caller) -> list[GroupSummary]:
+    """Only the groups the caller may describe (as Kafka's ListGroups)."""
+    return [g for g in list_group_summaries(_coordinator(ctx.runtime.registries))
+            if may(ctx, request, who, Operation.DESCRIBE, ResourceType.GROUP, g.group_id)]
 
 
 @router.get(
@@ -172,6 +176,7 @@ async def list_groups(ctx: Ctx) -> list[GroupSummary]:
     response_model=GroupDetail,
     summary="Describe a group: members, assignment, committed offsets, offset lag and event-time lag",
     responses={404: PROBLEM_RESPONSES[404]},
+    dependencies=[Depends(allow(Operation.DESCRIBE, ResourceType.GROUP, "group_id"))],
 )
 async def describe_group(group_id: str, ctx: Ctx) -> GroupDetail:
     return collect_group(_coordinator(ctx.runtime.registries), ctx.store, group_id)

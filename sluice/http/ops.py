@@ -1,5 +1,8 @@
 """Operator routes: ``/health``, ``/ready``, ``/sources`` (ingest health) and ``/processors``.
 
+``/health`` and ``/ready`` answer without credentials (probes); with ``security.auth = required`` the other
+two need describe on the cluster (``auth.py``).
+
 ``/sources`` and ``/processors`` read registries other components publish into
 (``runtime.registries["ingest_health"]`` and ``["processors"]``); absent registries give empty lists.
 """
@@ -10,8 +13,10 @@ import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
+from broker.security import Operation, ResourceType
+from sluice.http.auth import allow
 from sluice.http.context import ApiContext, Ctx
 from sluice.http.groups import plain
 from sluice.http.problems import PROBLEM_RESPONSES, ProblemError
@@ -73,6 +78,7 @@ async def ready(ctx: Ctx) -> dict[str, Any]:
     "/sources",
     response_model=list[dict[str, Any]],
     summary="Ingest health per source and device: messages, bytes, errors, last seen, idle",
+    dependencies=[Depends(allow(Operation.DESCRIBE, ResourceType.CLUSTER))],
 )
 async def sources(
     ctx: Ctx, idle: bool | None = Query(None, description="Only idle (true) or only active (false) devices.")
@@ -83,6 +89,7 @@ async def sources(
     return rows
 
 
-@router.get("/processors", response_model=list[dict[str, Any]], summary="Attached processors: status, watermarks, lag")
+@router.get("/processors", response_model=list[dict[str, Any]], summary="Attached processors: status, watermarks, lag",
+            dependencies=[Depends(allow(Operation.DESCRIBE, ResourceType.CLUSTER))])
 async def processors(ctx: Ctx) -> list[dict[str, Any]]:
     return await processor_statuses(ctx)

@@ -15,6 +15,8 @@ Domain errors are translated here, once, at the boundary::
     number out of range      400  out-of-range     (Kafka's INT32/INT64 ranges, see limits.py)
     body over the limit      413  body-too-large   (http.max_body_bytes, see limits.py)
     validation failure       422  invalid-request
+    no or bad credentials    401  unauthorized     (security.auth = required; see auth.py)
+    refused by the ACLs      403  forbidden
     anything else            500  internal-error (logged with the traceback)
 
 Handlers raise ``ProblemError`` for their own cases (bad offset, a missing group).
@@ -66,12 +68,14 @@ class Problem(BaseModel):
 class ProblemError(Exception):
     """Raised by route handlers; rendered as a problem document."""
 
-    def __init__(self, status: int, slug: str, title: str, detail: str) -> None:
+    def __init__(self, status: int, slug: str, title: str, detail: str,
+                 headers: list[tuple[str, str]] | None = None) -> None:
         super().__init__(detail)
         self.status = status
         self.slug = slug
         self.title = title
         self.detail = detail
+        self.headers = headers or []  # may repeat a name (two WWW-Authenticate challenges)
 
 
 def _problem_doc(status: int, slug: str, title: str, detail: str, instance: str | None) -> dict[str, Any]:
@@ -102,6 +106,8 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "description": text, "content": _PROBLEM_CONTENT}
     for code, text in {
         400: "Bad request (invalid name, malformed body, number out of range)",
+        401: "Authentication required (security.auth = required): Basic or Bearer credentials missing or wrong",
+        403: "The ACLs do not allow this principal the operation",
         404: "Unknown topic, partition or group",
         409: "Conflict (topic exists)",
         413: "Record or request body too large",
@@ -162,7 +168,10 @@ def _validation_detail(exc: RequestValidationError) -> tuple[str, str, str, int]
 def install_problem_handlers(app: FastAPI) -> None:
     async def on_problem(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ProblemError)
-        return problem_response(exc.status, exc.slug, exc.title, exc.detail, request.url.path)
+        response = problem_response(exc.status, exc.slug, exc.title, exc.detail, request.url.path)
+        for name, value in exc.headers:
+            response.headers.append(name, value)
+        return response
 
     async def on_broker(request: Request, exc: Exception) -> JSONResponse:
         for cls, status, slug, title in _DOMAIN:

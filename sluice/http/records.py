@@ -7,10 +7,12 @@ import time
 from collections import defaultdict
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from broker.log.api import LogStore, PartitionLog
 from broker.protocol.records import Record, RecordSpec, decode_records, encode_batch, split_complete_batches
+from broker.security import Operation, ResourceType
+from sluice.http.auth import Caller, allow, authorize, may
 from sluice.http.context import Ctx
 from sluice.http.limits import INT32_MAX, INT64_MAX
 from sluice.http.models import (
@@ -93,9 +95,13 @@ def _partition_of(store: LogStore, topic: str, count: int, explicit: int | None,
     "returns once they are as durable as the topic's flush policy promises. Unknown topics are created "
     "when storage.auto_create_topics is on.",
     responses={k: PROBLEM_RESPONSES[k] for k in (400, 404, 413, 422, 503)},
+    dependencies=[Depends(allow(Operation.WRITE, ResourceType.TOPIC, "topic"))],
 )
-async def produce(topic: str, body: ProduceRequest, ctx: Ctx) -> ProduceResponse:
+async def produce(topic: str, body: ProduceRequest, ctx: Ctx, request: Request, who: Caller) -> ProduceResponse:
     store = ctx.store
+    if not store.has_topic(topic) and store.auto_create_topics and not may(
+            ctx, request, who, Operation.CREATE, ResourceType.CLUSTER):
+        authorize(ctx, request, who, Operation.CREATE, ResourceType.TOPIC, topic)  # auto-creation creates it
     info = store.ensure_topic(topic)
     sticky = store.partition_for(topic, None)
     now = int(time.time() * 1000)
@@ -136,6 +142,7 @@ async def produce(topic: str, body: ProduceRequest, ctx: Ctx) -> ProduceResponse
     "and nothing to read yet, waits up to that long for new records. `timestamp` starts at the first "
     "record at or after that event time instead of an offset.",
     responses={k: PROBLEM_RESPONSES[k] for k in (400, 404, 416, 422)},
+    dependencies=[Depends(allow(Operation.READ, ResourceType.TOPIC, "topic"))],
 )
 async def fetch(
     topic: str,

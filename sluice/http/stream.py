@@ -11,11 +11,13 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 
 from broker.log.api import PartitionLog, wait_for_any
 from broker.protocol.records import Record
+from broker.security import Operation, ResourceType
+from sluice.http.auth import allow
 from sluice.http.context import ApiContext, Ctx
 from sluice.http.limits import INT32_MAX, INT64_MAX
 from sluice.http.models import OutFormat, record_out
@@ -114,6 +116,7 @@ def start_cursors(
         200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}, "description": "An event stream"},
         **{k: PROBLEM_RESPONSES[k] for k in (404, 416, 422)},
     },
+    dependencies=[Depends(allow(Operation.READ, ResourceType.TOPIC, "topic"))],
 )
 async def stream(
     topic: str,

@@ -22,7 +22,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProcess]:
     data = tmp_path_factory.mktemp("mqtt-auth") / "data"
     UserStore(data).add("meter", "s3cret")
     # mqtt.users must not open a back door once the user store is in charge
-    proc = SluiceProcess(data, env={"SLUICE_SECURITY__AUTH": "required",
+    proc = SluiceProcess(data, env={"SLUICE_SECURITY__AUTH": "required", "SLUICE_SECURITY__OPEN_METRICS": "true",
+                                    "SLUICE_SECURITY__SUPER_USERS": '["meter"]',
                                     "SLUICE_MQTT__USERS": '{"legacy": "plain-text"}'})
     proc.start()
     yield proc

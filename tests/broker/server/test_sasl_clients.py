@@ -26,8 +26,10 @@ PASSWORD = "correct horse"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProcess]:
     data = tmp_path_factory.mktemp("sasl") / "data"
     UserStore(data).add("alice", PASSWORD)  # offline, before the broker starts (the documented first step)
+    # alice may do everything (ACLs are another test's subject); /metrics is read without credentials
     proc = SluiceProcess(data, env={"SLUICE_SECURITY__AUTH": "required", "SLUICE_HTTP__ENABLED": "true",
-                                    "SLUICE_HTTP__PORT": "0"})
+                                    "SLUICE_HTTP__PORT": "0", "SLUICE_SECURITY__SUPER_USERS": '["alice"]',
+                                    "SLUICE_SECURITY__OPEN_METRICS": "true"})
     proc.start()
     yield proc
     proc.stop()
