@@ -2,6 +2,8 @@
 
 The hub never touches sockets. It owns the ``IngestPort`` (the durable append, passed in by the assembly),
 the subscription trie and retained store, and routes each durably appended message to matching sessions.
+It sees connections only as ``Link``s (``ports.py``), so it imports neither the connection state machine
+(``machine.py``) nor its asyncio adapter (``session.py``); both import the hub.
 """
 
 from __future__ import annotations
@@ -10,126 +12,24 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any
 
-from ingest.admission import Admission, ConnectionLimits
+from ingest.admission import Admission
 from ingest.errors import IngestError
-from ingest.mqtt.packets import MQTT_5, MQTT_311, Properties, Publish, Subscription, Will
+from ingest.mqtt.hub_config import HubConfig, HubStats
+from ingest.mqtt.packets import Publish, Subscription, Will
+from ingest.mqtt.ports import Accepted, Authenticator, IngestPort, Link, Refusal
 from ingest.mqtt.properties import expires_at, for_delivery, forwarded
-from ingest.mqtt.session_state import QueueBudget
+from ingest.mqtt.session_state import QueueBudget, SessionState
 from ingest.mqtt.shared import SHARE_PREFIX, Granted, SharedGroup, parse_shared
 from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
 
-if TYPE_CHECKING:
-    from ingest.mqtt.session import MqttConnection
-    from ingest.mqtt.session_state import SessionState
-
+# Accepted ... Refusal: defined in ports.py / hub_config.py, re-exported for the assembly and tests
 __all__ = ["Accepted", "Authenticator", "Hub", "HubConfig", "HubStats", "IngestPort", "Refusal"]
 
 log = logging.getLogger("ingest.mqtt")
-
-# (client_id, username, password) -> accepted?
-Authenticator = Callable[[str, str | None, bytes | None], bool]
-# Why a CONNECT was refused: no credentials while anonymous clients are not allowed; credentials while there
-# is no user database to check them against; credentials the user database does not accept.
-Refusal = Literal["anonymous", "no-users", "bad-credentials"]
-
-
-# A PUBLISH accepted from a device: (the packet with its topic resolved, its packet id or 0, arrival ms).
-Accepted = tuple[Publish, int, int]
-
-
-class IngestPort(Protocol):
-    """The durable append, implemented by the assembly on top of the ingest sink."""
-
-    def ingest(self, client_id: str, messages: Sequence[Accepted]) -> Awaitable[None]:
-        """Append ``messages`` of ``client_id`` in order; complete only once durable (per the flush policy)."""
-        ...
-
-    def backlog_bytes(self) -> int:
-        """Bytes accepted but not yet durable across all sources (reads pause above a high-water mark)."""
-        ...
-
-    def connections_changed(self, delta: int) -> None:
-        """A client connected (+1) or went away (-1); for source health."""
-        ...
-
-    def reads_paused(self, paused: bool) -> None:
-        """A connection's socket reads were paused (True) or resumed (False) by backpressure."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class HubConfig:
-    allow_anonymous: bool = True
-    max_packet_size: int = 1024 * 1024 + 1024
-    receive_maximum: int = 1024  # inbound QoS 1/2 in flight per connection (advertised in MQTT 5)
-    topic_alias_maximum: int = 32
-    max_queued_messages: int = 10_000  # per session, QoS 1/2 waiting for an offline or busy client (0: no bound)
-    max_queued_bytes: int = 16 * 1024 * 1024  # per session, payload bytes of those messages (0: no bound)
-    max_queued_bytes_total: int = 256 * 1024 * 1024  # all sessions together (0: no bound)
-    # sessions kept for clients that are away (0: no bound); beyond it the one away longest is ended, so
-    # clients inventing client ids cannot hold memory for the whole session expiry
-    max_offline_sessions: int = 100_000
-    session_expiry_s: float = 86_400.0  # 3.1.1 clean session = 0: kept this long after the client leaves
-    max_session_expiry_s: float = 86_400.0  # 5.0: a longer Session Expiry Interval (or "never") is cut to this
-    connect_timeout_s: float = 10.0
-    max_keepalive: int = 65_535  # a client asking for more, or 0, gets this (5.0: told by Server Keep Alive)
-    backlog_high_bytes: int = 64 * 1024 * 1024
-    max_write_buffer: int = 4 * 1024 * 1024  # QoS 0 deliveries beyond this to a slow client are dropped
-    protocol_versions: tuple[int, ...] = (MQTT_311, MQTT_5)
-    connection_limits: ConnectionLimits = ConnectionLimits()  # refused at accept beyond these (admission.py)
-
-
-    def granted_keepalive(self, asked: int) -> int:
-        """A keep alive above ``max_keepalive``, or 0 (none), becomes ``max_keepalive``: 5.0 clients are told
-        (Server Keep Alive, §3.2.2.3.14); 3.1.1 ones cannot be and are held to it all the same (as Mosquitto,
-        which accepts them)."""
-        if self.max_keepalive and (asked == 0 or asked > self.max_keepalive):
-            return self.max_keepalive
-        return asked
-
-    def connack_properties(self, *, assigned_client_id: str | None, session_expiry: int | None,
-                           server_keep_alive: int | None) -> Properties:
-        """What a 5.0 CONNACK advertises: exactly what this server supports. Maximum QoS is absent: QoS 2
-        is supported (a value of 2 may not be sent, §3.2.2.3.4)."""
-        return Properties(
-            receive_maximum=self.receive_maximum,
-            topic_alias_maximum=self.topic_alias_maximum,
-            maximum_packet_size=self.max_packet_size,
-            retain_available=1,
-            wildcard_subscription_available=1,
-            subscription_identifier_available=1,
-            shared_subscription_available=1,
-            assigned_client_identifier=assigned_client_id,
-            session_expiry_interval=session_expiry,
-            server_keep_alive=server_keep_alive,
-        )
-
-
-@dataclass(slots=True)
-class HubStats:
-    connections_total: int = 0
-    messages_in: int = 0
-    bytes_in: int = 0
-    duplicates: int = 0
-    delivered: int = 0
-    dropped_deliveries: int = 0  # counted and logged, never silent
-    protocol_errors: int = 0
-    refused_logins: int = 0  # CONNECTs refused for their credentials (or for having none)
-    append_errors: int = 0
-    wills_published: int = 0
-    read_pauses: int = 0  # times a connection's socket reads were paused for backpressure
-    queue_drops: int = 0  # QoS 1/2 messages dropped because a session's queue was full (also in dropped_deliveries)
-    sessions_expired: int = 0  # offline sessions dropped at the end of their expiry interval
-    sessions_evicted: int = 0  # offline sessions ended early because max_offline_sessions were kept
-    max_queued: int = 0  # most messages one connection ever had waiting for the append
-    log_records_delivered: int = 0  # records written by others (Kafka, HTTP) sent to MQTT subscribers (from_log.py)
-    log_records_skipped: int = 0  # records of a followed topic without a valid mqtt_topic header
-    log_headers_skipped: int = 0  # headers of those records that cannot be MQTT properties (not UTF-8)
-    messages_expired: int = 0  # queued or retained messages dropped at the end of their Message Expiry Interval
 
 
 @dataclass(eq=False)
@@ -139,7 +39,7 @@ class Hub:
     authenticator: Authenticator | None = None
     sessions: dict[str, SessionState] = field(default_factory=dict)
     offline: OrderedDict[str, SessionState] = field(default_factory=OrderedDict)  # away longest first
-    connections: set[MqttConnection] = field(default_factory=set)
+    connections: set[Link] = field(default_factory=set)  # every open connection (its adapter)
     tree: SubscriptionTree[SessionState | SharedGroup, Granted] = field(default_factory=SubscriptionTree)
     shared: dict[tuple[str, str], SharedGroup] = field(default_factory=dict)  # (group, filter) -> members
     retained: RetainedStore = field(default_factory=RetainedStore)
@@ -171,12 +71,8 @@ class Hub:
             return None if self.config.allow_anonymous else "no-users"
         return None if self.authenticator(client_id, username, password) else "bad-credentials"
 
-    def attach(self, connection: MqttConnection, client_id: str, clean: bool, expiry_s: float) -> tuple[
-        SessionState, bool
-    ]:
+    def attach(self, connection: Link, client_id: str, clean: bool, expiry_s: float) -> tuple[SessionState, bool]:
         """Bind ``connection`` to the session of ``client_id``; returns (session, session_present)."""
-        from ingest.mqtt.session_state import SessionState
-
         existing = self.sessions.get(client_id)
         self.offline.pop(client_id, None)
         if existing is not None and existing.connection is not None and existing.connection is not connection:
@@ -195,7 +91,7 @@ class Hub:
         self.sessions[client_id] = session
         return session, present
 
-    def detach(self, connection: MqttConnection, session: SessionState) -> None:
+    def detach(self, connection: Link, session: SessionState) -> None:
         if session.connection is not connection:
             return
         session.connection = None
@@ -305,7 +201,7 @@ class Hub:
                 out_props = props if not ids else replace(props, subscription_identifier=ids)
                 session.offer(
                     Publish(msg.topic, msg.payload, min(msg.qos, qos), msg.retain and rap, False, None, out_props),
-                    expiry, self,
+                    expiry, self.config, self.stats,
                 )
 
     def _offer_shared(self, group: SharedGroup, packet: Publish, expiry: float | None, qos: int,
@@ -319,7 +215,8 @@ class Hub:
         props = packet.properties
         if props.subscription_identifier != ids:  # this member's own (a message moved from another has theirs)
             props = replace(props, subscription_identifier=ids)
-        session.offer(replace(packet, qos=min(qos, sub.qos), retain=False, properties=props), expiry, self, group)
+        session.offer(replace(packet, qos=min(qos, sub.qos), retain=False, properties=props), expiry, self.config,
+                      self.stats, group)
 
     def send_retained(self, session: SessionState, sub: Subscription, sub_id: int) -> None:
         """The retained messages matching a new subscription (RETAIN=1, remaining expiry)."""
@@ -330,7 +227,7 @@ class Hub:
                 Publish(msg.topic, msg.payload, min(msg.qos, sub.qos), True, False, None, props), expiry, now
             )
             if packet is not None:
-                session.offer(packet, expiry, self)  # if it waits in the queue, it still expires
+                session.offer(packet, expiry, self.config, self.stats)  # if it waits in the queue, it still expires
 
     # ------------------------------------------------------------------ wills
     def will_due(self, client_id: str, will: Will, session_expiry_s: float) -> None:

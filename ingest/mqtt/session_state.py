@@ -27,15 +27,15 @@ import logging
 import time
 from collections import deque
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
+from ingest.mqtt.hub_config import HubConfig, HubStats
 from ingest.mqtt.packets import Publish, Pubrel, Subscription
+from ingest.mqtt.ports import Link
 from ingest.mqtt.properties import for_delivery
 
-if TYPE_CHECKING:
-    from ingest.mqtt.hub import Hub
-    from ingest.mqtt.session import MqttConnection
-    from ingest.mqtt.shared import SharedGroup
+# The shared subscription (``shared.SharedGroup``) a message came through: only stored and compared by
+# identity here, so this module need not import ``shared`` (which names ``SessionState``).
+GroupRef = object
 
 __all__ = ["QueueBudget", "SessionState"]
 
@@ -82,8 +82,8 @@ class SessionState:
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight_out: dict[int, Publish | None] = {}  # None: PUBREC received, PUBREL sent
         # (packet, when it expires, the shared subscription it came through)
-        self.queue: deque[tuple[Publish, float | None, SharedGroup | None]] | None = None
-        self.shared_inflight: dict[int, SharedGroup] | None = None  # outbound pid -> its shared subscription
+        self.queue: deque[tuple[Publish, float | None, GroupRef | None]] | None = None
+        self.shared_inflight: dict[int, GroupRef] | None = None  # outbound pid -> its shared subscription
         self.messages_expired = 0  # queued messages dropped because their Message Expiry Interval passed
         self.queued_bytes = 0  # payload bytes in ``queue``
         self.dropping = False  # the queue overflowed and that was logged; cleared once it drains
@@ -92,7 +92,7 @@ class SessionState:
         self.next_pid = 1
         self.expiry_s = 0.0
         self.ended_at: float | None = None
-        self.connection: MqttConnection | None = None
+        self.connection: Link | None = None
 
     def expired(self, now: float) -> bool:
         return self.ended_at is not None and now - self.ended_at >= self.expiry_s
@@ -104,7 +104,8 @@ class SessionState:
         self.next_pid = pid % 65535 + 1
         return pid
 
-    def offer(self, packet: Publish, expiry: float | None, hub: Hub, group: SharedGroup | None = None) -> None:
+    def offer(self, packet: Publish, expiry: float | None, config: HubConfig, stats: HubStats,
+              group: GroupRef | None = None) -> None:
         """Deliver one message (``packet``: QoS, retain flag and properties as this client gets it, no
         packet id) now or, QoS 1/2, when the client can take it; ``expiry``: when it expires (monotonic);
         ``group``: the shared subscription it came through (its messages move if this member leaves)."""
@@ -112,24 +113,23 @@ class SessionState:
         if packet.qos == 0:
             if conn is not None and conn.can_take_qos0():
                 conn.send_publish(packet)
-                hub.stats.delivered += 1
+                stats.delivered += 1
             else:
-                hub.stats.dropped_deliveries += 1
+                stats.dropped_deliveries += 1
             return
         if conn is not None and not self.queue and len(self.inflight_out) < conn.client_receive_max:
             self._send_new(conn, packet, group)
-            hub.stats.delivered += 1
+            stats.delivered += 1
             return
         queue = self.queue
         if queue is None:
             queue = self.queue = deque()
-        config = hub.config
         size = len(packet.payload)
         if (config.max_queued_messages and len(queue) >= config.max_queued_messages) or (
             config.max_queued_bytes and self.queued_bytes + size > config.max_queued_bytes
         ) or not self.budget.fits(size):
-            hub.stats.dropped_deliveries += 1
-            hub.stats.queue_drops += 1
+            stats.dropped_deliveries += 1
+            stats.queue_drops += 1
             if not self.dropping:
                 self.dropping = True
                 log.warning(
@@ -153,7 +153,7 @@ class SessionState:
         self.queued_bytes = 0
         self.queue = None
 
-    def _send_new(self, conn: MqttConnection, packet: Publish, group: SharedGroup | None) -> None:
+    def _send_new(self, conn: Link, packet: Publish, group: GroupRef | None) -> None:
         pid = self._alloc_pid()
         packet = Publish(packet.topic, packet.payload, packet.qos, packet.retain, False, pid, packet.properties)
         self.inflight_out[pid] = packet
@@ -170,7 +170,7 @@ class SessionState:
                 self.shared_inflight.pop(pid, None)
             self.pump()
 
-    def take_shared(self, group: SharedGroup) -> list[tuple[Publish, float | None]]:
+    def take_shared(self, group: GroupRef) -> list[tuple[Publish, float | None]]:
         """Remove and return this session's unacknowledged and queued messages of ``group`` (shared rule 4);
         a QoS 2 message already PUBREC'd is the client's, and stays."""
         taken: list[tuple[Publish, float | None]] = []
@@ -182,7 +182,7 @@ class SessionState:
                     del self.inflight_out[pid]
                     taken.append((replace(packet, packet_id=None, dup=False), None))
         if self.queue:
-            kept: deque[tuple[Publish, float | None, SharedGroup | None]] = deque()
+            kept: deque[tuple[Publish, float | None, GroupRef | None]] = deque()
             for entry in self.queue:
                 if entry[2] is group:
                     taken.append((entry[0], entry[1]))
@@ -214,7 +214,7 @@ class SessionState:
         queue = self.queue
         if not queue:
             return
-        kept: deque[tuple[Publish, float | None, SharedGroup | None]] = deque()
+        kept: deque[tuple[Publish, float | None, GroupRef | None]] = deque()
         dropped = 0
         for entry in queue:
             if entry[1] is not None and entry[1] <= now:
