@@ -185,6 +185,7 @@ class TcpSettings(BaseModel):
     backlog: int = 4096
     max_connections: int = Field(default=10_000, ge=0)  # all TCP listeners together; more are closed (0 = no limit)
     max_connections_per_address: int = Field(default=0, ge=0)  # open at once from one client IP (0 = no limit)
+    auth_timeout_s: float = Field(default=10.0, gt=0)  # security.auth = required: time for the first AUTH line
     listeners: list[TcpListenerSettings] = Field(default_factory=list)
 
 
@@ -234,8 +235,9 @@ class SecuritySettings(BaseModel):
     (``sluice users add NAME --data-dir DIR``), bearer tokens in ``tokens.json``, ACLs in ``acls.json``."""
 
     # "required": Kafka clients log in with SASL (PLAIN, SCRAM-SHA-256/512), MQTT clients with a user name
-    # and password from the user store, HTTP callers with Basic or a bearer token; the ACLs are enforced on
-    # every front door. "off": nobody is asked, nothing is checked (MQTT keeps mqtt.allow_anonymous/mqtt.users).
+    # and password from the user store, TCP line senders with a first "AUTH user password" line, HTTP callers
+    # with Basic or a bearer token; the ACLs are enforced on every front door. "off": nobody is asked, nothing
+    # is checked (MQTT keeps mqtt.allow_anonymous/mqtt.users), and every listener must be bound to loopback.
     auth: Literal["off", "required"] = "off"
     super_users: list[str] = Field(default_factory=list)  # principals every ACL allows ("alice" or "User:alice")
     open_metrics: bool = False  # /metrics without credentials (else: describe on the cluster) when auth is required

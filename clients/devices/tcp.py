@@ -20,6 +20,12 @@ nowhere; an ack-mode listener answers ``ACK 1``) and uses ack mode if an answer 
 has written: a batch whose write fails part-way counts as sent and in ``unconfirmed`` (at most once),
 since without acks the device cannot know which of its lines arrived, and resending would store
 them twice.
+
+Login (a listener with ``security.auth = "required"``): with ``username`` and ``password`` the device's
+first line on each connection is ``AUTH <username> <password>`` (line 1). An ack-mode listener answers
+``ACK 1``, which also serves as the ``ack="auto"`` probe; a refused login is answered
+``FATAL authentication failed`` and closed (the device reconnects with backoff, as after any link error).
+Use TLS where the network is not trusted: the password crosses it in that line.
 """
 
 from __future__ import annotations
@@ -65,7 +71,11 @@ class TcpDevice(BufferedDevice):
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
         name: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
     ) -> None:
+        if (username is None) != (password is None) or (username is not None and " " in username):
+            raise ValueError("give both username and password (a user name without spaces), or neither")
         super().__init__(
             buffer_size=buffer_size,
             overflow=overflow,
@@ -82,6 +92,7 @@ class TcpDevice(BufferedDevice):
         self.probe_timeout = probe_timeout
         self.unconfirmed = 0  # plain mode: lines written on a link that broke before the write completed
         self.connect_timeout = connect_timeout
+        self._credentials = (username, password) if username is not None and password is not None else None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._line_no = 0  # lines written on the current connection
@@ -94,8 +105,34 @@ class TcpDevice(BufferedDevice):
             asyncio.open_connection(self.host, self.port), self.connect_timeout
         )
         self._line_no = 0
-        if self.ack == "auto":
+        if self._credentials is not None:
+            await self._login(*self._credentials)
+        elif self.ack == "auto":
             self.acking = await self._probe()
+
+    async def _login(self, username: str, password: str) -> None:
+        """Send the AUTH line; in ack (or auto) mode its answer says whether the login was accepted."""
+        writer, reader = self._writer, self._reader
+        assert writer is not None and reader is not None
+        writer.write(f"AUTH {username} {password}\n".encode())
+        await writer.drain()
+        self._line_no = 1
+        if self.ack is False:
+            return  # a plain listener answers nothing; a refusal shows as the connection closing
+        try:
+            line = await asyncio.wait_for(reader.readline(),
+                                          self.probe_timeout if self.ack == "auto" else self.ack_timeout)
+        except TimeoutError:
+            if self.ack == "auto":
+                self.acking = False
+                return
+            raise
+        if not line:
+            raise ConnectionError("the TCP listener closed the connection")
+        kind, rest = parse_answer(line)
+        if kind == "FATAL":
+            raise AckProtocolError(f"the TCP listener refused the connection: {rest}")
+        self.acking = True
 
     async def _probe(self) -> bool:
         """One empty line: an ack-mode listener answers ``ACK 1`` (or FATAL), a plain one says nothing."""

@@ -15,6 +15,10 @@ Ack mode (``ack = true``): after each batch is durable the server writes, in thi
 cannot take the batch at all the server writes ``FATAL <reason>`` and closes the connection; lines
 after the last ``ACK`` were not stored. Without ack mode the server never writes to the socket.
 
+With an authenticator (``security.auth = "required"``) the first line must be ``AUTH <user> <password>``
+(``ingest/tcp/auth.py``: answered ``ACK 1`` in ack mode; refused with ``FATAL authentication failed`` and
+closed).
+
 A connection that sends nothing for ``idle_timeout_s`` is closed. Any error in one connection is
 logged and closes that connection only. Beyond the connection caps (``ingest/admission.py``: total and
 per client address, shared by the TCP listeners of one Sluice) a new connection is closed unread; in ack
@@ -36,7 +40,8 @@ from ingest.errors import SinkError
 from ingest.health import HealthRegistry
 from ingest.routing import SourceRef
 from ingest.sink import IngestSink, WriteOutcome
-from ingest.tcp.framing import LineFramer
+from ingest.tcp.auth import AUTH_FAILED, DOOR, LineAuthenticator, parse_auth_line
+from ingest.tcp.framing import LineFramer, LineTooLong
 from ingest.tcp.lines import LineStream, payload_format
 
 __all__ = ["LISTENER_FORMATS", "TcpLineListener", "TcpListenerConfig", "ack_lines"]
@@ -57,6 +62,7 @@ class TcpListenerConfig:
     idle_timeout_s: float = 300.0  # 0 = never
     read_bytes: int = 64 * 1024
     backlog: int = 4096
+    auth_timeout_s: float = 10.0  # with an authenticator: time for the AUTH line to arrive
 
     def __post_init__(self) -> None:
         if self.format not in LISTENER_FORMATS:
@@ -96,8 +102,10 @@ class TcpLineListener:
         *,
         clock: Callable[[], float] = time.time,
         admission: Admission | None = None,
+        authenticator: LineAuthenticator | None = None,
     ) -> None:
         self.config = config
+        self.authenticator = authenticator  # set: each connection logs in with a first AUTH line
         self.sink = sink
         self.health = health
         self.admission = admission if admission is not None else Admission("TCP", log=log)  # may be shared
@@ -195,6 +203,13 @@ class TcpLineListener:
         framer = LineFramer(config.max_line_bytes)
         stream = LineStream(config.format)
         idle = config.idle_timeout_s if config.idle_timeout_s > 0 else None
+        if self.authenticator is not None:
+            early = await self._login(self.authenticator, reader, writer, framer)
+            if early is None:
+                return
+            stream.line_no = 1  # the AUTH line
+            if early:
+                await self._ingest(early, stream, writer)
         while True:
             if sink.saturated:
                 # Backpressure from other writers: stop reading until the log catches up.
@@ -208,12 +223,63 @@ class TcpLineListener:
                 return
             items = framer.feed(data) if data else framer.end()
             if items:
-                messages, numbers = stream.messages(items, int(self._clock() * 1000))
-                if config.ack:
-                    outcomes = await sink.write(self.source, messages)
-                    writer.write(ack_lines(outcomes, numbers, stream.line_no, sink.dead_letter_topic))
-                    await writer.drain()
-                else:
-                    await sink.ingest(self.source, messages)  # no per-line outcomes needed
+                await self._ingest(items, stream, writer)
             if not data:
                 return
+
+    async def _ingest(self, items: list[bytes | LineTooLong], stream: LineStream,
+                      writer: asyncio.StreamWriter) -> None:
+        sink = self.sink
+        messages, numbers = stream.messages(items, int(self._clock() * 1000))
+        if self.config.ack:
+            outcomes = await sink.write(self.source, messages)
+            writer.write(ack_lines(outcomes, numbers, stream.line_no, sink.dead_letter_topic))
+            await writer.drain()
+        else:
+            await sink.ingest(self.source, messages)  # no per-line outcomes needed
+
+    async def _login(self, auth: LineAuthenticator, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     framer: LineFramer) -> list[bytes | LineTooLong] | None:
+        """Read and check the AUTH line; the lines that came behind it, or None when refused (then closed)."""
+        peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.auth_timeout_s
+        items: list[bytes | LineTooLong] = []
+        while not items:
+            try:
+                data = await asyncio.wait_for(reader.read(self.config.read_bytes), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                data = None
+            if data is None:
+                auth.failed(DOOR, host, None, f"no AUTH line within {self.config.auth_timeout_s:g} s")
+                await self._refuse_login(writer)
+                return None
+            if not data:
+                auth.failed(DOOR, host, None, "closed before AUTH")
+                return None
+            items = framer.feed(data)
+        first, rest = items[0], items[1:]
+        user: str | None = None
+        try:
+            if isinstance(first, LineTooLong):
+                raise ValueError("the first line is longer than the line limit")
+            credentials = parse_auth_line(first)
+            user = credentials.user
+            if auth.check_password(credentials.user, credentials.password) is None:
+                raise ValueError("invalid user name or password")
+        except ValueError as exc:
+            auth.failed(DOOR, host, user, str(exc))
+            await self._refuse_login(writer)
+            return None
+        auth.succeeded(DOOR)
+        if self.config.ack:
+            writer.write(b"ACK 1\n")
+            await writer.drain()
+        return rest
+
+    @staticmethod
+    async def _refuse_login(writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError, TimeoutError):
+            writer.write(AUTH_FAILED)
+            await asyncio.wait_for(writer.drain(), 1.0)

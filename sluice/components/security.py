@@ -25,7 +25,7 @@ __all__ = ["AuthCollector", "authenticator", "authorizer"]
 
 log = logging.getLogger("sluice.security")
 
-_DOORS = ("kafka", "mqtt", "http")
+_DOORS = ("kafka", "mqtt", "tcp", "http")
 
 
 class AuthCollector(Collector):

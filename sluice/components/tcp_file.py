@@ -15,6 +15,7 @@ from ingest.file.source import FileSource, FileSourceConfig, PositionStore
 from ingest.routing import KeySpec, RouteRule, TimeSpec
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
 from sluice.components.ingest_core import ingest_core
+from sluice.components.security import authenticator
 from sluice.front_metrics import AdmissionCollector, publish_collector
 from sluice.runtime import Runtime
 
@@ -41,6 +42,7 @@ class TcpIngestComponent:
             idle_timeout_s=tcp.idle_timeout_s,
             read_bytes=tcp.read_bytes,
             backlog=tcp.backlog,
+            auth_timeout_s=tcp.auth_timeout_s,
         )
         configs = [base]
         for extra in tcp.listeners:
@@ -48,7 +50,9 @@ class TcpIngestComponent:
         # One admission for every TCP listener: the caps count their connections together.
         self.admission = Admission("TCP", ConnectionLimits(tcp.max_connections, tcp.max_connections_per_address),
                                    logging.getLogger("ingest.tcp"))
-        self.listeners = [TcpLineListener(c, core.sink, core.health, admission=self.admission) for c in configs]
+        auth = authenticator(runtime)  # security.auth = required: a first AUTH line (ingest/tcp/auth.py)
+        self.listeners = [TcpLineListener(c, core.sink, core.health, admission=self.admission, authenticator=auth)
+                          for c in configs]
         publish_collector(runtime, AdmissionCollector("tcp", self.admission))
 
     async def start(self) -> None:
