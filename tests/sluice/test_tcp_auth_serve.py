@@ -24,7 +24,8 @@ def exchange(port: int, data: bytes) -> bytes:
 def test_tcp_listener_of_sluice_serve_requires_auth(tmp_path: Path) -> None:
     data = tmp_path / "data"
     UserStore(data).add("meter", "s3cret")
-    server = SluiceProcess(data, env={"SLUICE_SECURITY__AUTH": "required", "SLUICE_TCP__ACK": "true"}).start()
+    server = SluiceProcess(data, env={"SLUICE_SECURITY__AUTH": "required", "SLUICE_TCP__ACK": "true",
+                                       "SLUICE_SECURITY__OPEN_METRICS": "true"}).start()
     try:
         port = server.endpoints["tcp"]["port"]
         reading = b'{"sensor": "s1", "ts": 1700000000000, "temp": 20}\n'
