@@ -130,9 +130,9 @@ def process(
 
 
 def _register_client_commands() -> None:
-    from sluice import cli_data, cli_demo, cli_ops, cli_simulate, cli_tokens, cli_topics, cli_users
+    from sluice import cli_certs, cli_data, cli_demo, cli_ops, cli_simulate, cli_tokens, cli_topics, cli_users
 
-    for module in (cli_topics, cli_data, cli_ops, cli_simulate, cli_demo, cli_users, cli_tokens):
+    for module in (cli_topics, cli_data, cli_ops, cli_simulate, cli_demo, cli_users, cli_tokens, cli_certs):
         module.register(app)
 
 

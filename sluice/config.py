@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -142,7 +142,16 @@ class MqttBridgeSettings(BaseModel):
 
 class MqttSettings(BaseModel):
     enabled: bool = True
-    port: int = 1883
+    port: int = 1883  # plain MQTT (Mosquitto's default listener)
+    # Listeners, each on its own port as in Mosquitto: plain MQTT on ``port`` (and WebSockets on ``ws_port``)
+    # unless ``plaintext`` is false; with security.tls_cert/tls_key also MQTT over TLS on ``tls_port`` (and
+    # secure WebSockets on ``wss_port``). WebSockets (subprotocol "mqtt", EMQX's ports) are off unless
+    # ``websockets`` is true. All of them share one hub: a client may take its session across them.
+    plaintext: bool = True
+    tls_port: int = 8883
+    websockets: bool = False
+    ws_port: int = 8083
+    wss_port: int = 8084
     allow_anonymous: bool = True
     users: dict[str, str] = Field(default_factory=dict)  # username -> password for the built-in auth hook
     max_packet_bytes: int = 1024 * 1024 + 1024
@@ -243,6 +252,27 @@ class SecuritySettings(BaseModel):
     open_metrics: bool = False  # /metrics without credentials (else: describe on the cluster) when auth is required
     # With auth off, a listener bound beyond loopback refuses to start unless this is true (then a WARNING).
     allow_insecure: bool = False  # start with auth off on non-loopback addresses (an open broker)
+    # TLS (docs/security.md): with both set, every listener speaks TLS — Kafka (SSL / SASL_SSL on its port),
+    # HTTPS, the TCP line listeners, MQTT on mqtt.tls_port (and mqtt.wss_port). PEM files; SIGHUP reloads them.
+    tls_cert: Path | None = None  # the server's certificate, followed by any intermediate CA certificates
+    tls_key: Path | None = None  # its private key
+    tls_key_password: SecretStr | None = None  # only for an encrypted key
+    tls_client_ca: Path | None = None  # CA(s) client certificates must chain to; set: clients may log in by certificate
+    # "requested": a client without a certificate logs in as usual; "required": the handshake needs one
+    tls_client_auth: Literal["requested", "required"] = "requested"
+    tls_handshake_timeout_s: float = Field(default=10.0, gt=0)  # an unfinished handshake is closed after this
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> SecuritySettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("security.tls_cert and security.tls_key are set together (or neither)")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("security.tls_client_ca needs security.tls_cert and security.tls_key")
+        return self
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_cert is not None and self.tls_key is not None
 
 
 class Settings(BaseSettings):

@@ -2,6 +2,7 @@
 
 Start-up: refuse an unauthenticated broker bound beyond loopback (``sluice.exposure``), open (and recover)
 the store, start components in order, write endpoints.json.
+SIGHUP reloads the TLS certificate and key (``sluice.components.tls``) without dropping connections.
 Shutdown on SIGINT/SIGTERM: stop components in reverse (stop accepting, finish in-flight appends),
 flush the store, close it.
 """
@@ -21,7 +22,9 @@ from broker.log.api import LogStore
 from broker.log.cleaner import LogCleaner
 from broker.log.memory import MemoryLogStore
 from broker.log.segment import SegmentLogStore
+from broker.security.tls import ReloadableTls
 from sluice.components import build_components
+from sluice.components.tls import tls_files
 from sluice.config import Settings
 from sluice.exposure import check_exposure
 from sluice.runtime import Component, Runtime
@@ -76,9 +79,16 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
+    files = tls_files(settings.security)
+    tls = ReloadableTls(files) if files is not None else None  # a bad certificate fails here, before the store opens
+
     store = open_store(settings)
     await store.start()
     runtime = Runtime(settings, store)
+    if tls is not None:
+        runtime.registries["tls"] = tls
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, tls.reload)  # new handshakes use the new certificate
     started: list[Component] = []
     retention = asyncio.create_task(_retention_loop(store, settings.storage.retention_check_interval_s))
     cleaner = asyncio.create_task(LogCleaner(store).run(settings.storage.cleaner_interval_s))
@@ -91,6 +101,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await stop.wait()
         log.info("shutting down")
     finally:
+        if tls is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signal.SIGHUP)
         retention.cancel()
         cleaner.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -7,7 +7,8 @@ One root, so callers can catch everything this package raises::
     ├── UnknownUserError          no such user (deleting one that is not there)
     ├── AuthenticationFailed      the peer's credentials or SASL exchange were not accepted (the peer's fault)
     │   └── UnsupportedMechanismError  a SASL mechanism this broker does not offer
-    └── UserStoreError            our side: the user store in the data directory cannot be read or written
+    ├── UserStoreError            our side: the user store in the data directory cannot be read or written
+    └── TlsConfigError            the TLS settings name a missing, unreadable or mismatched certificate or key
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ __all__ = [
     "AuthenticationFailed",
     "InvalidUserError",
     "SecurityError",
+    "TlsConfigError",
     "UnknownUserError",
     "UnsupportedMechanismError",
     "UserStoreError",
@@ -46,3 +48,7 @@ class UnsupportedMechanismError(AuthenticationFailed):
 
 class UserStoreError(SecurityError):
     """The user store file cannot be read, parsed or written."""
+
+
+class TlsConfigError(SecurityError):
+    """A TLS certificate, key or CA file cannot be used (the message names the setting and the file)."""

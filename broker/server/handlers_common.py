@@ -82,7 +82,9 @@ class ConnectionInfo:
     peer_host: str
     peer_port: int
     listener: str = DEFAULT_LISTENER  # the name of the listener the connection arrived on
-    principal: Principal = ANONYMOUS  # who the connection logged in as (SASL), ANONYMOUS without auth
+    # Who the connection acts as: its SASL login, else its verified TLS client certificate's subject DN
+    # (Kafka's DefaultKafkaPrincipalBuilder), else ANONYMOUS.
+    principal: Principal = ANONYMOUS
 
 
 _ERRORS: tuple[tuple[type[BrokerError], ErrorCode], ...] = (

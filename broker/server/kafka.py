@@ -17,6 +17,12 @@ Authentication: with an ``Authenticator`` (``security.auth = "required"``) each 
 SASL (PLAIN, SCRAM-SHA-256/512) before any request but ApiVersions is served (``sasl_gate.py``); without
 one, SaslHandshake and SaslAuthenticate are answered ILLEGAL_SASL_STATE, as by Kafka on a PLAINTEXT listener.
 
+TLS: with a server ``SSLContext`` (``security.tls_cert``) every listener of this server speaks TLS, so one port
+is Kafka's ``SSL`` (auth off, or a client certificate) and ``SASL_SSL`` (SASL over TLS). A verified client
+certificate makes the connection's principal its subject DN (``broker.security.tls``); a handshake that
+fails (plaintext or garbage on the port, an untrusted certificate) closes the socket before any request,
+logged at DEBUG by asyncio, never with a traceback.
+
 Bad input never takes the broker down: a negative or oversized length, a truncated frame at EOF or
 an undecodable request closes that connection with a WARNING; an unknown API key or version is
 answered UNSUPPORTED_VERSION and the connection stays open. A request that fails inside the broker (a
@@ -31,6 +37,7 @@ import contextlib
 import functools
 import logging
 import resource
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -48,7 +55,8 @@ from broker.protocol.kafka import (
 )
 from broker.protocol.kafka.error_responses import error_response
 from broker.protocol.kafka_codes import ErrorCode
-from broker.security import Authenticator, UserStore
+from broker.security import ANONYMOUS, Authenticator, UserStore
+from broker.security.tls import peer_principal
 from broker.server import handlers_admin as admin
 from broker.server import handlers_configs as configs
 from broker.server import handlers_fetch as fetching
@@ -182,9 +190,13 @@ class KafkaServer:
     """Serves the Kafka protocol for one LogStore and one group coordinator."""
 
     def __init__(self, store: LogStore, coordinator: Any, config: KafkaServerConfig,
-                 authenticator: Authenticator | None = None, users: UserStore | None = None) -> None:
+                 authenticator: Authenticator | None = None, users: UserStore | None = None,
+                 tls: ssl.SSLContext | None = None, tls_handshake_timeout_s: float = 10.0) -> None:
         self.config = config
         self.authenticator = authenticator  # set: every connection logs in with SASL first (sasl_gate.py)
+        self.tls = tls  # set: every listener speaks TLS (Kafka's SSL / SASL_SSL)
+        self._tls_options: dict[str, Any] = (
+            {"ssl": tls, "ssl_handshake_timeout": tls_handshake_timeout_s} if tls is not None else {})
         self.ctx = BrokerContext(store, coordinator, config.advertised_host or config.host,
                                  config.advertised_port or config.port)
         self.ctx.users = authenticator.users if authenticator is not None else users
@@ -207,7 +219,8 @@ class KafkaServer:
             log.warning(warning)
         await self.ctx.transactions.start()  # finishes transactions a crash left prepared, before any client
         try:
-            main = await asyncio.start_server(self._on_connect, self.config.host, self.config.port)
+            main = await asyncio.start_server(self._on_connect, self.config.host, self.config.port,
+                                              **self._tls_options)
             self._servers.append(main)
             self.port = main.sockets[0].getsockname()[1]
             if self.config.advertised_port is None:
@@ -215,7 +228,7 @@ class KafkaServer:
             for extra in self.config.extra_listeners:
                 host = extra.host or self.config.host
                 server = await asyncio.start_server(
-                    functools.partial(self._on_connect, listener=extra.name), host, extra.port)
+                    functools.partial(self._on_connect, listener=extra.name), host, extra.port, **self._tls_options)
                 self._servers.append(server)
                 port = server.sockets[0].getsockname()[1]
                 self.listener_ports[extra.name] = port
@@ -280,11 +293,12 @@ class KafkaServer:
             return
         self._connections.add(task)
         self._per_address[host] = self._per_address.get(host, 0) + 1
-        conn = ConnectionInfo(host, int(peer[1]), listener)
+        cert_principal = peer_principal(writer.get_extra_info("ssl_object")) if self.tls is not None else None
+        conn = ConnectionInfo(host, int(peer[1]), listener, cert_principal or ANONYMOUS)
         self.stats.connected(listener)
         dispatch: Dispatch = self._dispatch
         if self.authenticator is not None:
-            dispatch = SaslGate(self.authenticator, self.stats, self._dispatch).dispatch
+            dispatch = SaslGate(self.authenticator, self.stats, self._dispatch, cert_principal).dispatch
         connection = KafkaConnection(
             reader, writer, conn, dispatch=dispatch, stats=self.stats,
             max_request_bytes=self.config.max_request_bytes, max_idle_ms=self.config.connections_max_idle_ms,

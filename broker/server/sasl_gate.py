@@ -18,13 +18,17 @@ Rules (Kafka's ``SaslServerAuthenticator``, in its order):
   and every request reaches the broker.
   A later SaslHandshake or SaslAuthenticate is answered ILLEGAL_SASL_STATE (``outside_login``), as Kafka's
   request handler does; re-authentication (KIP-368) is not offered (session_lifetime_ms = 0).
+- Over TLS with a verified client certificate (``SSL`` and ``SASL_SSL`` share the port): a client that
+  starts SASL (SaslHandshake, after an optional ApiVersions) logs in by SASL and acts as that user, as on
+  Kafka's SASL_SSL listener; any other request logs the connection in as the certificate's subject DN, as
+  on Kafka's SSL listener with client authentication, and is served.
 - Every refusal and failure is counted and logged by the ``Authenticator`` (rate-limited) under "kafka";
   error codes in answers are counted in the listener's stats like any other.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import replace
 from typing import Any
 
 from broker.protocol.kafka import (
@@ -65,24 +69,41 @@ def outside_login(api_key: int) -> dict[str, Any]:
 class SaslGate:
     """Wraps a connection's dispatch callable: requests reach ``inner`` only once the login succeeded."""
 
-    def __init__(self, authenticator: Authenticator, stats: KafkaStats, inner: Dispatch) -> None:
+    def __init__(self, authenticator: Authenticator, stats: KafkaStats, inner: Dispatch,
+                 certificate: Principal | None = None) -> None:
         self._auth = authenticator
         self._stats = stats
         self._inner = inner
         self._state = _HANDSHAKE
         self._exchange: SaslExchange | None = None
         self._raw_tokens = False  # SaslHandshake v0: tokens come without SaslAuthenticate around them
+        self._certificate = certificate  # a verified TLS client certificate's principal
+        self._conn: ConnectionInfo | None = None  # the connection as its principal, once logged in
         self.principal: Principal | None = None
-        self._logged_in: ConnectionInfo | None = None  # the connection as its principal, once logged in
 
     async def dispatch(self, frame: bytes, conn: ConnectionInfo) -> Response:
-        if self.principal is not None:
-            if self._logged_in is None:
-                self._logged_in = dataclasses.replace(conn, principal=self.principal)
-            return await self._inner(frame, self._logged_in)
+        if self._conn is not None:
+            return await self._inner(frame, self._conn)
         if self._raw_tokens:
             return self._raw_step(frame, conn)
+        if self._certificate is not None and self._state != _AUTHENTICATE and not self._starts_sasl(frame):
+            self._logged_in(self._certificate, conn)
+            assert self._conn is not None
+            return await self._inner(frame, self._conn)
         return self._login_step(frame, conn)
+
+    def _starts_sasl(self, frame: bytes) -> bool:
+        """Whether this request belongs to a SASL login (it is then handled here, not by the broker)."""
+        try:
+            api_key = peek_api(frame)[0]
+        except KafkaProtocolError:
+            return True  # refused by _login_step
+        return api_key == ApiKey.SASL_HANDSHAKE or (api_key == ApiKey.API_VERSIONS and self._state == _HANDSHAKE)
+
+    def _logged_in(self, principal: Principal, conn: ConnectionInfo) -> None:
+        self.principal = principal
+        self._conn = replace(conn, principal=principal)
+        self._auth.succeeded(_DOOR)
 
     def _raw_step(self, token: bytes, conn: ConnectionInfo) -> Response:
         exchange = self._exchange
@@ -91,7 +112,7 @@ class SaslGate:
             reply = exchange.step(token)
         except AuthenticationFailed as exc:
             raise self._refuse(conn, getattr(exchange, "user", None), f"{exchange.mechanism}: {exc}") from None
-        self._completed(exchange)
+        self._completed(exchange, conn)
         return None, len(reply).to_bytes(4, "big") + reply
 
     def _login_step(self, frame: bytes, conn: ConnectionInfo) -> Response:
@@ -146,14 +167,13 @@ class SaslGate:
                       "auth_bytes": b"", "session_lifetime": 0}
             user = getattr(exchange, "user", None)
             raise self._refuse(conn, user, f"{exchange.mechanism}: {exc}", (request.header, answer)) from None
-        self._completed(exchange)
+        self._completed(exchange, conn)
         return request.header, {"error_code": ErrorCode.NONE, "error_message": None, "auth_bytes": reply,
                                 "session_lifetime": 0}
 
-    def _completed(self, exchange: SaslExchange) -> None:
-        if exchange.complete:
-            self.principal = exchange.principal
-            self._auth.succeeded(_DOOR)
+    def _completed(self, exchange: SaslExchange, conn: ConnectionInfo) -> None:
+        if exchange.complete and exchange.principal is not None:
+            self._logged_in(exchange.principal, conn)
 
     def _refuse(self, conn: ConnectionInfo, user: str | None, reason: str,
                 answer: Response | None = None) -> CloseConnection:

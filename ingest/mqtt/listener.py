@@ -1,5 +1,8 @@
 """The asyncio MQTT server: accepts sockets, one ``MqttConnection`` each, and a once-a-second sweep.
 
+It binds one server per ``MqttDoor``: plain MQTT, MQTT over TLS, and MQTT over WebSockets (``websocket.py``)
+plain or TLS, each on its own port, as Mosquitto's listeners; every door feeds the same hub.
+
 The listener knows nothing of the assembly: it gets a ``Hub`` (which holds the ingest port and the
 authentication hook) and an ``announce`` callable at construction. ``SinkPort`` adapts the shared
 ``IngestSink`` (durable append, dead letters, backpressure) to the hub's ``IngestPort``.
@@ -10,18 +13,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from ingest.mqtt.from_log import LogToMqtt
 from ingest.mqtt.hub import Accepted, Hub
 from ingest.mqtt.packets import Reason
 from ingest.mqtt.properties import to_headers
 from ingest.mqtt.session import MqttConnection
+from ingest.mqtt.websocket import WebSocketStats, websocket_factory
 from ingest.routing import RawMessage, SourceRef
 from ingest.sink import IngestSink
 
-__all__ = ["MqttListener", "SinkPort"]
+__all__ = ["MqttDoor", "MqttListener", "SinkPort"]
 
 log = logging.getLogger("ingest.mqtt")
 
@@ -59,8 +66,19 @@ class SinkPort:
         return self.sink.pending_bytes if not self.sink.saturated else self.sink.max_pending_bytes + 1
 
 
+@dataclass(frozen=True, slots=True)
+class MqttDoor:
+    """One port of the MQTT front door (Mosquitto's ``listener``): plain or TLS, raw MQTT or WebSockets."""
+
+    name: str  # announced as this endpoint: "mqtt", "mqtt-tls", "mqtt-ws", "mqtt-wss"
+    port: int
+    tls: ssl.SSLContext | None = None
+    websocket: bool = False
+
+
 class MqttListener:
-    """A Component: ``start()`` binds (port 0 = ephemeral) and announces; ``stop()`` drains and closes."""
+    """A Component: ``start()`` binds every door (port 0 = ephemeral) and announces each; ``stop()`` drains
+    and closes. All doors share the hub: sessions, subscriptions and retained messages."""
 
     name = "mqtt"
 
@@ -74,14 +92,20 @@ class MqttListener:
         sweep_interval_s: float = 1.0,
         backlog: int = 4096,
         follower: LogToMqtt | None = None,
+        doors: Sequence[MqttDoor] | None = None,  # default: plain MQTT on ``port``
+        tls_handshake_timeout_s: float = 10.0,
     ) -> None:
         self.hub = hub
         self.host = host
         self.port = port
+        self.doors = tuple(doors) if doors is not None else (MqttDoor(self.name, port),)
+        self.ports: dict[str, int] = {}  # door name -> bound port
+        self.websocket_stats = WebSocketStats()
         self._announce = announce
         self._sweep_interval = sweep_interval_s
         self._backlog = backlog
-        self._server: asyncio.Server | None = None
+        self._tls_handshake_timeout_s = tls_handshake_timeout_s
+        self._servers: list[asyncio.Server] = []
         self._sweeper: asyncio.Task[None] | None = None
         self.follower = follower  # delivers records others write to the log to MQTT subscribers
 
@@ -89,20 +113,39 @@ class MqttListener:
     def bound_port(self) -> int:
         return self.port
 
+    def _protocol_factory(self, door: MqttDoor) -> Callable[[], asyncio.BaseProtocol]:
+        hub = self.hub
+        if not door.websocket:
+            return lambda: MqttConnection(hub)
+        return websocket_factory(lambda: MqttConnection(hub), self.websocket_stats,
+                                 max_frame_bytes=2 * hub.config.max_packet_size,
+                                 handshake_timeout_s=hub.config.connect_timeout_s)
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        hub = self.hub
-        self._server = await loop.create_server(
-            lambda: MqttConnection(hub), self.host, self.port, backlog=self._backlog, reuse_address=True
-        )
-        sock = self._server.sockets[0]
-        self.port = sock.getsockname()[1]
+        try:
+            for door in self.doors:
+                tls: dict[str, Any] = (
+                    {"ssl": door.tls, "ssl_handshake_timeout": self._tls_handshake_timeout_s} if door.tls else {})
+                server = await loop.create_server(self._protocol_factory(door), self.host, door.port,
+                                                  backlog=self._backlog, reuse_address=True, **tls)
+                self._servers.append(server)
+                self.ports[door.name] = server.sockets[0].getsockname()[1]
+        except BaseException:
+            for server in self._servers:
+                server.close()
+            self._servers = []
+            raise
+        self.port = self.ports[self.doors[0].name] if self.doors else self.port
         self._sweeper = asyncio.create_task(self._sweep())
         if self.follower is not None:
             await self.follower.start()
-        if self._announce is not None:
-            self._announce(self.name, self.host, self.port)
-        log.info("mqtt listener started", extra={"host": self.host, "port": self.port})
+        for door in self.doors:
+            port = self.ports[door.name]
+            if self._announce is not None:
+                self._announce(door.name, self.host, port)
+            log.info("mqtt listener started", extra={"host": self.host, "port": port, "listener": door.name,
+                                                     "tls": door.tls is not None, "websocket": door.websocket})
         if self.hub.nobody_can_log_in:
             log.warning(
                 "mqtt: allow_anonymous is false and no users are configured, so every client is refused "
@@ -121,8 +164,8 @@ class MqttListener:
     async def stop(self) -> None:
         if self.follower is not None:
             await self.follower.stop()
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

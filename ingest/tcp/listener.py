@@ -19,6 +19,9 @@ With an authenticator (``security.auth = "required"``) the first line must be ``
 (``ingest/tcp/auth.py``: answered ``ACK 1`` in ack mode; refused with ``FATAL authentication failed`` and
 closed).
 
+With a server TLS context (``security.tls_cert``) the listener speaks TLS on its port; a failed handshake
+closes the socket before any line is read (logged by asyncio at DEBUG only).
+
 A connection that sends nothing for ``idle_timeout_s`` is closed. Any error in one connection is
 logged and closes that connection only. Beyond the connection caps (``ingest/admission.py``: total and
 per client address, shared by the TCP listeners of one Sluice) a new connection is closed unread; in ack
@@ -31,9 +34,11 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 from ingest.admission import Admission
 from ingest.errors import SinkError
@@ -103,6 +108,8 @@ class TcpLineListener:
         clock: Callable[[], float] = time.time,
         admission: Admission | None = None,
         authenticator: LineAuthenticator | None = None,
+        tls: ssl.SSLContext | None = None,
+        tls_handshake_timeout_s: float = 10.0,
     ) -> None:
         self.config = config
         self.authenticator = authenticator  # set: each connection logs in with a first AUTH line
@@ -111,9 +118,11 @@ class TcpLineListener:
         self.admission = admission if admission is not None else Admission("TCP", log=log)  # may be shared
         self.source = SourceRef("tcp", config.name, payload_format(config.format))
         self._clock = clock
+        self._tls_options: dict[str, Any] = (
+            {"ssl": tls, "ssl_handshake_timeout": tls_handshake_timeout_s} if tls is not None else {})
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
-        self._writers: set[asyncio.StreamWriter] = set()
+        self._writers: dict[asyncio.StreamWriter, asyncio.StreamReader] = {}
         self.host = config.host
         self.port = config.port
 
@@ -130,21 +139,26 @@ class TcpLineListener:
             backlog=self.config.backlog,
             limit=max(self.config.read_bytes, 64 * 1024),
             reuse_address=True,
+            **self._tls_options,
         )
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
         log.info(
             "tcp line listener started",
             extra={"listener": self.config.name, "port": self.port, "format": self.config.format,
-                   "ack": self.config.ack},
+                   "ack": self.config.ack, "tls": bool(self._tls_options)},
         )
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Stop accepting; close connections; wait for in-flight writes to become durable."""
         if self._server is not None:
             self._server.close()
-        for writer in list(self._writers):
+        for writer, reader in list(self._writers.items()):
             # End the read side: a handler mid-write finishes its durable append, then sees EOF.
+            if writer.get_extra_info("sslcontext") is not None:
+                cast(asyncio.Transport, writer.transport).pause_reading()  # no half-shut under the TLS layer
+                reader.feed_eof()
+                continue
             with contextlib.suppress(OSError):
                 sock = writer.get_extra_info("socket")
                 if sock is not None:
@@ -171,12 +185,15 @@ class TcpLineListener:
             writer.close()
             return
         self._connections.add(task)
-        self._writers.add(writer)
+        self._writers[writer] = reader
         self.health.connection_opened(self.source)
         try:
             await self._serve(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the peer went away; everything acked so far is stored
+        except ssl.SSLError as exc:  # a TLS alert or a broken record after the handshake: the peer's doing
+            log.info("tls error; closing tcp connection",
+                     extra={"listener": self.config.name, "peer": str(peer), "error": str(exc)})
         except SinkError as exc:
             log.error("tcp batch not stored; closing connection",
                       extra={"listener": self.config.name, "peer": str(peer), "error": str(exc)})
@@ -191,7 +208,7 @@ class TcpLineListener:
         finally:
             self.admission.release(address)
             self.health.connection_closed(self.source)
-            self._writers.discard(writer)
+            self._writers.pop(writer, None)
             self._connections.discard(task)
             writer.close()
             with contextlib.suppress(Exception):

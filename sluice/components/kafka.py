@@ -17,6 +17,7 @@ from broker.server.kafka import KafkaListenerConfig, KafkaServer, KafkaServerCon
 from broker.server.producer_state import ProducerIdAllocator, ProducerStateTable, rebuild
 from broker.txn import TxnSettings
 from sluice.components.security import authenticator
+from sluice.components.tls import handshake_timeout, server_context
 from sluice.front_metrics import KafkaCollector, publish_collector
 from sluice.runtime import Runtime
 
@@ -64,6 +65,8 @@ class KafkaComponent:
             ),
             authenticator=authenticator(runtime),
             users=UserStore(settings.data_dir),
+            tls=server_context(runtime),
+            tls_handshake_timeout_s=handshake_timeout(runtime),
         )
         self.server.ctx.producer_ids = self.producer_ids
         self.server.ctx.producer_state = ProducerStateTable(

@@ -14,20 +14,23 @@ from __future__ import annotations
 import functools
 import hmac
 import logging
+import ssl
 
 from broker.security import Authenticator as SecurityAuthenticator
 from ingest.admission import ConnectionLimits
 from ingest.bridge import BridgeConfig, MqttBridge
 from ingest.mqtt.from_log import LogToMqtt
 from ingest.mqtt.hub import Authenticator, Hub, HubConfig
-from ingest.mqtt.listener import MqttListener, SinkPort
+from ingest.mqtt.listener import MqttDoor, MqttListener, SinkPort
 from ingest.routing import SourceRef
 from sluice.components.ingest_core import ingest_core
 from sluice.components.security import authenticator
+from sluice.components.tls import handshake_timeout, server_context
+from sluice.config import MqttSettings
 from sluice.front_metrics import BridgeCollector, MqttCollector, publish_collector
 from sluice.runtime import Component, Runtime
 
-__all__ = ["MQTT_SOURCE", "BridgesComponent", "mqtt_bridges", "mqtt_listener"]
+__all__ = ["MQTT_SOURCE", "BridgesComponent", "mqtt_bridges", "mqtt_doors", "mqtt_listener"]
 
 MQTT_SOURCE = SourceRef("mqtt", "default")
 
@@ -98,8 +101,27 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
     runtime.registries["mqtt"] = hub
     publish_collector(runtime, MqttCollector(hub))
     follower = LogToMqtt(hub, runtime.store, settings.deliver_from_topics) if settings.deliver_from_topics else None
+    doors = mqtt_doors(settings, server_context(runtime))
+    if not doors:
+        raise ValueError("mqtt: no listener left (mqtt.plaintext = false and no security.tls_cert): set one, "
+                         "or mqtt.enabled = false")
     return MqttListener(hub, runtime.settings.host, settings.port, announce=runtime.announce, backlog=settings.backlog,
-                        follower=follower)
+                        follower=follower, doors=doors, tls_handshake_timeout_s=handshake_timeout(runtime))
+
+
+def mqtt_doors(settings: MqttSettings, tls: ssl.SSLContext | None) -> list[MqttDoor]:
+    """Mosquitto's per-listener model: plain MQTT (and ws) unless ``mqtt.plaintext`` is false; with TLS
+    configured also MQTT over TLS on ``tls_port`` (and wss); WebSockets only with ``mqtt.websockets``."""
+    doors = []
+    if settings.plaintext:
+        doors.append(MqttDoor("mqtt", settings.port))
+        if settings.websockets:
+            doors.append(MqttDoor("mqtt-ws", settings.ws_port, websocket=True))
+    if tls is not None:
+        doors.append(MqttDoor("mqtt-tls", settings.tls_port, tls))
+        if settings.websockets:
+            doors.append(MqttDoor("mqtt-wss", settings.wss_port, tls, websocket=True))
+    return doors
 
 
 class BridgesComponent:

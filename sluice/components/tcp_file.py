@@ -16,6 +16,7 @@ from ingest.routing import KeySpec, RouteRule, TimeSpec
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
 from sluice.components.ingest_core import ingest_core
 from sluice.components.security import authenticator
+from sluice.components.tls import handshake_timeout, server_context
 from sluice.front_metrics import AdmissionCollector, publish_collector
 from sluice.runtime import Runtime
 
@@ -51,7 +52,9 @@ class TcpIngestComponent:
         self.admission = Admission("TCP", ConnectionLimits(tcp.max_connections, tcp.max_connections_per_address),
                                    logging.getLogger("ingest.tcp"))
         auth = authenticator(runtime)  # security.auth = required: a first AUTH line (ingest/tcp/auth.py)
-        self.listeners = [TcpLineListener(c, core.sink, core.health, admission=self.admission, authenticator=auth)
+        tls = server_context(runtime)
+        self.listeners = [TcpLineListener(c, core.sink, core.health, admission=self.admission, authenticator=auth,
+                                          tls=tls, tls_handshake_timeout_s=handshake_timeout(runtime))
                           for c in configs]
         publish_collector(runtime, AdmissionCollector("tcp", self.admission))
 

@@ -1,7 +1,8 @@
 """The HTTP API as a ``sluice serve`` component: uvicorn in the broker's own process and event loop.
 
 uvicorn runs as a task on a socket bound here (so port 0 works and a busy port fails ``start``), with
-lifespan events off and signal handling left to ``sluice serve``.
+lifespan events off and signal handling left to ``sluice serve``. With ``security.tls_cert`` set it serves
+HTTPS only, with the TLS context every listener shares (``sluice.components.tls``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from sluice.components.tls import server_context
 from sluice.http.app import create_app
 from sluice.http.context import ApiContext
 from sluice.runtime import Runtime
@@ -63,6 +65,10 @@ class HttpComponent:
             loop="none",
             http="httptools",  # h11 logged LocalProtocolError tracebacks on malformed chunked bodies (bench.fuzz)
         )
+        tls = server_context(self.runtime)
+        if tls is not None:  # HTTPS with the shared context (reloaded in place on SIGHUP)
+            config.load()
+            config.ssl = tls
         server = _EmbeddedServer(config)
         self._server = server
         self._task = asyncio.create_task(server.serve(sockets=[sock]), name="sluice-http")
@@ -72,7 +78,7 @@ class HttpComponent:
                 raise OSError("HTTP API stopped while starting")
             await asyncio.sleep(0.01)
         self.ctx.accepting = True
-        self.runtime.announce("http", self.host, self.bound_port)
+        self.runtime.announce("http", self.host, self.bound_port)  # https when TLS is configured
 
     async def stop(self) -> None:
         self.ctx.accepting = False
