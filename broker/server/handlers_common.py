@@ -55,8 +55,9 @@ class BrokerContext:
     listener_addresses: dict[str, tuple[str, int]] = field(default_factory=dict)
     stats: KafkaStats = field(default_factory=KafkaStats)  # plain counters for metrics
     users: UserStore | None = None  # the SCRAM user store the SCRAM admin APIs manage (handlers_scram)
-    # May a principal perform an operation ("describe", "alter") on the cluster? None: everyone may.
-    cluster_access: Callable[[Principal, str], bool] | None = None
+    # May the connection's principal perform an operation ("describe", "alter") on the cluster? None: anyone
+    # may. A refusal the callable answers False to is audited by it (the client is told).
+    cluster_access: Callable[[ConnectionInfo, str], bool] | None = None
     transactions: TransactionCoordinator = field(init=False)
 
     def __post_init__(self) -> None:

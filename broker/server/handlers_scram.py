@@ -53,12 +53,10 @@ _CLUSTER_DENIED = "Cluster authorization failed."  # Kafka's ClusterAuthorizatio
 
 
 def may_on_cluster(ctx: BrokerContext, conn: ConnectionInfo, operation: str) -> bool:
-    """Whether ``conn``'s principal may perform ``operation`` ("describe", "alter") on the cluster.
-
-    Until ACLs are enforced only ``security.super_users`` may, when logins are required; without
-    authentication everyone may (every listener is then bound to loopback, or allow_insecure was set).
-    """
-    return ctx.cluster_access is None or ctx.cluster_access(conn.principal, operation)
+    """Whether ``conn``'s principal may perform ``operation`` ("describe", "alter") on the cluster: the
+    authorizer's answer (ACLs, super users) when logins are required; without authentication everyone may
+    (every listener is then bound to loopback, or allow_insecure was set)."""
+    return ctx.cluster_access is None or ctx.cluster_access(conn, operation)
 
 
 async def handle_describe_user_scram_credentials(ctx: BrokerContext, body: Any,

@@ -202,7 +202,8 @@ class KafkaServer:
         self.ctx.users = authenticator.users if authenticator is not None else users
         if authenticator is not None:
             super_users = frozenset(config.super_users)
-            self.ctx.cluster_access = lambda principal, _operation: principal.name in super_users
+            # Until the assembly hands over the ACL authorizer (sluice.components.kafka), super users only.
+            self.ctx.cluster_access = lambda conn, _operation: conn.principal.name in super_users
         self.ctx.transactions.settings = config.transactions
         self.stats = self.ctx.stats  # plain counters, read at scrape time (broker.server.stats)
         self._servers: list[asyncio.Server] = []

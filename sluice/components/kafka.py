@@ -9,14 +9,17 @@ high-water mark is kept in ``<data_dir>/producer-ids.json``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.group import GroupSettings
 from broker.groups.offsets import DurableOffsetStore, MemoryOffsetStore, OffsetStore
-from broker.security import UserStore
+from broker.security import Authorizer, Operation, ResourceType, UserStore
+from broker.server.handlers_common import ConnectionInfo
 from broker.server.kafka import KafkaListenerConfig, KafkaServer, KafkaServerConfig
 from broker.server.producer_state import ProducerIdAllocator, ProducerStateTable, rebuild
 from broker.txn import TxnSettings
-from sluice.components.security import authenticator
+from sluice.components.security import authenticator, authorizer
 from sluice.components.tls import handshake_timeout, server_context
 from sluice.front_metrics import KafkaCollector, publish_collector
 from sluice.runtime import Runtime
@@ -69,6 +72,9 @@ class KafkaComponent:
             tls_handshake_timeout_s=handshake_timeout(runtime),
         )
         self.server.ctx.producer_ids = self.producer_ids
+        authz = authorizer(runtime)
+        if authz is not None:  # the SCRAM admin APIs ask the ACLs (CLUSTER describe / alter)
+            self.server.ctx.cluster_access = _cluster_access(authz)
         self.server.ctx.producer_state = ProducerStateTable(
             expiration_ms=kafka.producer_id_expiration_ms,
             check_interval_ms=kafka.producer_id_expiration_check_interval_ms,
@@ -91,6 +97,13 @@ class KafkaComponent:
     async def stop(self) -> None:
         await self.server.stop()
         await self.coordinator.stop()
+
+
+def _cluster_access(authz: Authorizer) -> Callable[[ConnectionInfo, str], bool]:
+    def check(conn: ConnectionInfo, operation: str) -> bool:
+        return authz.check("kafka", conn.principal, conn.peer_host, Operation[operation.upper()],
+                           ResourceType.CLUSTER)
+    return check
 
 
 def kafka_component(runtime: Runtime) -> KafkaComponent | None:

@@ -23,7 +23,15 @@ from confluent_kafka.admin import (
 
 from broker.protocol.kafka import ApiKey
 from broker.protocol.kafka_codes import ErrorCode
-from broker.security import UserStore
+from broker.security import (
+    AclBinding,
+    AclStore,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+    UserStore,
+)
 from tests.broker.server.conftest import SluiceProcess
 from tests.broker.server.raw_client import RawClient
 
@@ -37,6 +45,10 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProcess]
     store = UserStore(data)
     store.add("admin", ADMIN_PASSWORD)
     store.add("eve", "eve secret")
+    store.add("ops", "ops secret")
+    # ops may describe and alter the cluster through an ACL (not a super user)
+    AclStore(data).add([AclBinding(ResourceType.CLUSTER, "kafka-cluster", PatternType.LITERAL, "User:ops", "*",
+                                   Operation.ALTER, Permission.ALLOW)])
     proc = SluiceProcess(data, env={"SLUICE_SECURITY__AUTH": "required",
                                     "SLUICE_SECURITY__SUPER_USERS": '["admin"]'})
     proc.start()
@@ -109,6 +121,7 @@ def test_who_is_not_a_super_user_is_refused_cluster_authorization(secured: Sluic
         UserScramCredentialUpsertion("eve", ScramCredentialInfo(SHA256, 4096), b"new")])) == {
         "eve": KafkaError.CLUSTER_AUTHORIZATION_FAILED}
     assert kcat_login(secured, "SCRAM-SHA-256", "eve", "eve secret")  # her password is unchanged
+    assert "kafka: denied alter on cluster" in secured.log_text()  # audited by the authorizer
     # Describe over a raw connection: librdkafka 2.12 crashes (SIGSEGV) parsing the top-level error Kafka sends.
     described = asyncio.run(_raw(secured.port, ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS,
                                  {"users": [{"name": "admin"}]}, login=("eve", "eve secret")))
@@ -120,6 +133,15 @@ def test_who_is_not_a_super_user_is_refused_cluster_authorization(secured: Sluic
     assert int(allowed.error_code) == ErrorCode.NONE
     assert [(r.user, int(r.error_code), len(r.credential_infos)) for r in allowed.results] == [
         ("admin", ErrorCode.NONE, 2)]
+
+
+def test_an_acl_granting_alter_on_the_cluster_allows_the_scram_apis(secured: SluiceProcess) -> None:
+    ops = admin_client(secured, "ops", "ops secret")
+    assert outcomes(ops.alter_user_scram_credentials([
+        UserScramCredentialUpsertion("gina", ScramCredentialInfo(SHA256, 4096), b"gina secret")])) == {"gina": None}
+    described = outcomes(ops.describe_user_scram_credentials(["gina"]))  # ALTER implies DESCRIBE (Kafka's rule)
+    assert [c.mechanism for c in described["gina"].scram_credential_infos] == [SHA256]
+    assert kcat_login(secured, "SCRAM-SHA-256", "gina", "gina secret")
 
 
 def test_refusals_carry_kafkas_error_codes(open_broker: SluiceProcess) -> None:
