@@ -14,13 +14,14 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from sluice.console.rates import RateTracker
-from sluice.console.routes import PREFIX, STATIC_DIR, router
-
-__all__ = ["PREFIX", "install_console"]
+__all__ = ["install_console"]
 
 
 def install_console(app: FastAPI, dependencies: Sequence[Any] = ()) -> None:
+    # imported here: the pages read sluice.http's modules, and sluice.http's create_app calls this
+    from sluice.console.rates import RateTracker
+    from sluice.console.routes import PREFIX, STATIC_DIR, router
+
     app.state.console_rates = RateTracker()
     app.include_router(router, dependencies=list(dependencies))
     app.mount(f"{PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="console-static")

@@ -45,6 +45,7 @@ TOPIC, GROUP, PARTITIONS = "orders", "console-readers", 3
 DEVICES = ("sensor_a", "sensor_b")
 WAIT_MS = 15_000
 ORIGIN = [("origin", b"shop")]
+HOSTILE = """<img src="x" onerror="window.pwned = 1"><script>window.pwned = 2</script>"""
 
 
 def wait_until(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
@@ -86,6 +87,7 @@ def seeded(server: SluiceProcess) -> Iterator[dict[str, Any]]:
     ]
     records.append((0, b"note", b"plain words, not JSON", []))
     records.append((1, None, bytes([0, 1, 2, 0xFF, 0xFE]), [("kind", b"binary")]))
+    records.append((2, b"<b>k</b>", HOSTILE.encode(), [("note", b"<i>x</i>")]))  # shown as text, never run
     produce(server.bootstrap, records)
 
     member = subprocess.Popen(
@@ -196,6 +198,9 @@ def check_messages(page: Page, seeded: dict[str, Any]) -> None:
     expect(browse).to_contain_text("plain words, not JSON")
     expect(browse.locator("pre.view-hex")).to_contain_text("00 01 02 ff fe")
     expect(browse.locator(".headers").first).to_contain_text("origin")
+    expect(browse.locator(".record[data-partition='2'] pre").last).to_have_text(HOSTILE)  # escaped, as text
+    expect(browse.locator(".record[data-partition='2'] .headers").last).to_contain_text("<i>x</i>")
+    assert page.evaluate("window.pwned") is None
 
 
 def check_groups(page: Page, seeded: dict[str, Any]) -> None:
