@@ -1,9 +1,15 @@
-"""``sluice users add|list|delete`` — the user store of a broker's data directory (``broker.security``).
+"""``sluice users add|list|delete`` — the user store (salted SCRAM credentials, ``broker.security``).
 
-These work offline, on the files of ``--data-dir`` (how the first user is made, before auth is turned on);
-a running broker reading that directory picks the change up at its next login. The password is read from
-a prompt (asked twice) or, when stdin is not a terminal, from stdin's first line — never from a flag,
-which would leave it in the shell history and the process list.
+Two ways, the same store:
+- ``--data-dir DIR`` (or ``SLUICE_DATA_DIR``): offline, on the files of a broker's data directory (how the
+  first user is made, before auth is turned on); a running broker reading that directory picks the change up
+  at its next login.
+- Without it: through the HTTP API of a running broker (``--http``, env ``SLUICE_HTTP``) with the caller's
+  credentials (``SLUICE_TOKEN``, or ``SLUICE_USER`` and ``SLUICE_PASSWORD``); listing needs describe on the
+  cluster, adding and deleting alter on the cluster (super users have both).
+
+The password is read from a prompt (asked twice) or, when stdin is not a terminal, from stdin's first line —
+never from a flag, which would leave it in the shell history and the process list.
 """
 
 from __future__ import annotations
@@ -11,20 +17,33 @@ from __future__ import annotations
 import getpass
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
+from urllib.parse import quote
 
 import typer
 
 from broker.security import SecurityError, UnknownUserError, UserStore
-from sluice.cli_common import JsonFlag, console, print_json
+from sluice.cli_common import (
+    DEFAULT_HTTP,
+    EXIT_NOT_FOUND,
+    EXIT_RUNTIME,
+    HttpUrl,
+    JsonFlag,
+    console,
+    fail,
+    http_request,
+    print_json,
+    run,
+)
 
 __all__ = ["register"]
 
-users_app = typer.Typer(no_args_is_help=True, help="Add, list and delete users (SCRAM credentials, offline).")
+users_app = typer.Typer(no_args_is_help=True,
+                        help="Add, list and delete users (SCRAM credentials): offline with --data-dir, else over HTTP.")
 
-DataDir = Annotated[Path, typer.Option("--data-dir", envvar="SLUICE_DATA_DIR",
-                                       help="The broker's data directory (default ./sluice-data).")]
-_DEFAULT_DIR = Path("./sluice-data")
+DataDir = Annotated[Path | None, typer.Option(
+    "--data-dir", envvar="SLUICE_DATA_DIR",
+    help="Work offline on this data directory; without it, the running broker's HTTP API (--http) is used.")]
 
 
 def _fail(message: str) -> typer.Exit:
@@ -42,27 +61,45 @@ def _read_password() -> str:
     return line[:-1] if line.endswith("\n") else line
 
 
+async def _api(method: str, base: str, path: str, json_body: Any = None) -> Any:
+    resp = await http_request(method, base, path, json_body=json_body)
+    if resp.status_code == 404:
+        fail(resp.json().get("detail", "not found") if resp.content else "not found", EXIT_NOT_FOUND)
+    if resp.status_code >= 400:
+        detail = resp.json().get("detail", resp.text) if resp.content else resp.reason_phrase
+        fail(f"the HTTP API answered {resp.status_code}: {detail}", EXIT_RUNTIME)
+    return resp.json() if resp.content else None
+
+
 @users_app.command("add")
-def add(name: str, data_dir: DataDir = _DEFAULT_DIR, json_out: JsonFlag = False) -> None:
+def add(name: str, data_dir: DataDir = None, http: HttpUrl = DEFAULT_HTTP, json_out: JsonFlag = False) -> None:
     """Create a user, or set a new password for an existing one (password from a prompt or stdin)."""
     password = _read_password()
-    try:
-        created = UserStore(data_dir).add(name, password)
-    except SecurityError as exc:
-        raise _fail(str(exc)) from None
+    if data_dir is None:
+        if not password:
+            raise _fail("a password may not be empty")
+        created = bool(run(_api("PUT", http, f"/users/{quote(name, safe='')}", {"password": password}))["created"])
+    else:
+        try:
+            created = UserStore(data_dir).add(name, password)
+        except SecurityError as exc:
+            raise _fail(str(exc)) from None
     if json_out:
         print_json({"user": name, "created": created})
     else:
-        console.print(f"{'added user' if created else 'changed the password of'} {name}")
+        console.print(f"{'added user' if created else 'changed the password of'} {name}", markup=False)
 
 
 @users_app.command("list")
-def list_users(data_dir: DataDir = _DEFAULT_DIR, json_out: JsonFlag = False) -> None:
+def list_users(data_dir: DataDir = None, http: HttpUrl = DEFAULT_HTTP, json_out: JsonFlag = False) -> None:
     """List user names (never credentials)."""
-    try:
-        names = UserStore(data_dir).names()
-    except SecurityError as exc:
-        raise _fail(str(exc)) from None
+    if data_dir is None:
+        names = [user["name"] for user in run(_api("GET", http, "/users"))["users"]]
+    else:
+        try:
+            names = UserStore(data_dir).names()
+        except SecurityError as exc:
+            raise _fail(str(exc)) from None
     if json_out:
         print_json({"users": names})
     elif not names:
@@ -73,18 +110,21 @@ def list_users(data_dir: DataDir = _DEFAULT_DIR, json_out: JsonFlag = False) -> 
 
 
 @users_app.command("delete")
-def delete(name: str, data_dir: DataDir = _DEFAULT_DIR, json_out: JsonFlag = False) -> None:
+def delete(name: str, data_dir: DataDir = None, http: HttpUrl = DEFAULT_HTTP, json_out: JsonFlag = False) -> None:
     """Delete a user (its connections stay open until they close; new logins are refused)."""
-    try:
-        UserStore(data_dir).delete(name)
-    except UnknownUserError:
-        raise _fail(f"no user {name!r} in {data_dir}") from None
-    except SecurityError as exc:
-        raise _fail(str(exc)) from None
+    if data_dir is None:
+        run(_api("DELETE", http, f"/users/{quote(name, safe='')}"))
+    else:
+        try:
+            UserStore(data_dir).delete(name)
+        except UnknownUserError:
+            raise _fail(f"no user {name!r} in {data_dir}") from None
+        except SecurityError as exc:
+            raise _fail(str(exc)) from None
     if json_out:
         print_json({"user": name, "deleted": True})
     else:
-        console.print(f"deleted user {name}")
+        console.print(f"deleted user {name}", markup=False)
 
 
 def register(app: typer.Typer) -> None:
