@@ -5,42 +5,28 @@ as a member of group ``console-readers``, mosquitto_pub publishes sensor reading
 dead letter) that the attached example processor windows. Every request the browser makes to a host other than
 the broker is refused and recorded; each page must show its data with none. Screenshots at desktop (1280×800)
 and phone (390×844) widths go to ``test-artifacts/console/``.
-
-Playwright rather than Selenium: it drives the system chromium without a separate driver binary, its request
-routing is how "no network but the broker" is enforced, and its expectations wait on the page (no sleeps).
+The browser helpers and why Playwright: ``browser.py``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from playwright.sync_api import Browser, Page, expect
 
+from tests.sluice.console.browser import VIEWPORTS, Offline, shoot
 from tests.sluice_server import SluiceProcess
 
-playwright_api = pytest.importorskip("playwright.sync_api")
-from playwright.sync_api import Browser, Page, Route, expect, sync_playwright  # noqa: E402
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("chromium is missing: scripts/install-system-deps.sh installs it for the console tests")
-    pytest.skip("Debian's chromium is not installed (bash scripts/install-system-deps.sh)", allow_module_level=True)
-
-ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts" / "console"
-VIEWPORTS = {"desktop": (1280, 800), "phone": (390, 844)}
 TOPIC, GROUP, PARTITIONS = "orders", "console-readers", 3
 DEVICES = ("sensor_a", "sensor_b")
 WAIT_MS = 15_000
@@ -121,54 +107,12 @@ def seeded(server: SluiceProcess) -> Iterator[dict[str, Any]]:
     http.close()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True)
-        yield b
-        b.close()
-
-
-class Offline:
-    """A browser page that may reach only the broker's HTTP address; everything else is refused and recorded."""
-
-    def __init__(self, browser: Browser, origin: str, viewport: tuple[int, int]) -> None:
-        self.origin = origin
-        self.refused: list[str] = []
-        self.errors: list[str] = []
-        self.context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
-        self.context.route("**/*", self._route)
-        self.page: Page = self.context.new_page()
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-
-    def _route(self, route: Route) -> None:
-        parts = urlsplit(route.request.url)
-        if f"{parts.scheme}://{parts.netloc}" == self.origin:
-            route.continue_()
-        else:
-            self.refused.append(route.request.url)
-            route.abort("blockedbyclient")
-
-    def close(self) -> None:
-        self.context.close()
-        assert not self.refused, f"requests beyond the broker: {self.refused}"
-        assert not self.errors, f"errors in the page: {self.errors}"
-
-
 @pytest.fixture
 def pages(browser: Browser, server: SluiceProcess) -> Iterator[dict[str, Offline]]:
     opened = {name: Offline(browser, server.http, size) for name, size in VIEWPORTS.items()}
     yield opened
     for offline in opened.values():
         offline.close()
-
-
-def shoot(offline: Offline, viewport: str, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    path = ARTIFACTS / f"{name}-{viewport}.png"
-    offline.page.screenshot(path=str(path), full_page=True)
-    assert path.stat().st_size > 5_000
 
 
 def check_overview(page: Page, seeded: dict[str, Any]) -> None:
