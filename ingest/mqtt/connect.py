@@ -9,7 +9,10 @@ Rules
 2. Credentials go through the hub's authentication hook (anonymous only when allowed): 3.1.1 refusals
    are 0x04 (bad credentials) / 0x05 (not authorised), 5.0 are 0x86 / 0x87. With anonymous clients
    refused and no user database, nobody gets in: 3.1.1 0x05, 5.0 0x86 (0x87 when no credentials were
-   sent). Only then is a 5.0 Receive Maximum of 0 a protocol error (0x82).
+   sent). A client whose TLS certificate was verified against ``security.tls_client_ca`` logs in as its
+   certificate's Common Name instead (Mosquitto's ``use_identity_as_username``): that is its user name, and
+   the user name and password in the CONNECT are not checked. Only then is a 5.0 Receive Maximum of 0 a
+   protocol error (0x82).
 3. Terms: the keep alive is capped by ``max_keepalive`` (``HubConfig.granted_keepalive``); the session
    expiry is the 5.0 Session Expiry Interval capped at ``max_session_expiry_s`` (0xFFFFFFFF: never) or,
    for 3.1.1 clean session = 0, ``session_expiry_s``. A 5.0 CONNACK says what was changed (Assigned
@@ -50,6 +53,7 @@ class Refused:
 @dataclass(frozen=True, slots=True)
 class Admitted:
     client_id: str
+    username: str | None  # who the client logged in as: its certificate's CN, else the CONNECT's user name
     keepalive: int
     expiry_s: float  # how long the session outlives the connection
     connack_properties: Properties  # 5.0: what the CONNACK carries besides session present
@@ -60,8 +64,8 @@ def expiry_seconds(interval: int) -> float:
     return FOREVER if interval == 0xFFFFFFFF else float(interval)
 
 
-def admit(hub: Hub, packet: Connect) -> Admitted | Refused:
-    """Rules 1–3 for ``packet``."""
+def admit(hub: Hub, packet: Connect, certificate_user: str | None = None) -> Admitted | Refused:
+    """Rules 1–3 for ``packet``; ``certificate_user``: the CN of the client's verified TLS certificate."""
     level = packet.protocol_level
     cfg = hub.config
     if level not in cfg.protocol_versions:
@@ -76,9 +80,13 @@ def admit(hub: Hub, packet: Connect) -> Admitted | Refused:
         client_id = assigned = "auto-" + uuid.uuid4().hex
     if v5 and props.authentication_method is not None:
         return Refused(Reason.BAD_AUTHENTICATION_METHOD, level)
-    refusal = hub.authenticate(client_id, packet.username, packet.password)
-    if refusal is not None:
-        return Refused(_LOGIN_REFUSALS[refusal][1 if v5 else 0], level, login=True)
+    username = packet.username
+    if certificate_user is not None:
+        username = certificate_user
+    else:
+        refusal = hub.authenticate(client_id, packet.username, packet.password)
+        if refusal is not None:
+            return Refused(_LOGIN_REFUSALS[refusal][1 if v5 else 0], level, login=True)
     if v5 and props.receive_maximum == 0:
         return Refused(Reason.PROTOCOL_ERROR, level, protocol_error=True)
     keepalive = cfg.granted_keepalive(packet.keepalive)
@@ -94,4 +102,4 @@ def admit(hub: Hub, packet: Connect) -> Admitted | Refused:
             session_expiry=int(expiry) if expiry != requested else None,
             server_keep_alive=keepalive if keepalive != packet.keepalive else None,
         )
-    return Admitted(client_id, keepalive, expiry, ack_props)
+    return Admitted(client_id, username, keepalive, expiry, ack_props)

@@ -159,6 +159,7 @@ class ConnectionMachine:
         "_queue",
         "_queued",
         "_will",
+        "certificate_user",
         "client_id",
         "client_max_packet",
         "client_receive_max",
@@ -170,6 +171,7 @@ class ConnectionMachine:
         "paused",
         "session",
         "state",
+        "username",
         "version",
     )
 
@@ -180,6 +182,8 @@ class ConnectionMachine:
         self.state = NEW
         self.version = 4
         self.client_id = ""
+        self.username: str | None = None  # who the client logged in as (connect.py rule 2)
+        self.certificate_user: str | None = None  # the CN of a verified TLS client certificate (set by the adapter)
         self.session: SessionState | None = None
         self.keepalive = 0
         self.last_rx = now
@@ -428,7 +432,7 @@ class ConnectionMachine:
 
     def _on_connect(self, packet: Connect) -> None:
         hub = self.hub
-        terms = admit(hub, packet)
+        terms = admit(hub, packet, self.certificate_user)
         if isinstance(terms, Refused):
             if terms.login:
                 hub.stats.refused_logins += 1
@@ -441,6 +445,7 @@ class ConnectionMachine:
         self.version = level = packet.protocol_level
         props = packet.properties
         self.client_id = client_id = terms.client_id
+        self.username = terms.username
         self.keepalive = terms.keepalive
         if level == MQTT_5 and props.topic_alias_maximum:
             self._out_aliases = OutboundAliases(props.topic_alias_maximum)

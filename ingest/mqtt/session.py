@@ -22,6 +22,7 @@ import logging
 import time
 from typing import Any, Protocol
 
+from broker.security.tls import peer_common_name
 from ingest.mqtt.hub import Hub
 from ingest.mqtt.machine import CONNECTED, LINGER_QUIET_S, ConnectionMachine, Do, Linger
 from ingest.mqtt.packets import Packet, Publish
@@ -59,7 +60,8 @@ class ByteTransport(Protocol):
         ...
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        """Only ``"peername"`` is asked for: (host, port, ...) of the client, for admission and logs."""
+        """``"peername"``: (host, port, ...) of the client, for admission and logs; ``"ssl_object"``: the TLS
+        connection (None without TLS), for a client certificate's Common Name."""
 
 
 class MqttConnection(asyncio.BufferedProtocol):
@@ -84,6 +86,9 @@ class MqttConnection(asyncio.BufferedProtocol):
             t.close()
             return
         self._admitted = True
+        tls = t.get_extra_info("ssl_object")
+        if tls is not None:  # a verified client certificate logs the client in (connect.py rule 2)
+            self.machine.certificate_user = peer_common_name(tls)
         self.machine.last_rx = time.monotonic()
         hub.connections.add(self)
         hub.stats.connections_total += 1

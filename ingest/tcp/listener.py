@@ -20,7 +20,9 @@ With an authenticator (``security.auth = "required"``) the first line must be ``
 closed).
 
 With a server TLS context (``security.tls_cert``) the listener speaks TLS on its port; a failed handshake
-closes the socket before any line is read (logged by asyncio at DEBUG only).
+closes the socket before any line is read (logged by asyncio at DEBUG only). A client whose certificate was
+verified against ``security.tls_client_ca`` is logged in by it: it sends no AUTH line (its first line is
+data, line 1).
 
 A connection that sends nothing for ``idle_timeout_s`` is closed. Any error in one connection is
 logged and closes that connection only. Beyond the connection caps (``ingest/admission.py``: total and
@@ -40,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from broker.security.tls import peer_principal
 from ingest.admission import Admission
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
@@ -220,7 +223,9 @@ class TcpLineListener:
         framer = LineFramer(config.max_line_bytes)
         stream = LineStream(config.format)
         idle = config.idle_timeout_s if config.idle_timeout_s > 0 else None
-        if self.authenticator is not None:
+        if self.authenticator is not None and peer_principal(writer.get_extra_info("ssl_object")) is not None:
+            self.authenticator.succeeded(DOOR)  # a verified TLS client certificate is the login: no AUTH line
+        elif self.authenticator is not None:
             early = await self._login(self.authenticator, reader, writer, framer)
             if early is None:
                 return

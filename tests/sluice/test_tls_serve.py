@@ -27,7 +27,7 @@ curl = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not install
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> DevCertificates:
-    return make_certs(tmp_path_factory.mktemp("serve-tls") / "tls")
+    return make_certs(tmp_path_factory.mktemp("serve-tls") / "tls", clients=("gateway-1",))
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +147,30 @@ def test_start_up_errors_name_the_file(tmp_path: Path, certs: DevCertificates) -
     assert half.returncode == 2 and "security.tls_cert and security.tls_key are set together" in half.stderr
     for result in (missing, mismatched, half):
         assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_tcp_client_certificate_replaces_the_auth_line(tmp_path: Path, certs: DevCertificates) -> None:
+    """With auth = required, a verified client certificate logs a TCP device in: its first line is data."""
+    proc = SluiceProcess(tmp_path / "data", env={**tls_env(certs, client_ca=True), "SLUICE_SECURITY__AUTH": "required",
+                                                 "SLUICE_TCP__ACK": "true", "SLUICE_MQTT__TLS_PORT": "0",
+                                                 "SLUICE_SECURITY__OPEN_METRICS": "true"})
+    proc.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port(proc, "tcp")), timeout=15) as raw, \
+                client_context(certs, "gateway-1").wrap_socket(raw, server_hostname="localhost") as tls:
+            tls.sendall(b'{"sensor": "g-1", "ts": 1700000000000, "v": 1}\n')
+            answer = b""
+            while b"ACK 1\n" not in answer:
+                chunk = tls.recv(4096)
+                assert chunk, f"closed before the ack: {answer!r}"
+                answer += chunk
+            assert b"OK sensors 0 " in answer
+        with socket.create_connection(("127.0.0.1", port(proc, "tcp")), timeout=15) as raw, \
+                client_context(certs).wrap_socket(raw, server_hostname="localhost") as tls:
+            tls.sendall(b'{"sensor": "g-2", "v": 1}\n')  # no certificate, no AUTH line: refused
+            refused = b""
+            while chunk := tls.recv(4096):
+                refused += chunk
+            assert refused == b"FATAL authentication failed\n"
+    finally:
+        proc.stop()

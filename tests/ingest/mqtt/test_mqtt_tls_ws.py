@@ -31,7 +31,7 @@ PORTS = {"SLUICE_MQTT__TLS_PORT": "0", "SLUICE_MQTT__WS_PORT": "0", "SLUICE_MQTT
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> DevCertificates:
-    return make_certs(tmp_path_factory.mktemp("mqtt-tls") / "tls")
+    return make_certs(tmp_path_factory.mktemp("mqtt-tls") / "tls", clients=("sensor-9",))
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def open_server(tmp_path_factory: pytest.TempPathFactory, certs: DevCertificates
 def auth_server(tmp_path_factory: pytest.TempPathFactory, certs: DevCertificates) -> Iterator[SluiceProcess]:
     data = tmp_path_factory.mktemp("mqtt-auth") / "data"
     UserStore(data).add("dev", PASSWORD)
-    proc = SluiceProcess(data, env={**tls_env(certs), **PORTS, "SLUICE_SECURITY__AUTH": "required"})
+    proc = SluiceProcess(data, env={**tls_env(certs, client_ca=True), **PORTS, "SLUICE_SECURITY__AUTH": "required"})
     proc.start()
     yield proc
     proc.stop()
@@ -248,3 +248,32 @@ def test_paho_tls_with_password(auth_server: SluiceProcess, certs: DevCertificat
         assert client.got_message.wait(15)
     finally:
         client.stop()
+
+
+@mosquitto
+def test_client_certificate_logs_in_as_its_common_name(auth_server: SluiceProcess, certs: DevCertificates) -> None:
+    """Mosquitto's use_identity_as_username: a verified certificate is the login; the CONNECT's user name and
+    password are not checked (auth = required, no password given, or a wrong one)."""
+    cert = ["--cert", str(certs.directory / "sensor-9.pem"), "--key", str(certs.directory / "sensor-9-key.pem")]
+    for extra in ([], ["-u", "someone", "-P", "wrong"]):
+        done = subprocess.run(["mosquitto_pub", "-h", "localhost", "-p", str(port(auth_server, "mqtt-tls")),
+                               "--cafile", str(certs.ca), *cert, *extra, "-t", "sensors/sensor-9", "-m", '{"v": 9}',
+                               "-q", "1"], capture_output=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+    # the same certificate over secure WebSockets (paho): the TLS layer under the WebSocket carries it
+    client = Paho("sensor-9-wss", transport="websockets", version=paho.MQTTv5)
+    client.client.tls_set(ca_certs=str(certs.ca), certfile=str(certs.directory / "sensor-9.pem"),
+                          keyfile=str(certs.directory / "sensor-9-key.pem"))
+    client.connect(port(auth_server, "mqtt-wss"))
+    try:
+        assert client.connack["reason"] == 0
+    finally:
+        client.stop()
+    # without a certificate and without a password, auth = required still refuses
+    refused = Paho("no-cert-wss", transport="websockets", version=paho.MQTTv5)
+    refused.client.tls_set(ca_certs=str(certs.ca))
+    refused.connect(port(auth_server, "mqtt-wss"))
+    try:
+        assert refused.connack["reason"] == 0x87  # Not authorized
+    finally:
+        refused.client.loop_stop()
