@@ -252,6 +252,12 @@ class SecuritySettings(BaseModel):
     open_metrics: bool = False  # /metrics without credentials (else: describe on the cluster) when auth is required
     # With auth off, a listener bound beyond loopback refuses to start unless this is true (then a WARNING).
     allow_insecure: bool = False  # start with auth off on non-loopback addresses (an open broker)
+    # Kafka produce quota per principal (bytes/s over 11 one-second windows; 0 = none): over it, Produce answers
+    # carry throttle_time_ms and the connection is muted that long (Kafka's user quota, producer_byte_rate).
+    produce_quota_bytes_per_s: int = Field(default=0, ge=0)  # the default for every principal (0 = no quota)
+    produce_quota_overrides: dict[str, int] = Field(default_factory=dict)  # user name -> bytes/s (0 = unlimited)
+    quota_window_num: int = Field(default=11, ge=2)  # samples the rate is measured over (Kafka's quota.window.num)
+    quota_window_size_s: float = Field(default=1.0, gt=0)  # one sample's length (quota.window.size.seconds)
     # TLS (docs/security.md): with both set, every listener speaks TLS — Kafka (SSL / SASL_SSL on its port),
     # HTTPS, the TCP line listeners, MQTT on mqtt.tls_port (and mqtt.wss_port). PEM files; SIGHUP reloads them.
     tls_cert: Path | None = None  # the server's certificate, followed by any intermediate CA certificates

@@ -29,6 +29,7 @@ from broker.security.errors import (
     UserStoreError,
 )
 from broker.security.principal import ANONYMOUS, Principal
+from broker.security.quotas import ProduceQuotas
 from broker.security.sasl import MECHANISMS, PlainExchange, SaslExchange, ScramExchange, start_exchange
 from broker.security.tokens import TokenInfo, TokenStore
 from broker.security.users import (
@@ -60,6 +61,7 @@ __all__ = [
     "PatternType",
     "Permission",
     "PlainExchange",
+    "ProduceQuotas",
     "Principal",
     "ResourceType",
     "SaslExchange",

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import resource
@@ -54,8 +55,10 @@ from broker.protocol.kafka import (
     encode_unsupported_version,
 )
 from broker.protocol.kafka.error_responses import error_response
+from broker.protocol.kafka.produce import ProduceResponse
 from broker.protocol.kafka_codes import ErrorCode
 from broker.security import ANONYMOUS, Authenticator, UserStore
+from broker.security.quotas import ProduceQuotas
 from broker.security.tls import peer_principal
 from broker.server import handlers_admin as admin
 from broker.server import handlers_configs as configs
@@ -213,6 +216,8 @@ class KafkaServer:
         self._refusals_logged: dict[str, tuple[float, int]] = {}  # reason -> (last logged, refused since)
         self.port = config.port
         self.listener_ports: dict[str, int] = {}  # extra listener name -> bound port
+        self.quotas: ProduceQuotas | None = None  # set by the assembly: per-principal produce quotas
+        self._muted_until: dict[tuple[str, int, str], float] = {}  # throttled connections (loop time)
 
     async def start(self) -> None:
         warning = fd_headroom_warning(self.config.max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
@@ -310,6 +315,7 @@ class KafkaServer:
             pass  # server stopping: the connection ends here (not re-raised: nobody awaits it)
         finally:
             self._connections.discard(task)
+            self._muted_until.pop((conn.peer_host, conn.peer_port, listener), None)
             left = self._per_address.get(host, 1) - 1
             if left > 0:
                 self._per_address[host] = left
@@ -318,6 +324,8 @@ class KafkaServer:
             self.stats.disconnected(listener)
 
     async def _dispatch(self, frame: bytes, conn: ConnectionInfo) -> Response:
+        if self._muted_until:
+            await self._unmuted(conn)
         try:
             request = decode_request(frame)
         except UnsupportedRequestError as exc:
@@ -335,7 +343,8 @@ class KafkaServer:
         try:
             if header.api_key == ApiKey.PRODUCE:
                 pending = producing.handle_produce(self.ctx, body, conn, header.api_version)
-                return header, self._answer_failure(header, body, conn, pending)
+                throttle_ms = self._throttle(conn, len(frame)) if self.quotas is not None else 0
+                return header, self._answer_failure(header, body, conn, pending, throttle_ms)
             work = _HANDLERS[header.api_key](self.ctx, header, body, conn)
             if header.api_key in _CANCEL_SAFE:
                 return header, await work
@@ -363,11 +372,33 @@ class KafkaServer:
                   exc_info=task.exception(), extra={"peer": conn.peer_host})
 
     async def _answer_failure(self, header: RequestHeader, body: Any, conn: ConnectionInfo,
-                              pending: Awaitable[Any]) -> Any:
+                              pending: Awaitable[Any], throttle_ms: int = 0) -> Any:
         try:
-            return await pending
+            response = await pending
         except Exception as exc:
             return self._internal_error(header, body, conn, exc)
+        if throttle_ms and isinstance(response, ProduceResponse):
+            response = dataclasses.replace(response, throttle_time_ms=throttle_ms)
+        return response
+
+    # -- produce quotas (broker.security.quotas) ----------------------------------------------
+
+    def _throttle(self, conn: ConnectionInfo, size: int) -> int:
+        """Record a Produce of ``size`` bytes; over quota, mute the connection for the throttle time, as Kafka
+        does after sending the answer (KIP-219): the answer goes out at once, the next request waits."""
+        assert self.quotas is not None
+        throttle_ms = self.quotas.record(conn.principal.name, size)
+        if throttle_ms > 0:
+            until = asyncio.get_running_loop().time() + throttle_ms / 1000
+            self._muted_until[(conn.peer_host, conn.peer_port, conn.listener)] = until
+        return throttle_ms
+
+    async def _unmuted(self, conn: ConnectionInfo) -> None:
+        until = self._muted_until.pop((conn.peer_host, conn.peer_port, conn.listener), None)
+        if until is not None:
+            delay = until - asyncio.get_running_loop().time()
+            if delay > 0:
+                await asyncio.sleep(delay)
 
     def _internal_error(self, header: RequestHeader, body: Any, conn: ConnectionInfo, exc: Exception) -> Any:
         """Kafka's answer to a request that failed inside the broker (a bug): UNKNOWN_SERVER_ERROR wherever

@@ -9,12 +9,16 @@ high-water mark is kept in ``<data_dir>/producer-ids.json``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.group import GroupSettings
 from broker.groups.offsets import DurableOffsetStore, MemoryOffsetStore, OffsetStore
 from broker.security import Authorizer, Operation, ResourceType, UserStore
+from broker.security.quotas import ProduceQuotas
 from broker.server.handlers_common import ConnectionInfo
 from broker.server.kafka import KafkaListenerConfig, KafkaServer, KafkaServerConfig
 from broker.server.producer_state import ProducerIdAllocator, ProducerStateTable, rebuild
@@ -72,6 +76,12 @@ class KafkaComponent:
             tls_handshake_timeout_s=handshake_timeout(runtime),
         )
         self.server.ctx.producer_ids = self.producer_ids
+        security = settings.security
+        quotas = ProduceQuotas(security.produce_quota_bytes_per_s, security.produce_quota_overrides,
+                               samples=security.quota_window_num, window_s=security.quota_window_size_s)
+        if quotas.enabled:
+            self.server.quotas = quotas
+            publish_collector(runtime, QuotaCollector(quotas))
         authz = authorizer(runtime)
         if authz is not None:  # the SCRAM admin APIs ask the ACLs (CLUSTER describe / alter)
             self.server.ctx.cluster_access = _cluster_access(authz)
@@ -97,6 +107,17 @@ class KafkaComponent:
     async def stop(self) -> None:
         await self.server.stop()
         await self.coordinator.stop()
+
+
+class QuotaCollector(Collector):
+    def __init__(self, quotas: ProduceQuotas) -> None:
+        self.quotas = quotas
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("sluice_kafka_produce_throttled", "Produce answers over a principal's quota "
+                                  "(throttle_time_ms > 0, connection muted)", value=self.quotas.throttled)
+        yield CounterMetricFamily("sluice_kafka_produce_throttle_seconds", "Throttle time told to producers over "
+                                  "their quota", value=self.quotas.throttle_ms_total / 1000)
 
 
 def _cluster_access(authz: Authorizer) -> Callable[[ConnectionInfo, str], bool]:
