@@ -22,7 +22,7 @@ from ingest.mqtt.hub_config import HubConfig, HubStats
 from ingest.mqtt.packets import Publish, Subscription, Will
 from ingest.mqtt.ports import Accepted, Authenticator, IngestPort, Link, Refusal
 from ingest.mqtt.properties import expires_at, for_delivery, forwarded
-from ingest.mqtt.session_state import QueueBudget, SessionState
+from ingest.mqtt.session_state import CompactSet, QueueBudget, SessionState
 from ingest.mqtt.shared import SHARE_PREFIX, Granted, SharedGroup, parse_shared
 from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
 
@@ -39,7 +39,7 @@ class Hub:
     authenticator: Authenticator | None = None
     sessions: dict[str, SessionState] = field(default_factory=dict)
     offline: OrderedDict[str, SessionState] = field(default_factory=OrderedDict)  # away longest first
-    connections: set[Link] = field(default_factory=set)  # every open connection (its adapter)
+    connections: CompactSet[Link] = field(default_factory=CompactSet)  # every open connection (its adapter)
     tree: SubscriptionTree[SessionState | SharedGroup, Granted] = field(default_factory=SubscriptionTree)
     shared: dict[tuple[str, str], SharedGroup] = field(default_factory=dict)  # (group, filter) -> members
     retained: RetainedStore = field(default_factory=RetainedStore)
@@ -171,6 +171,8 @@ class Hub:
         """Route durably appended messages: retained store, then every matching subscriber."""
         tree = self.tree
         now = time.monotonic()
+        if not len(tree):  # nobody subscribed (devices that only publish): only retained messages matter
+            messages = [m for m in messages if m[0].retain]
         for msg, _, _ in messages:
             props = forwarded(msg.properties)
             expiry = expires_at(props, now)

@@ -21,7 +21,7 @@ from typing import Any
 
 from ingest.mqtt.from_log import LogToMqtt
 from ingest.mqtt.hub import Accepted, Hub
-from ingest.mqtt.packets import Reason
+from ingest.mqtt.packets import NO_PROPERTIES, Reason
 from ingest.mqtt.properties import to_headers
 from ingest.mqtt.session import MqttConnection
 from ingest.mqtt.websocket import WebSocketStats, websocket_factory
@@ -46,7 +46,8 @@ class SinkPort:
         # ingest(), not write(): acks need only "durable now", not per-message placements.
         # MQTT 5 properties become record headers after Sluice's own (ingest/mqtt/properties.py rule 2).
         await self.sink.ingest(
-            self.source, [RawMessage(m.payload, m.topic, client_id, at, None, to_headers(m.properties))
+            self.source, [RawMessage(m.payload, m.topic, client_id, at, None,
+                                     () if m.properties is NO_PROPERTIES else to_headers(m.properties))
                           for m, _, at in messages]
         )
 

@@ -178,7 +178,9 @@ class ConnectionMachine:
     def __init__(self, hub: Hub, endpoint: Endpoint, now: float) -> None:
         self.hub = hub
         self.endpoint = endpoint  # the hub's handle on this connection (session.connection is this)
-        self.decoder = Decoder(max_packet_size=hub.config.max_packet_size)
+        # Dropped between reads once connected with nothing buffered (idle connections hold none), made again
+        # on the next read with the version the CONNECT set.
+        self.decoder: Decoder | None = Decoder(max_packet_size=hub.config.max_packet_size)
         self.state = NEW
         self.version = 4
         self.client_id = ""
@@ -284,8 +286,11 @@ class ConnectionMachine:
     # ------------------------------------------------------------------ steps
     def _receive(self, data: bytes, wall_ms: int) -> None:
         self._arrival_ms = wall_ms
+        decoder = self.decoder
+        if decoder is None:
+            decoder = self.decoder = Decoder(self.version, self.hub.config.max_packet_size)
         try:
-            packets = self.decoder.feed(data)
+            packets = decoder.feed(data)
         except UnsupportedProtocol as exc:
             self._refuse(0x01 if exc.level < MQTT_5 else Reason.UNSUPPORTED_PROTOCOL_VERSION, exc.level)
             return
@@ -299,10 +304,13 @@ class ConnectionMachine:
                 self._handle(packet)
             if self.state == CLOSED:
                 break
+        self._arrival_ms = 0  # (an int this large is an object: idle connections do not keep one)
         if self._batch:
             self._flush_batch()  # publishes accepted before a DISCONNECT (or an error) are still appended
-        if self.decoder.error is not None and self.state != CLOSED:
-            self._protocol_error(self.decoder.error)
+        if decoder.error is not None and self.state != CLOSED:
+            self._protocol_error(decoder.error)
+        elif self.state == CONNECTED and not decoder.buffered:
+            self.decoder = None
 
     def _tick(self, now: float) -> None:
         if self.state == NEW and now - self.last_rx > self.hub.config.connect_timeout_s:
@@ -379,7 +387,7 @@ class ConnectionMachine:
             extra={"peer": self.endpoint.peername(), "client_id": self.client_id, "reason": hex(exc.reason_code),
                    "error": str(exc)},
         )
-        if self.state == NEW and self.decoder.version == MQTT_5:
+        if self.state == NEW and self.decoder is not None and self.decoder.version == MQTT_5:
             self._refuse(exc.reason_code, MQTT_5)
             return
         self._disconnect(exc.reason_code, str(exc), linger=exc.reason_code == Reason.RECEIVE_MAXIMUM_EXCEEDED)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from typing import Any, Protocol
 
@@ -80,7 +81,8 @@ class MqttConnection(asyncio.BufferedProtocol):
         self.transport = t = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
         peer = t.get_extra_info("peername")
         hub = self.machine.hub
-        self._address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        # interned: the connections of one address share the string (the admission counts hold it too)
+        self._address = sys.intern(str(peer[0])) if isinstance(peer, tuple) and peer else "?"
         if hub.admission.admit(self._address) is not None:  # over a connection cap: closed unread
             self.machine.lost()
             t.close()

@@ -27,6 +27,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import replace
+from typing import TypeVar
 
 from ingest.mqtt.hub_config import HubConfig, HubStats
 from ingest.mqtt.packets import Publish, Pubrel, Subscription
@@ -37,9 +38,27 @@ from ingest.mqtt.properties import for_delivery
 # identity here, so this module need not import ``shared`` (which names ``SessionState``).
 GroupRef = object
 
-__all__ = ["QueueBudget", "SessionState"]
+__all__ = ["CompactSet", "PacketIds", "QueueBudget", "SessionState"]
 
 log = logging.getLogger("ingest.mqtt")
+T = TypeVar("T")
+
+
+class CompactSet(dict[T, None]):
+    """A set with ``set``'s add/discard/in/len/iteration (insertion order), stored as a dict: an empty one
+    takes 64 bytes where an empty ``set`` takes 216, and a large one about half as much per member. Every
+    session has two sets of packet ids (most stay empty: QoS 0 clients); the hub one of all connections."""
+
+    __slots__ = ()
+
+    def add(self, member: T) -> None:
+        self[member] = None
+
+    def discard(self, member: T) -> None:
+        self.pop(member, None)
+
+
+PacketIds = CompactSet[int]
 
 
 class QueueBudget:
@@ -87,8 +106,8 @@ class SessionState:
         self.messages_expired = 0  # queued messages dropped because their Message Expiry Interval passed
         self.queued_bytes = 0  # payload bytes in ``queue``
         self.dropping = False  # the queue overflowed and that was logged; cleared once it drains
-        self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids answered with PUBREC
-        self.pending_in: set[int] = set()  # inbound QoS 1/2 ids being appended
+        self.awaiting_rel: set[int] | PacketIds = PacketIds()  # inbound QoS 2 ids answered with PUBREC
+        self.pending_in: set[int] | PacketIds = PacketIds()  # inbound QoS 1/2 ids being appended
         self.next_pid = 1
         self.expiry_s = 0.0
         self.ended_at: float | None = None
