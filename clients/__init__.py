@@ -21,6 +21,7 @@ from clients.errors import (
 )
 from clients.producer import AsyncProducer
 from clients.records import ConsumerRecord, PartitionLag, RecordMetadata, TopicPartition
+from clients.security import ClientSecurity
 from clients.serializers import (
     JsonSerializer,
     MsgpackSerializer,
@@ -39,6 +40,7 @@ __all__ = [
     "BrokerUnreachableError",
     "BufferFullError",
     "ClientClosedError",
+    "ClientSecurity",
     "ClientError",
     "CommitStrategy",
     "Consumer",

@@ -15,6 +15,7 @@ from aiokafka.errors import for_code
 from clients._kafka import DEFAULT_BOOTSTRAP, partitions_for, translate_errors
 from clients.errors import UnknownGroupError, UnknownTopicError
 from clients.records import PartitionLag, TopicPartition
+from clients.security import ClientSecurity
 
 __all__ = ["AsyncAdmin", "GroupDescription", "GroupMember", "PartitionInfo", "TopicDescription"]
 
@@ -78,14 +79,16 @@ class AsyncAdmin:
         self, bootstrap: str = DEFAULT_BOOTSTRAP, *, client_id: str = "sluice-admin", request_timeout_ms: int = 10_000
     ) -> None:
         self.bootstrap = bootstrap
+        security = ClientSecurity.from_env().kafka_options()
         self._admin = AIOKafkaAdminClient(
-            bootstrap_servers=bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms
+            bootstrap_servers=bootstrap, client_id=client_id, request_timeout_ms=request_timeout_ms, **security
         )
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
             client_id=client_id,
             enable_auto_commit=False,
             request_timeout_ms=request_timeout_ms,
+            **security,
         )
         self._started = False
 

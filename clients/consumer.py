@@ -23,6 +23,7 @@ from aiokafka import TopicPartition as KafkaTP
 from clients._kafka import DEFAULT_BOOTSTRAP, partitions_for, translate_errors
 from clients.errors import ClientClosedError, SerializationError, UnknownTopicError
 from clients.records import ConsumerRecord, TopicPartition
+from clients.security import ClientSecurity
 from clients.serializers import SerializerSpec, resolve_serializer
 
 __all__ = ["AsyncConsumer", "CommitStrategy"]
@@ -77,6 +78,7 @@ class AsyncConsumer:
             session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=heartbeat_interval_ms,
             client_id=client_id,
+            **ClientSecurity.from_env().kafka_options(),
         )
         self._assigned = asyncio.Event()
         self._pending_commit = False

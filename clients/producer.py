@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaProducer
 from clients._kafka import DEFAULT_BOOTSTRAP, translate_errors
 from clients.errors import ClientClosedError
 from clients.records import RecordMetadata
+from clients.security import ClientSecurity
 from clients.serializers import SerializerSpec, resolve_serializer
 
 __all__ = ["AsyncProducer", "Headers"]
@@ -45,6 +46,7 @@ class AsyncProducer:
         idempotent: bool = False,
         client_id: str = "sluice-python",
         request_timeout_ms: int = 30_000,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.value_serializer = resolve_serializer(value_serializer)
@@ -58,6 +60,7 @@ class AsyncProducer:
             enable_idempotence=idempotent,
             client_id=client_id,
             request_timeout_ms=request_timeout_ms,
+            **(security or ClientSecurity.from_env()).kafka_options(),
         )
         self._started = False
         self._closed = False

@@ -45,6 +45,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata
 
+from clients.security import ClientSecurity
 from processors.checkpoint import (
     MAX_CHECKPOINT_BYTES,
     CheckpointCodec,
@@ -104,6 +105,7 @@ class KafkaSource:
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(self.session_timeout_ms // 6, 100),
             isolation_level="read_committed" if self.transactions is not None else "read_uncommitted",
+            **ClientSecurity.from_env().kafka_options(),
         )
         self.consumer.subscribe(list(self.topics), listener=_Listener(on_assigned, on_revoked))
         try:
@@ -182,6 +184,7 @@ class KafkaSink:
             linger_ms=5,
             max_request_size=MAX_REQUEST_BYTES,
             **txn,
+            **ClientSecurity.from_env().kafka_options(),
         )
         self._pending: list[asyncio.Future[Any]] = []
         self.in_transaction = False
@@ -290,7 +293,7 @@ class KafkaCheckpointStore:
         ``delete``): restores read the newest record per key, which is exactly what compaction keeps."""
         if self._topic_ready:
             return
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **ClientSecurity.from_env().kafka_options())
         try:
             await admin.start()
             response = await admin.create_topics([NewTopic(self.topic, 1, 1, topic_configs=CHECKPOINT_TOPIC_CONFIGS)])
@@ -312,7 +315,8 @@ class KafkaCheckpointStore:
         # read_committed: a checkpoint written in an aborted transaction (exactly-once) never restores
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                     isolation_level="read_committed", fetch_max_bytes=MAX_REQUEST_BYTES,
-                                    max_partition_fetch_bytes=MAX_REQUEST_BYTES)
+                                    max_partition_fetch_bytes=MAX_REQUEST_BYTES,
+                                    **ClientSecurity.from_env().kafka_options())
         try:
             await consumer.start()
             if self.topic not in await consumer.topics():

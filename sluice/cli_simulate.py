@@ -16,6 +16,10 @@ Kafka listener or a Kafka/Redpanda cluster), keyed by sensor.
 Over TCP each connection asks the listener whether it acks (``TcpDevice(ack="auto")``): with
 ``tcp.ack = true`` a reading is resent only when its ACK does not come; without acks (the default
 listener) nothing is ever resent, so no reading is written twice. ``--no-ack`` skips the question.
+
+A secured Sluice (``security.auth = "required"``, TLS): the login comes from the environment, never flags —
+``SLUICE_USER``/``SLUICE_PASSWORD`` (MQTT CONNECT, the TCP AUTH line, Kafka SASL) and ``SLUICE_TLS_CA`` (TLS,
+trusting that CA; MQTT then defaults to port 8883), see ``clients/security.py``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from clients.devices import BufferedDevice, TcpDevice
+from clients.security import ClientSecurity
 from sluice.cli_common import (
     DEFAULT_BOOTSTRAP,
     EXIT_RUNTIME,
@@ -131,7 +136,13 @@ def simulate(
         fail(f"--transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}", EXIT_USAGE)
     if profile != "mix" and profile not in PROFILES:
         fail(f"--profile must be mix or one of {', '.join(PROFILES)}, got {profile!r}", EXIT_USAGE)
-    port = port if port is not None else DEFAULT_PORTS.get(transport, 0)
+    try:
+        security = ClientSecurity.from_env()  # SLUICE_USER/SLUICE_PASSWORD, SLUICE_TLS_CA (clients/security.py)
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE)
+    tls = security.ssl_context()
+    if port is None:
+        port = 8883 if transport == "mqtt" and tls is not None else DEFAULT_PORTS.get(transport, 0)
     address = bootstrap if transport == "kafka" else f"{host}:{port}"
     rng = random.Random(seed)
     fleet = [
@@ -147,7 +158,8 @@ def simulate(
 
     def device_for(sensor: Sensor) -> BufferedDevice:
         if transport == "tcp":
-            return TcpDevice(host, port, ack="auto" if ack else False, name=sensor.name, backoff_max=1.0)
+            return TcpDevice(host, port, ack="auto" if ack else False, name=sensor.name, backoff_max=1.0,
+                             username=security.username, password=security.password, tls_context=tls)
         if transport == "kafka":
             from clients.devices.kafka import KafkaDevice
 
@@ -162,6 +174,9 @@ def simulate(
             ack=ack,
             name=sensor.name,
             backoff_max=1.0,
+            username=security.username,
+            password=security.password,
+            tls_context=tls,
         )
 
     async def go() -> list[BufferedDevice]:

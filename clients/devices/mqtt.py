@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from typing import Any
 
 import aiomqtt
@@ -37,6 +38,7 @@ class MqttDevice(BufferedDevice):
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
         name: str | None = None,
+        tls_context: ssl.SSLContext | None = None,  # MQTT over TLS (Sluice's mqtt.tls_port, 8883)
     ) -> None:
         super().__init__(
             buffer_size=buffer_size,
@@ -55,6 +57,7 @@ class MqttDevice(BufferedDevice):
         self.timeout = timeout
         self.username = username
         self.password = password
+        self.tls_context = tls_context
         self._client: aiomqtt.Client | None = None
         self._link_errors = (*BufferedDevice._link_errors, aiomqtt.MqttError, TimeoutError)
 
@@ -67,6 +70,7 @@ class MqttDevice(BufferedDevice):
             timeout=self.timeout,
             username=self.username,
             password=self.password,
+            tls_context=self.tls_context,
         )
         await client.__aenter__()
         self._client = client

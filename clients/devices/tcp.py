@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import ssl
 from typing import Any, Literal
 
 from clients.devices.base import BufferedDevice, Overflow
@@ -73,6 +74,7 @@ class TcpDevice(BufferedDevice):
         name: str | None = None,
         username: str | None = None,
         password: str | None = None,
+        tls_context: ssl.SSLContext | None = None,  # TLS to the listener (security.tls_cert on the broker)
     ) -> None:
         if (username is None) != (password is None) or (username is not None and " " in username):
             raise ValueError("give both username and password (a user name without spaces), or neither")
@@ -92,6 +94,7 @@ class TcpDevice(BufferedDevice):
         self.probe_timeout = probe_timeout
         self.unconfirmed = 0  # plain mode: lines written on a link that broke before the write completed
         self.connect_timeout = connect_timeout
+        self.tls_context = tls_context
         self._credentials = (username, password) if username is not None and password is not None else None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -102,7 +105,7 @@ class TcpDevice(BufferedDevice):
 
     async def _open(self) -> None:
         self._reader, self._writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port), self.connect_timeout
+            asyncio.open_connection(self.host, self.port, ssl=self.tls_context), self.connect_timeout
         )
         self._line_no = 0
         if self._credentials is not None:
