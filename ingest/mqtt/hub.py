@@ -4,6 +4,9 @@ The hub never touches sockets. It owns the ``IngestPort`` (the durable append, p
 the subscription trie and retained store, and routes each durably appended message to matching sessions.
 It sees connections only as ``Link``s (``ports.py``), so it imports neither the connection state machine
 (``machine.py``) nor its asyncio adapter (``session.py``); both import the hub.
+With a ``SessionJournal`` (``session_store.py``), persistent sessions are journaled (with a
+``DurableRetainedStore``, retained messages too) and ``journaled`` says what must be durable before a
+publisher's PUBACK/PUBREC.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from ingest.mqtt.hub_config import HubConfig, HubStats
 from ingest.mqtt.packets import Publish, Subscription, Will
 from ingest.mqtt.ports import Accepted, Authenticator, IngestPort, Link, Refusal
 from ingest.mqtt.properties import expires_at, for_delivery, forwarded
-from ingest.mqtt.session_state import CompactSet, QueueBudget, SessionState
+from ingest.mqtt.session_state import CompactSet, QueueBudget, SessionJournal, SessionState
 from ingest.mqtt.shared import SHARE_PREFIX, Granted, SharedGroup, parse_shared
 from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
 
@@ -50,6 +53,7 @@ class Hub:
     delayed_wills: dict[str, tuple[float, Will]] = field(default_factory=dict)  # client id -> (due, will)
     _messages_expired: int = 0
     _evicting: bool = False  # the offline-session cap was reached and that was logged
+    store: SessionJournal | None = None  # journals persistent sessions (None: they live in memory only)
 
     def __post_init__(self) -> None:
         self.admission = Admission("MQTT", self.config.connection_limits, log)
@@ -89,6 +93,8 @@ class Hub:
         session.connection = connection
         session.ended_at = None
         self.sessions[client_id] = session
+        if self.store is not None:
+            self.store.attached(session)
         return session, present
 
     def detach(self, connection: Link, session: SessionState) -> None:
@@ -99,6 +105,8 @@ class Hub:
             self.drop_session(session)
         else:
             session.ended_at = time.monotonic()
+            if self.store is not None:
+                self.store.detached(session)
             self.offline[session.client_id] = session
             self._evict_offline()
 
@@ -123,6 +131,8 @@ class Hub:
             self._evicting = False
 
     def drop_session(self, session: SessionState) -> None:
+        if self.store is not None:
+            self.store.dropped(session)  # first: the unsubscribes below journal nothing then
         for topic_filter in list(session.subscriptions):
             self.unsubscribe(session, topic_filter)
         if self.sessions.get(session.client_id) is session:
@@ -138,6 +148,8 @@ class Hub:
         """Add (or replace) a subscription; True when the session had none on this filter."""
         topic_filter = sub.topic_filter
         session.subscriptions[topic_filter] = sub
+        if self.store is not None:
+            self.store.subscribed(session, sub, sub_id)
         if topic_filter.startswith(SHARE_PREFIX):
             parsed = parse_shared(topic_filter)
             assert parsed is not None  # validated by the connection
@@ -153,6 +165,8 @@ class Hub:
     def unsubscribe(self, session: SessionState, topic_filter: str) -> bool:
         if session.subscriptions.pop(topic_filter, None) is None:
             return False
+        if self.store is not None:
+            self.store.unsubscribed(session, topic_filter)
         if not topic_filter.startswith(SHARE_PREFIX):
             return self.tree.remove(topic_filter, session)
         parsed = parse_shared(topic_filter)
@@ -167,6 +181,19 @@ class Hub:
         return True
 
     # ------------------------------------------------------------------ routing
+    def journaled(self, session: SessionState, batch: Sequence[Accepted]) -> Awaitable[object] | None:
+        """``batch`` of ``session``'s client is appended and routed: what must complete before its
+        PUBACK/PUBREC go out (the copies for persistent sessions and the retained messages it caused, its
+        inbound QoS 2 ids: ``session_store.py`` rule 4); None when nothing is left to wait for."""
+        store = self.store
+        if store is None:
+            return None
+        if session.store is store:
+            for msg, pid, _ in batch:
+                if msg.qos == 2:
+                    store.awaiting(session, pid)
+        return store.durable()
+
     def deliver(self, client_id: str, messages: Sequence[Accepted]) -> None:
         """Route durably appended messages: retained store, then every matching subscriber."""
         tree = self.tree

@@ -35,7 +35,10 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
    (the disk is full or failing), nothing of the batch is acknowledged: a 5.0 client gets PUBACK /
    PUBREC 0x80 for each of its QoS 1/2 messages and stays connected; a 3.1.1 client (no negative acks)
    is disconnected, and resends what was not acknowledged when it reconnects. Messages are routed to
-   subscribers (and the retained store) after the durable append, after the acks.
+   subscribers (and the retained store) after the durable append, after the acks. With durable
+   sessions (``session_store.py`` rule 4) the adapter writes the acks ``appended`` returns only once
+   what routing journaled is durable (``Hub.journaled``), PUBREL and PUBCOMP wait for their journal
+   record, and SUBACK for the subscription's.
 4. Duplicates: a QoS 1/2 PUBLISH whose packet id is still being appended is a retry and is dropped; a
    QoS 2 PUBLISH whose id awaits PUBREL gets its PUBREC again and is not appended twice.
    PUBREL → PUBCOMP (5.0: 0x92 if unknown). A Subscription Identifier in a PUBLISH is a protocol error.
@@ -412,13 +415,20 @@ class ConnectionMachine:
                     session.inflight_out[packet.packet_id] = None
                     if session.shared_inflight:  # received: the client's now, whatever happens to the group
                         session.shared_inflight.pop(packet.packet_id, None)
-                    self._send(Pubrel(packet.packet_id))
+                    if session.store is not None:  # PUBREL once "released" is durable
+                        session.store.released(session, packet.packet_id, self._later(Pubrel(packet.packet_id)))
+                    else:
+                        self._send(Pubrel(packet.packet_id))
             else:
                 self._send(Pubrel(packet.packet_id, Reason.PACKET_ID_NOT_FOUND))
         elif isinstance(packet, Pubrel):
             known = packet.packet_id in session.awaiting_rel
             session.awaiting_rel.discard(packet.packet_id)
-            self._send(Pubcomp(packet.packet_id, 0 if known else Reason.PACKET_ID_NOT_FOUND))
+            pubcomp = Pubcomp(packet.packet_id, 0 if known else Reason.PACKET_ID_NOT_FOUND)
+            if known and session.store is not None:  # PUBCOMP once the id's removal is durable
+                session.store.rel_received(session, packet.packet_id, self._later(pubcomp))
+            else:
+                self._send(pubcomp)
         elif isinstance(packet, Pingreq):
             self._emit(_PINGRESP)
         elif isinstance(packet, Subscribe):
@@ -524,9 +534,24 @@ class ConnectionMachine:
         except ProtocolError as exc:  # filters before the bad one stay subscribed; the connection ends
             self._protocol_error(exc)
             return
-        self._send(ack)
-        for sub in retained:
-            self.hub.send_retained(session, sub, sub_id)
+        if session.store is None:
+            self._send(ack)
+            for sub in retained:
+                self.hub.send_retained(session, sub, sub_id)
+            return
+        later = self._later(ack)  # SUBACK once the subscription is durable, then the retained messages
+
+        def answer() -> None:
+            later()
+            for sub in retained:
+                self.hub.send_retained(session, sub, sub_id)
+
+        session.store.then(answer)
+
+    def _later(self, packet: Packet) -> Callable[[], None]:
+        """Send ``packet`` when called: within a call of ours among its actions, else through the adapter
+        (a journal write completed); nothing once CLOSED."""
+        return lambda: self._send(packet) if self._out is not None else self.endpoint.send(packet)
 
     # ------------------------------------------------------------------ the append pipeline (rules 3, 5)
     def _flush_batch(self) -> None:

@@ -155,6 +155,13 @@ class MqttConnection(asyncio.BufferedProtocol):
                 actions = machine.append_failed(batch, exc)
             else:
                 actions = machine.appended(batch)
+                session = machine.session
+                journaled = machine.hub.journaled(session, batch) if session is not None else None
+                if journaled is not None:  # durable sessions: acks wait for the journal (session_store.py)
+                    try:
+                        await journaled
+                    except Exception:  # logged by the journal; nothing is acknowledged, the client resends
+                        actions = [Do.CLOSE]
             if actions:
                 self._carry_out(actions)
 

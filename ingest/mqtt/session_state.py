@@ -19,6 +19,9 @@ Rules
 * Expiry: a queued message whose Message Expiry Interval has passed is dropped (by the hub's sweep, or
   when it reaches the front of the queue), counted in ``HubStats.messages_expired``; one sent from the
   queue carries the remaining interval (``properties.py`` rule 4).
+* Durable (``store`` set while the session is persistent, ``session_store.py``): each QoS 1/2 message
+  accepted gets its packet id and is journaled before it is sent or queued; it is removed from the
+  journal when acknowledged, expired or moved to another shared-subscription member.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from ingest.mqtt.hub_config import HubConfig, HubStats
 from ingest.mqtt.packets import Publish, Pubrel, Subscription
@@ -38,7 +42,7 @@ from ingest.mqtt.properties import for_delivery
 # identity here, so this module need not import ``shared`` (which names ``SessionState``).
 GroupRef = object
 
-__all__ = ["CompactSet", "PacketIds", "QueueBudget", "SessionState"]
+__all__ = ["CompactSet", "PacketIds", "QueueBudget", "SessionJournal", "SessionState"]
 
 log = logging.getLogger("ingest.mqtt")
 T = TypeVar("T")
@@ -74,6 +78,56 @@ class QueueBudget:
         return not self.limit or self.used + size <= self.limit
 
 
+class SessionJournal(Protocol):
+    """Where persistent sessions are journaled (``session_store.SessionStore``): what the hub, the
+    sessions and the connection machine tell it. Defined here so that none of them imports it."""
+
+    def attached(self, session: SessionState) -> None:
+        """A client connected to ``session`` (its ``expiry_s`` set)."""
+        ...
+
+    def detached(self, session: SessionState) -> None:
+        """The client left a session that stays."""
+        ...
+
+    def dropped(self, session: SessionState) -> None:
+        """The session ended."""
+        ...
+
+    def subscribed(self, session: SessionState, sub: Subscription, sub_id: int) -> None: ...
+
+    def unsubscribed(self, session: SessionState, topic_filter: str) -> None: ...
+
+    def accepted(self, session: SessionState, packet: Publish, expiry: float | None) -> Publish | None:
+        """Journal a QoS 1/2 message accepted for ``session``; it comes back with its packet id (None:
+        every packet id is taken)."""
+        ...
+
+    def finished(self, session: SessionState, pid: int) -> None:
+        """The message with ``pid`` is no longer owed to the client."""
+        ...
+
+    def released(self, session: SessionState, pid: int, then: Callable[[], None]) -> None:
+        """Outbound QoS 2: PUBREC received; ``then`` (send PUBREL) once that is durable."""
+        ...
+
+    def awaiting(self, session: SessionState, pid: int) -> None:
+        """Inbound QoS 2: ``pid`` is about to be answered with PUBREC."""
+        ...
+
+    def rel_received(self, session: SessionState, pid: int, then: Callable[[], None]) -> None:
+        """Inbound QoS 2: PUBREL for ``pid``; ``then`` (send PUBCOMP) once its removal is durable."""
+        ...
+
+    def then(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once everything journaled so far is durable (at once when it is)."""
+        ...
+
+    def durable(self) -> Awaitable[object] | None:
+        """What must complete before a publisher is acknowledged; None when nothing is left to wait for."""
+        ...
+
+
 class SessionState:
     """What a client id keeps across connections (for persistent sessions)."""
 
@@ -92,6 +146,7 @@ class SessionState:
         "queue",
         "queued_bytes",
         "shared_inflight",
+        "store",
         "subscriptions",
     )
 
@@ -112,6 +167,7 @@ class SessionState:
         self.expiry_s = 0.0
         self.ended_at: float | None = None
         self.connection: Link | None = None
+        self.store: SessionJournal | None = None  # the journal, while the session is persistent
 
     def expired(self, now: float) -> bool:
         return self.ended_at is not None and now - self.ended_at >= self.expiry_s
@@ -136,31 +192,48 @@ class SessionState:
             else:
                 stats.dropped_deliveries += 1
             return
-        if conn is not None and not self.queue and len(self.inflight_out) < conn.client_receive_max:
-            self._send_new(conn, packet, group)
-            stats.delivered += 1
-            return
-        queue = self.queue
-        if queue is None:
-            queue = self.queue = deque()
+        now = conn is not None and not self.queue and len(self.inflight_out) < conn.client_receive_max
         size = len(packet.payload)
-        if (config.max_queued_messages and len(queue) >= config.max_queued_messages) or (
-            config.max_queued_bytes and self.queued_bytes + size > config.max_queued_bytes
-        ) or not self.budget.fits(size):
+        queued = len(self.queue) if self.queue else 0
+        full = not now and bool(
+            (config.max_queued_messages and queued >= config.max_queued_messages)
+            or (config.max_queued_bytes and self.queued_bytes + size > config.max_queued_bytes)
+            or not self.budget.fits(size)
+        )
+        if not full and self.store is not None:  # persistent: journaled with its packet id first
+            given = self.store.accepted(self, packet, expiry)
+            full = given is None  # every packet id is taken
+            packet = given or packet
+        if full:
             stats.dropped_deliveries += 1
             stats.queue_drops += 1
             if not self.dropping:
                 self.dropping = True
                 log.warning(
                     "session queue full: new messages for this client are dropped until it catches up",
-                    extra={"client_id": self.client_id, "messages": len(queue), "bytes": self.queued_bytes,
+                    extra={"client_id": self.client_id, "messages": queued, "bytes": self.queued_bytes,
                            "max_queued_messages": config.max_queued_messages,
                            "max_queued_bytes": config.max_queued_bytes,
                            "queued_bytes_all_sessions": self.budget.used},
                 )
             return
+        if now:
+            assert conn is not None
+            self._send_new(conn, packet, group)
+            stats.delivered += 1
+            return
+        queue = self.queue
+        if queue is None:
+            queue = self.queue = deque()
         queue.append((packet, expiry, group))
         self._account(size)
+
+    def enqueue_restored(self, packet: Publish, expiry: float | None) -> None:
+        """A journaled message put back in the queue at start-up (``session_store.py`` rule 5)."""
+        if self.queue is None:
+            self.queue = deque()
+        self.queue.append((packet, expiry, None))
+        self._account(len(packet.payload))
 
     def _account(self, delta: int) -> None:
         self.queued_bytes += delta
@@ -173,7 +246,9 @@ class SessionState:
         self.queue = None
 
     def _send_new(self, conn: Link, packet: Publish, group: GroupRef | None) -> None:
-        pid = self._alloc_pid()
+        pid = packet.packet_id  # given when journaled (session_store.py rule 3)
+        if not pid or pid in self.inflight_out:
+            pid = self._alloc_pid()
         packet = Publish(packet.topic, packet.payload, packet.qos, packet.retain, False, pid, packet.properties)
         self.inflight_out[pid] = packet
         if group is not None:
@@ -185,6 +260,8 @@ class SessionState:
     def acked(self, pid: int) -> None:
         """The client finished an outbound QoS 1/2 message (PUBACK, PUBCOMP, or a failing PUBREC)."""
         if self.inflight_out.pop(pid, 0) != 0:
+            if self.store is not None:
+                self.store.finished(self, pid)
             if self.shared_inflight:
                 self.shared_inflight.pop(pid, None)
             self.pump()
@@ -199,12 +276,16 @@ class SessionState:
                 if owner is group and packet is not None:
                     del self.shared_inflight[pid]
                     del self.inflight_out[pid]
+                    if self.store is not None:
+                        self.store.finished(self, pid)
                     taken.append((replace(packet, packet_id=None, dup=False), None))
         if self.queue:
             kept: deque[tuple[Publish, float | None, GroupRef | None]] = deque()
             for entry in self.queue:
                 if entry[2] is group:
-                    taken.append((entry[0], entry[1]))
+                    if self.store is not None and entry[0].packet_id:
+                        self.store.finished(self, entry[0].packet_id)
+                    taken.append((replace(entry[0], packet_id=None), entry[1]))
                     self._account(-len(entry[0].payload))
                 else:
                     kept.append(entry)
@@ -223,6 +304,8 @@ class SessionState:
             ready = for_delivery(packet, expiry, now)
             if ready is None:  # expired while it waited (properties rule 4)
                 self.messages_expired += 1
+                if self.store is not None and packet.packet_id:
+                    self.store.finished(self, packet.packet_id)
                 continue
             self._send_new(conn, ready, group)
         if not queue:
@@ -239,6 +322,8 @@ class SessionState:
             if entry[1] is not None and entry[1] <= now:
                 dropped += 1
                 self._account(-len(entry[0].payload))
+                if self.store is not None and entry[0].packet_id:
+                    self.store.finished(self, entry[0].packet_id)
             else:
                 kept.append(entry)
         self.queue = kept

@@ -151,8 +151,12 @@ class RetainedStore:
     def store(self, message: Publish, expiry: float | None = None) -> None:
         if message.payload:
             self._messages[message.topic] = (message, expiry)
-        else:
-            self._messages.pop(message.topic, None)
+            self.changed(message.topic, message, expiry)
+        elif self._messages.pop(message.topic, None) is not None:
+            self.changed(message.topic, None, None)
+
+    def changed(self, topic: str, message: Publish | None, expiry: float | None) -> None:
+        """Called after the message of ``topic`` was set (None: deleted or expired); for a durable store."""
 
     def get(self, topic: str) -> Publish | None:
         found = self._messages.get(topic)
@@ -170,6 +174,7 @@ class RetainedStore:
                 continue
             if found[1] is not None and found[1] <= now:
                 del self._messages[topic]
+                self.changed(topic, None, None)
                 continue
             yield found
 
@@ -178,4 +183,5 @@ class RetainedStore:
         expired = [t for t, (_, expiry) in self._messages.items() if expiry is not None and expiry <= now]
         for topic in expired:
             del self._messages[topic]
+            self.changed(topic, None, None)
         return len(expired)

@@ -4,6 +4,9 @@ The listener writes through ``ingest_core(runtime).sink`` as source ``SourceRef(
 With ``security.auth = "required"`` every CONNECT must carry a user name and password of the user store
 (``broker.security``; anonymous clients are refused, ``mqtt.allow_anonymous`` and ``mqtt.users`` are not
 used); with ``"off"``, credentials from ``settings.mqtt.users`` become the authentication hook.
+With ``mqtt.durable`` (the default) persistent sessions and retained messages are journaled in the
+compacted internal topics ``__mqtt_sessions`` and ``__mqtt_retained`` and restored here, before the
+listener starts (``ingest/mqtt/session_store.py``).
 Each ``[[mqtt.bridges]]`` entry writes as ``SourceRef("bridge", name)``; the bridge objects are in
 ``runtime.registries["bridges"]`` (name -> MqttBridge, whose ``status()`` the HTTP API shows). Both publish
 a collector for ``/metrics``.
@@ -21,7 +24,10 @@ from ingest.admission import ConnectionLimits
 from ingest.bridge import BridgeConfig, MqttBridge
 from ingest.mqtt.from_log import LogToMqtt
 from ingest.mqtt.hub import Authenticator, Hub, HubConfig
+from ingest.mqtt.journal import Journal
 from ingest.mqtt.listener import MqttDoor, MqttListener, SinkPort
+from ingest.mqtt.retained_store import DurableRetainedStore
+from ingest.mqtt.session_store import RETAINED_TOPIC, SESSIONS_TOPIC, SessionStore
 from ingest.routing import SourceRef
 from sluice.components.ingest_core import ingest_core
 from sluice.components.security import authenticator
@@ -98,6 +104,12 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
         connection_limits=ConnectionLimits(settings.max_connections, settings.max_connections_per_address),
     )
     hub = Hub(SinkPort(core.sink, MQTT_SOURCE), config, check)
+    if settings.durable:  # restored here, before the listener accepts anyone
+        retained = DurableRetainedStore(Journal(runtime.store, RETAINED_TOPIC))
+        retained.restore()
+        hub.retained = retained
+        hub.store = store = SessionStore(Journal(runtime.store, SESSIONS_TOPIC), retained.journal)
+        store.restore(hub)
     runtime.registries["mqtt"] = hub
     publish_collector(runtime, MqttCollector(hub))
     follower = LogToMqtt(hub, runtime.store, settings.deliver_from_topics) if settings.deliver_from_topics else None

@@ -1,0 +1,315 @@
+"""Durable sessions and retained messages across ``kill -9`` of a real ``sluice serve`` (segment store,
+default flush): persistent subscribers get every message acknowledged to its publisher after the restart,
+QoS 2 exactly once (also when the kill falls between PUBREC and PUBREL), retained messages and their
+deletion survive, expired messages and sessions do not come back. Clients: paho-mqtt, mosquitto_pub/sub
+(3.1.1 and -V 5), and raw packets where the claim is about exact packets and packet ids."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties as PahoProperties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from ingest.mqtt.packets import (
+    MQTT_5,
+    MQTT_311,
+    Disconnect,
+    Pingreq,
+    Pingresp,
+    Properties,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Subscription,
+)
+from tests.ingest.mqtt.conftest import RawClient, run
+from tests.ingest.mqtt.test_durability import start_sluice
+
+pytestmark = pytest.mark.slow
+
+
+class Sluice:
+    """One data directory, started, killed with SIGKILL and started again."""
+
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    async def start(self) -> Sluice:
+        self.proc, self.port = await asyncio.to_thread(start_sluice, self.data)
+        return self
+
+    async def kill9(self) -> None:
+        assert self.proc is not None and self.proc.poll() is None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        await asyncio.to_thread(self.proc.wait, 10)
+        assert self.proc.returncode == -signal.SIGKILL
+
+    async def restart_after_kill9(self) -> None:
+        await self.kill9()
+        await self.start()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+async def sluice(tmp_path: Path) -> AsyncIterator[Sluice]:
+    data = tmp_path / "data"
+    data.mkdir()
+    server = await Sluice(data).start()
+    yield server
+    server.stop()
+
+
+def paho_session(port: int, client_id: str, version: int, subscribe: tuple[str, int] | None = None,
+                 sub_id: int = 0) -> tuple[bool, list[paho.MQTTMessage], paho.Client]:
+    """Connect a persistent paho session (3.1.1 clean session 0, 5.0 expiry 3600 s), optionally subscribe
+    and wait for the SUBACK; returns (session present, messages received so far, the client)."""
+    v5 = version == MQTT_5
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+                         protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
+                         **({} if v5 else {"clean_session": False}))
+    got: list[paho.MQTTMessage] = []
+    connected = threading.Event()
+    subscribed = threading.Event()
+    present: list[bool] = []
+    client.on_connect = lambda c, u, flags, rc, p: (present.append(flags.session_present), connected.set())
+    client.on_subscribe = lambda *a: subscribed.set()
+    client.on_message = lambda c, u, m: got.append(m)
+    props = None
+    if v5:
+        props = PahoProperties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+    client.connect("127.0.0.1", port, **({"clean_start": False, "properties": props} if v5 else {}))
+    client.loop_start()
+    assert connected.wait(10)
+    if subscribe is not None:
+        if v5:
+            sub_props = None
+            if sub_id:
+                sub_props = PahoProperties(PacketTypes.SUBSCRIBE)
+                sub_props.SubscriptionIdentifier = sub_id
+            client.subscribe(subscribe[0], options=SubscribeOptions(qos=subscribe[1]), properties=sub_props)
+        else:
+            client.subscribe(subscribe[0], qos=subscribe[1])
+        assert subscribed.wait(10)
+    return present[0], got, client
+
+
+def close(client: paho.Client) -> None:
+    client.disconnect()
+    client.loop_stop()
+
+
+def paho_publish(port: int, topic: str, payloads: list[bytes], qos: int) -> None:
+    """Publish and wait until every message is acknowledged (PUBACK / PUBCOMP)."""
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"pub-{topic}", protocol=paho.MQTTv311)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    infos = [client.publish(topic, p, qos=qos) for p in payloads]
+    for info in infos:
+        info.wait_for_publish(10)
+        assert info.is_published()
+    close(client)
+
+
+async def test_qos1_acknowledged_messages_reach_a_311_persistent_subscriber_after_kill9(sluice: Sluice) -> None:
+    present, _, sub = await asyncio.to_thread(paho_session, sluice.port, "dur-311", MQTT_311, ("dur/#", 1))
+    assert not present
+    close(sub)
+    payloads = [b"m%04d" % i for i in range(300)]
+    await asyncio.to_thread(paho_publish, sluice.port, "dur/a", payloads, 1)
+    for i in range(3):  # mosquitto_pub exits 0 only after its PUBACK
+        code, _, err = await run("mosquitto_pub", "-p", str(sluice.port), "-V", "mqttv311", "-q", "1",
+                                 "-t", "dur/b", "-m", f"cli{i}")
+        assert code == 0, err
+    await sluice.restart_after_kill9()
+    code, out, err = await run("mosquitto_sub", "-p", str(sluice.port), "-V", "mqttv311", "-c", "-i", "dur-311",
+                               "-q", "1", "-t", "dur/#", "-C", "303", "-W", "20", "-F", "%t %p")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines == [f"dur/a {p.decode()}" for p in payloads] + [f"dur/b cli{i}" for i in range(3)]
+
+    # The subscription itself survived (no SUBSCRIBE after the restart): a message published after a
+    # second kill -9 reaches the session, and the first messages are not delivered again.
+    await sluice.restart_after_kill9()
+    await asyncio.to_thread(paho_publish, sluice.port, "dur/c", [b"after"], 1)
+    await sluice.restart_after_kill9()
+    present, got, sub = await asyncio.to_thread(paho_session, sluice.port, "dur-311", MQTT_311)
+    assert present
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    close(sub)
+    assert [(m.topic, m.payload) for m in got] == [("dur/c", b"after")]
+
+
+async def test_mqtt5_session_with_properties_and_subscription_id_survives_kill9(sluice: Sluice) -> None:
+    present, _, sub = await asyncio.to_thread(paho_session, sluice.port, "dur-5", MQTT_5, ("v5/#", 2), 42)
+    close(sub)
+    port = str(sluice.port)
+    published = time.monotonic()
+    code, _, err = await run("mosquitto_pub", "-p", port, "-V", "5", "-q", "1", "-t", "v5/expiring", "-m", "gone",
+                             "-D", "publish", "message-expiry-interval", "1")
+    assert code == 0, err
+    code, _, err = await run("mosquitto_pub", "-p", port, "-V", "5", "-q", "2", "-t", "v5/kept", "-m", "hello",
+                             "-D", "publish", "user-property", "k", "v", "-D", "publish", "content-type", "text/plain",
+                             "-D", "publish", "message-expiry-interval", "3600")
+    assert code == 0, err
+    await sluice.kill9()
+    while time.monotonic() - published < 1.5:  # the first message's expiry passes while the server is down
+        await asyncio.sleep(0.05)
+    await sluice.start()
+    # Queue order is kept: had the expired message come back, it would be the first one printed.
+    code, out, err = await run("mosquitto_sub", "-p", str(sluice.port), "-V", "5", "-c", "-i", "dur-5",
+                               "-x", "3600", "-q", "2", "-t", "v5/#", "-C", "1", "-W", "10",
+                               "-F", "%t %p %q qos, ids %S, %C, %P, expiry %E")
+    assert code == 0, err
+    topic, payload, rest = out.strip().split(" ", 2)
+    assert (topic, payload) == ("v5/kept", "hello")
+    assert rest.startswith("2 qos, ids 42, text/plain, k:v, expiry ")
+    assert 3500 < int(rest.rsplit(" ", 1)[1]) <= 3600  # the remaining interval
+
+
+async def test_qos2_from_a_publisher_is_stored_and_delivered_once_when_killed_between_pubrec_and_pubrel(
+    sluice: Sluice,
+) -> None:
+    _, _, sub = await asyncio.to_thread(paho_session, sluice.port, "q2-sub", MQTT_311, ("q2/#", 2))
+    close(sub)
+    pub = await RawClient.open(sluice.port)
+    await pub.connect("q2-pub", clean_start=False)
+    pub.send(Publish("q2/t", b"once", 2, False, False, 7))
+    assert await pub.recv() == Pubrec(7)
+    await pub.close()
+    await sluice.restart_after_kill9()  # between the PUBREC and the PUBREL
+
+    pub = await RawClient.open(sluice.port)
+    ack = await pub.connect("q2-pub", clean_start=False)
+    assert ack.session_present
+    pub.send(Publish("q2/t", b"once", 2, False, True, 7))  # the publisher did not see the PUBREC: it resends
+    assert await pub.recv() == Pubrec(7)  # answered, not stored a second time
+    pub.send(Pubrel(7))
+    assert await pub.recv() == Pubcomp(7)
+    pub.send(Publish("q2/t", b"end", 2, False, False, 8))
+    assert await pub.recv() == Pubrec(8)
+    pub.send(Pubrel(8))
+    assert await pub.recv() == Pubcomp(8)
+    await pub.close()
+    await sluice.restart_after_kill9()
+    code, out, err = await run("mosquitto_sub", "-p", str(sluice.port), "-V", "mqttv311", "-c", "-i", "q2-sub",
+                               "-q", "2", "-t", "q2/#", "-C", "2", "-W", "10")
+    assert code == 0, err
+    assert out.splitlines() == ["once", "end"]
+
+
+async def test_qos2_to_a_subscriber_keeps_its_packet_id_and_owes_only_pubrel_after_kill9(sluice: Sluice) -> None:
+    sub = await RawClient.open(sluice.port, MQTT_5)
+    await sub.connect("q2-out", clean_start=True, properties=Properties(session_expiry_interval=3600))
+    sub.send(Subscribe(1, (Subscription("o/#", 2),)))
+    assert isinstance(await sub.recv(), Suback)
+    sub.send(Disconnect())
+    await sub.close()
+    for i in (1, 2):
+        code, _, err = await run("mosquitto_pub", "-p", str(sluice.port), "-V", "5", "-q", "2", "-t", f"o/{i}",
+                                 "-m", f"m{i}")
+        assert code == 0, err
+    sub = await RawClient.open(sluice.port, MQTT_5)
+    assert (await sub.connect("q2-out", clean_start=False,
+                              properties=Properties(session_expiry_interval=3600))).session_present
+    first, second = await sub.recv(), await sub.recv()
+    assert isinstance(first, Publish) and isinstance(second, Publish)
+    assert (first.payload, second.payload) == (b"m1", b"m2")
+    assert first.packet_id and second.packet_id
+    sub.send(Pubrec(first.packet_id))
+    assert await sub.recv() == Pubrel(first.packet_id)  # sent once "released" is durable
+    await sub.close()
+    await sluice.restart_after_kill9()  # the client holds m2 unreleased, has released m1
+
+    sub = await RawClient.open(sluice.port, MQTT_5)
+    assert (await sub.connect("q2-out", clean_start=False,
+                              properties=Properties(session_expiry_interval=3600))).session_present
+    resent = [await sub.recv(), await sub.recv()]
+    assert resent[0] == Pubrel(first.packet_id)  # m1 is not sent again: only its PUBREL
+    again = resent[1]
+    assert isinstance(again, Publish) and again.payload == b"m2"
+    assert again.packet_id == second.packet_id  # the same id: the client knows it has it
+    sub.send(Pubcomp(first.packet_id))
+    sub.send(Pubrec(second.packet_id))
+    assert await sub.recv() == Pubrel(second.packet_id)
+    sub.send(Pubcomp(second.packet_id))
+    sub.send(Pingreq())
+    assert isinstance(await sub.recv(), Pingresp)
+    await sub.close()
+
+
+async def test_retained_messages_and_their_deletion_survive_kill9_and_expired_ones_do_not(sluice: Sluice) -> None:
+    port = str(sluice.port)
+    for args in (["-t", "ret/a", "-m", "A"], ["-t", "ret/b", "-m", "B"], ["-t", "ret/b", "-n"],
+                 ["-V", "5", "-t", "ret/c", "-m", "C", "-D", "publish", "message-expiry-interval", "1"],
+                 ["-V", "5", "-t", "ret/d", "-m", "D", "-D", "publish", "message-expiry-interval", "3600"]):
+        code, _, err = await run("mosquitto_pub", "-p", port, "-q", "1", "-r", *args)
+        assert code == 0, err
+    published = time.monotonic()
+    await sluice.kill9()
+    while time.monotonic() - published < 1.5:  # ret/c expires while the server is down
+        await asyncio.sleep(0.05)
+    await sluice.start()
+    code, out, err = await run("mosquitto_sub", "-p", str(sluice.port), "-V", "5", "-t", "ret/#", "-C", "2",
+                               "-W", "10", "-F", "%t %p %r %E")
+    assert code == 0, err
+    assert sorted(out.splitlines())[0] == "ret/a A 1 "
+    topic, payload, flag, expiry = sorted(out.splitlines())[1].split(" ")
+    assert (topic, payload, flag) == ("ret/d", "D", "1") and 3500 < int(expiry) <= 3600
+    # Exactly those two: everything retained is sent before the answer to a PINGREQ that follows SUBSCRIBE.
+    raw = await RawClient.open(sluice.port)
+    await raw.connect("ret-check", clean_start=True)
+    raw.send(Subscribe(1, (Subscription("ret/#", 0),)))
+    raw.send(Pingreq())
+    got = []
+    while not isinstance(packet := await raw.recv(), Pingresp):
+        got.append(packet)
+    await raw.close()
+    assert isinstance(got[0], Suback)
+    assert sorted((p.topic, p.payload) for p in got[1:] if isinstance(p, Publish)) == [("ret/a", b"A"), ("ret/d", b"D")]
+    assert len(got) == 3
+
+
+async def test_an_expired_session_is_gone_after_kill9(sluice: Sluice) -> None:
+    sub = await RawClient.open(sluice.port, MQTT_5)
+    await sub.connect("short", clean_start=True, properties=Properties(session_expiry_interval=1))
+    sub.send(Subscribe(1, (Subscription("short/#", 1),)))
+    assert isinstance(await sub.recv(), Suback)
+    sub.send(Disconnect())
+    await sub.close()
+    left = time.monotonic()
+    code, _, err = await run("mosquitto_pub", "-p", str(sluice.port), "-q", "1", "-t", "short/x", "-m", "late")
+    assert code == 0, err
+    await sluice.kill9()
+    while time.monotonic() - left < 1.5:  # the session expires while the server is down
+        await asyncio.sleep(0.05)
+    await sluice.start()
+    sub = await RawClient.open(sluice.port, MQTT_5)
+    ack = await sub.connect("short", clean_start=False, properties=Properties(session_expiry_interval=60))
+    assert not ack.session_present
+    sub.send(Pingreq())
+    assert isinstance(await sub.recv(), Pingresp)  # and no message of the old session
+    await sub.close()
