@@ -170,8 +170,7 @@ class MqttSettings(BaseModel):
     max_connections_per_address: int = Field(default=0, ge=0)  # open at once from one client IP (0 = no limit)
     protocol_versions: list[int] = Field(default_factory=lambda: [4, 5])  # 4 = MQTT 3.1.1, 5 = MQTT 5.0
     deliver_from_topics: list[str] = Field(default_factory=list)  # topics whose records (mqtt_topic header) reach MQTT
-    # persistent sessions and retained messages survive a restart (journaled in __mqtt_sessions, __mqtt_retained)
-    durable: bool = True
+    durable: bool = True  # persistent sessions and retained messages survive restarts (internal compacted topics)
     backlog: int = 4096
     bridges: list[MqttBridgeSettings] = Field(default_factory=list)
 
