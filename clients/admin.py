@@ -11,13 +11,23 @@ from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import for_code
+from aiokafka.protocol.admin import DeleteGroupsRequest
+from aiokafka.protocol.commit import OffsetCommitRequest
 
 from clients._kafka import DEFAULT_BOOTSTRAP, partitions_for, translate_errors
-from clients.errors import UnknownGroupError, UnknownTopicError
+from clients._requests import CONFIG_DELETE, CONFIG_SET, IncrementalAlterConfigsRequest
+from clients.errors import RequestFailedError, UnknownGroupError, UnknownTopicError
 from clients.records import PartitionLag, TopicPartition
 from clients.security import ClientSecurity
 
-__all__ = ["AsyncAdmin", "GroupDescription", "GroupMember", "PartitionInfo", "TopicDescription"]
+__all__ = ["AsyncAdmin", "ConfigEntry", "GroupDescription", "GroupMember", "PartitionInfo", "TopicDescription"]
+
+_TOPIC_RESOURCE = 2  # ConfigResource type TOPIC
+_UNKNOWN_TOPIC = 3
+_NON_EMPTY_GROUP = 68
+_GROUP_ID_NOT_FOUND = 69
+# DescribeConfigs v1+ config_source: where a value comes from
+_CONFIG_SOURCES = {1: "topic", 2: "broker", 3: "broker default", 4: "broker static", 5: "default", 6: "broker"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +46,18 @@ class TopicDescription:
     name: str
     partitions: list[PartitionInfo]
     config: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One config of a resource: ``source`` is ``topic`` for a value set on the topic, ``default`` for the
+    built-in one (``broker…`` when a broker setting supplies it)."""
+
+    name: str
+    value: str | None
+    source: str
+    read_only: bool = False
+    sensitive: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +184,53 @@ class AsyncAdmin:
         parts = [PartitionInfo(tp.partition, int(starts[tp]), int(ends[tp])) for tp in tps]
         return TopicDescription(topic, parts, config)
 
+    async def topic_config(self, topic: str) -> list[ConfigEntry]:
+        """Every config of ``topic`` with where its value comes from (DescribeConfigs)."""
+        with translate_errors(self.bootstrap, topic):
+            responses = await self._admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+        out: list[ConfigEntry] = []
+        for resp in responses:
+            for code, message, _type, _name, entries in resp.resources:
+                if code:
+                    with translate_errors(self.bootstrap, topic):
+                        raise for_code(code)(message or topic)
+                for entry in entries:
+                    if resp.API_VERSION == 0:  # name, value, read_only, is_default, is_sensitive
+                        source = "default" if entry[3] else "topic"
+                    else:  # name, value, read_only, config_source, is_sensitive, synonyms
+                        source = _CONFIG_SOURCES.get(int(entry[3]), "unknown")
+                    out.append(ConfigEntry(str(entry[0]), entry[1], source, bool(entry[2]), bool(entry[4])))
+        return sorted(out, key=lambda e: e.name)
+
+    async def alter_topic_config(self, topic: str, set_configs: dict[str, str] | None = None,
+                                 delete_configs: list[str] | None = None, *, validate_only: bool = False) -> None:
+        """Set and delete single configs of ``topic`` (IncrementalAlterConfigs: the others stay as they are;
+        a deleted config falls back to its default)."""
+        ops: list[tuple[str, int, str | None]] = [(k, CONFIG_SET, v) for k, v in (set_configs or {}).items()]
+        ops += [(k, CONFIG_DELETE, None) for k in delete_configs or []]
+        request = IncrementalAlterConfigsRequest([(_TOPIC_RESOURCE, topic, ops)], validate_only)
+        with translate_errors(self.bootstrap, topic):
+            resp = await self._admin._send_request(request)
+        for code, message, _type, _name in resp.responses:
+            if code == _UNKNOWN_TOPIC:
+                raise UnknownTopicError(f"unknown topic {topic!r}")
+            if code:
+                error = for_code(code)
+                raise RequestFailedError(f"topic {topic!r} configs not changed: {message or error.__name__} "
+                                         f"({getattr(error, 'message', code)})")
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        with translate_errors(self.bootstrap):
+            starts = await self._consumer.beginning_offsets([KafkaTP(*tp) for tp in tps])
+        return {TopicPartition(tp.topic, tp.partition): int(o) for tp, o in starts.items()}
+
+    async def offsets_for_time(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int | None]:
+        """The first offset whose timestamp is at or after ``timestamp_ms`` (None: no such record)."""
+        with translate_errors(self.bootstrap):
+            found = await self._consumer.offsets_for_times({KafkaTP(*tp): timestamp_ms for tp in tps})
+        return {TopicPartition(tp.topic, tp.partition): None if ot is None else int(ot.offset)
+                for tp, ot in found.items()}
+
     async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         with translate_errors(self.bootstrap):
             ends = await self._consumer.end_offsets([KafkaTP(*tp) for tp in tps])
@@ -208,6 +277,38 @@ class AsyncAdmin:
                 ]
                 return GroupDescription(gid, state, protocol_type, protocol, out)
         raise UnknownGroupError(f"unknown group {group_id!r}")
+
+    async def delete_group(self, group_id: str) -> None:
+        """Delete a group with no members and its committed offsets (DeleteGroups to its coordinator)."""
+        with translate_errors(self.bootstrap, group_id):
+            coordinator = await self._admin.find_coordinator(group_id)
+            resp = await self._admin._send_request(DeleteGroupsRequest([group_id]), coordinator)
+        for gid, code in resp.results:
+            if gid != group_id or not code:
+                continue
+            if code == _GROUP_ID_NOT_FOUND:
+                raise UnknownGroupError(f"unknown group {group_id!r}")
+            if code == _NON_EMPTY_GROUP:
+                raise RequestFailedError(f"consumer group {group_id!r} still has members (NON_EMPTY_GROUP): "
+                                         "stop its consumers first")
+            with translate_errors(self.bootstrap, group_id):
+                raise for_code(code)(group_id)
+
+    async def commit_group_offsets(self, group_id: str, offsets: dict[TopicPartition, int]) -> None:
+        """Commit ``offsets`` for a group from outside it (generation -1, no member id), as Kafka's
+        ``alterConsumerGroupOffsets`` does; the broker refuses it while the group has members."""
+        by_topic: dict[str, list[tuple[int, int, str]]] = {}
+        for tp, offset in sorted(offsets.items()):
+            by_topic.setdefault(tp.topic, []).append((tp.partition, offset, ""))
+        request = OffsetCommitRequest(group_id, -1, "", -1, list(by_topic.items()))
+        with translate_errors(self.bootstrap, group_id):
+            coordinator = await self._admin.find_coordinator(group_id)
+            resp = await self._admin._send_request(request, coordinator)
+        for topic, partitions in resp.topics:
+            for partition, code in partitions:
+                if code:
+                    with translate_errors(self.bootstrap, group_id):
+                        raise for_code(code)(f"group {group_id!r}, {topic}[{partition}]")
 
     async def committed_offsets(self, group_id: str) -> dict[TopicPartition, int]:
         with translate_errors(self.bootstrap, group_id):

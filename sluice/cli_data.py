@@ -11,7 +11,6 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import typer
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from clients import AsyncAdmin, AsyncConsumer, AsyncProducer, ConsumerRecord, TopicPartition
 from sluice.cli_common import (
@@ -26,6 +25,7 @@ from sluice.cli_common import (
     print_json,
     run,
 )
+from sluice.cli_progress import Activity
 
 __all__ = ["parse_start", "register"]
 
@@ -62,19 +62,10 @@ def produce(
         interval = 1.0 / rate if rate else 0.0
         started = time.monotonic()
         serializer = "json" if input_format == "json" else "string"
-        show = sys.stderr.isatty() and not json_out
         error: str | None = None
         async with AsyncProducer(bootstrap, value_serializer=serializer) as producer:
             pending = []
-            with Progress(
-                SpinnerColumn(),
-                TextColumn("{task.completed} records"),
-                TimeElapsedColumn(),
-                console=err_console,
-                disable=not show,
-                transient=True,
-            ) as progress:
-                task = progress.add_task("produce", total=None)
+            with Activity("producing", "record", detail=f"to {topic}") as progress:
                 for lineno, raw in enumerate(sys.stdin, 1):
                     line = raw.rstrip("\n")
                     if not line:
@@ -103,7 +94,7 @@ def produce(
                         await producer.send_nowait(topic, value, key=record_key, headers=headers, partition=partition)
                     )
                     sent += 1
-                    progress.update(task, completed=sent)
+                    progress.set(sent)
                     if len(pending) >= 1000:
                         for md in await asyncio.gather(*pending):
                             last[md.partition] = max(last.get(md.partition, -1), md.offset)
@@ -221,21 +212,24 @@ def consume(
                 await consumer.seek_to_timestamp(arg, tps)
             ends = await consumer.end_offsets(tps)
             done: set[TopicPartition] = set()
-            while True:
-                batch = await consumer.getmany(timeout_ms=500)
-                for record in batch:
-                    sys.stdout.write(_render(record, fmt) + "\n")
-                    count += 1
-                    if record.offset + 1 >= ends.get(record.tp, 0):
-                        done.add(record.tp)
-                    if max_records is not None and count >= max_records:
-                        sys.stdout.flush()
-                        return count
-                sys.stdout.flush()
-                if not follow:
-                    positions = {tp: await consumer.position(tp) for tp in ends if tp not in done}
-                    if all(pos >= ends[tp] for tp, pos in positions.items()):
-                        return count
+            # records going to a file or a pipe: count them on the terminal (never between records on it)
+            with Activity("consuming", "record", detail=f"from {topic}", enabled=not sys.stdout.isatty()) as progress:
+                while True:
+                    batch = await consumer.getmany(timeout_ms=500)
+                    for record in batch:
+                        sys.stdout.write(_render(record, fmt) + "\n")
+                        count += 1
+                        if record.offset + 1 >= ends.get(record.tp, 0):
+                            done.add(record.tp)
+                        if max_records is not None and count >= max_records:
+                            sys.stdout.flush()
+                            return count
+                    sys.stdout.flush()
+                    progress.set(count)
+                    if not follow:
+                        positions = {tp: await consumer.position(tp) for tp in ends if tp not in done}
+                        if all(pos >= ends[tp] for tp, pos in positions.items()):
+                            return count
 
     run(go(), topic=topic, group=group)
 

@@ -28,10 +28,11 @@ from sluice.cli_common import (
     print_json,
     run,
 )
+from sluice.cli_progress import Activity
 
 __all__ = ["register"]
 
-groups_app = typer.Typer(no_args_is_help=True, help="Consumer groups: members, assignment, lag.")
+groups_app = typer.Typer(no_args_is_help=True, help="Consumer groups: members, assignment, lag; move or delete.")
 
 
 @groups_app.command("list")
@@ -41,17 +42,20 @@ def groups_list(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, json_out: JsonFlag = F
     async def go() -> list[dict[str, Any]]:
         async with AsyncAdmin(bootstrap) as admin:
             rows = []
-            for group_id in await admin.list_groups():
-                desc = await admin.describe_group(group_id)
-                lag = await admin.group_lag(group_id)
-                rows.append(
-                    {
-                        "group": group_id,
-                        "state": desc.state,
-                        "members": len(desc.members),
-                        "lag": sum(p.lag for p in lag),
-                    }
-                )
+            names = await admin.list_groups()
+            with Activity("describing", "group", delay_s=1.0, detail=f"of {len(names)}") as progress:
+                for group_id in names:
+                    desc = await admin.describe_group(group_id)
+                    lag = await admin.group_lag(group_id)
+                    rows.append(
+                        {
+                            "group": group_id,
+                            "state": desc.state,
+                            "members": len(desc.members),
+                            "lag": sum(p.lag for p in lag),
+                        }
+                    )
+                    progress.advance()
             return rows
 
     rows = run(go())
@@ -75,18 +79,21 @@ def groups_describe(group: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, json_o
                 TopicPartition(t, p): m.member_id for m in desc.members for t, ps in m.assignment.items() for p in ps
             }
             partitions = []
-            for lag in await admin.group_lag(group, list(owner)):
-                partitions.append(
-                    {
-                        "topic": lag.topic,
-                        "partition": lag.partition,
-                        "committed": lag.committed,
-                        "end_offset": lag.end_offset,
-                        "lag": lag.lag,
-                        "event_time_lag_ms": await admin.event_time_lag_ms(lag),
-                        "member": owner.get(TopicPartition(lag.topic, lag.partition)),
-                    }
-                )
+            lags = await admin.group_lag(group, list(owner))
+            with Activity("reading lag of", "partition", delay_s=1.0, detail=f"of {len(lags)}") as progress:
+                for lag in lags:
+                    partitions.append(
+                        {
+                            "topic": lag.topic,
+                            "partition": lag.partition,
+                            "committed": lag.committed,
+                            "end_offset": lag.end_offset,
+                            "lag": lag.lag,
+                            "event_time_lag_ms": await admin.event_time_lag_ms(lag),
+                            "member": owner.get(TopicPartition(lag.topic, lag.partition)),
+                        }
+                    )
+                    progress.advance()
             return {
                 "group": desc.group_id,
                 "state": desc.state,
@@ -159,7 +166,8 @@ def sources(
         if interval <= 0:
             return list(first), bridges, listener
         t0 = time.monotonic()
-        await asyncio.sleep(interval)
+        with Activity("measuring rates", "", detail=f"over {interval:g} s", enabled=not json_out):
+            await asyncio.sleep(interval)
         second = await http_get(http, "/sources")
         elapsed = time.monotonic() - t0
         before = {(r.get("type"), r.get("source"), r.get("device")): r for r in first}
@@ -220,5 +228,8 @@ def _bridge_table(bridges: list[dict[str, Any]], now: float) -> Table:
 
 
 def register(app: typer.Typer) -> None:
+    from sluice import cli_groups
+
+    cli_groups.register(groups_app)
     app.add_typer(groups_app, name="groups")
     app.command("sources")(sources)

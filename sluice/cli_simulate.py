@@ -28,13 +28,11 @@ import asyncio
 import contextlib
 import random
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from clients.devices import BufferedDevice, TcpDevice
@@ -52,6 +50,7 @@ from sluice.cli_common import (
     plural,
     print_json,
 )
+from sluice.cli_progress import Activity
 
 __all__ = ["PROFILES", "TRANSPORTS", "Sensor", "register"]
 
@@ -200,23 +199,12 @@ def simulate(
             await d.start()
         started = time.monotonic()
         deadline = started + duration if duration > 0 else float("inf")
-        show = sys.stderr.isatty() and not json_out
-        with Progress(
-            TextColumn("simulating"),
-            BarColumn(),
-            TextColumn("{task.fields[sent]} readings"),
-            TimeRemainingColumn(),
-            console=err_console,
-            disable=not show,
-            transient=True,
-        ) as progress:
-            task = progress.add_task("simulate", total=duration or None, sent=0)
+        detail = f"over {transport}, {duration:g} s" if duration > 0 else f"over {transport}, until stopped"
+        with Activity("simulating", "reading", detail=detail) as progress:
             drivers = asyncio.gather(*(_drive(s, d, deadline, stop) for s, d in zip(fleet, devices, strict=True)))
             while not drivers.done():
                 await asyncio.wait([drivers], timeout=0.2)
-                progress.update(
-                    task, completed=min(time.monotonic() - started, duration), sent=sum(s.sent for s in fleet)
-                )
+                progress.set(sum(s.sent for s in fleet))
             await drivers
         for d in devices:
             await d.close(timeout=5 if d.stats.connects else 0.5)  # nothing to wait for if never connected

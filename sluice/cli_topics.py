@@ -1,5 +1,6 @@
-"""``sluice topics create|list|describe|delete`` — over the Kafka protocol (clients.AsyncAdmin), so they work
-against a Kafka cluster too."""
+"""``sluice topics create|list|describe|config|delete`` — over the Kafka protocol (clients.AsyncAdmin), so they
+work against a Kafka cluster too. ``config --set/--delete`` uses IncrementalAlterConfigs (as ``rpk topic
+alter-config`` and ``kafka-configs --alter`` do): the configs not named keep their values."""
 
 from __future__ import annotations
 
@@ -9,22 +10,26 @@ import typer
 from rich.table import Table
 
 from clients import AsyncAdmin
+from clients.admin import ConfigEntry
 from clients.errors import TopicExistsError
 from sluice.cli_common import (
     DEFAULT_BOOTSTRAP,
+    EXIT_USAGE,
     Bootstrap,
     JsonFlag,
     console,
     err_console,
+    fail,
     name_value_pairs,
     plural,
     print_json,
     run,
 )
+from sluice.cli_progress import Activity
 
 __all__ = ["is_internal_topic", "register"]
 
-topics_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
+topics_app = typer.Typer(no_args_is_help=True, help="Create, list, describe, configure and delete topics.")
 
 
 @topics_app.command("create")
@@ -78,15 +83,17 @@ def list_topics(
             rows = []
             names = await admin.list_topics(internal=True)
             shown = [n for n in names if show_all or not is_internal_topic(n)]
-            for name in shown:
-                desc = await admin.describe_topic(name)
-                rows.append(
-                    {
-                        "topic": name,
-                        "partitions": len(desc.partitions),
-                        "records": sum(p.records for p in desc.partitions),
-                    }
-                )
+            with Activity("describing", "topic", delay_s=1.0, detail=f"of {len(shown)}") as progress:
+                for name in shown:
+                    desc = await admin.describe_topic(name)
+                    progress.advance()
+                    rows.append(
+                        {
+                            "topic": name,
+                            "partitions": len(desc.partitions),
+                            "records": sum(p.records for p in desc.partitions),
+                        }
+                    )
             return rows, len(names) - len(shown)
 
     rows, hidden = run(go())
@@ -131,6 +138,47 @@ def describe(name: str, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, json_out: Json
         for k, v in sorted(desc.config.items()):
             cfg.add_row(k, v)
         console.print(cfg)
+
+
+@topics_app.command("config")
+def config(
+    name: str,
+    set_pairs: Annotated[list[str] | None, typer.Option(
+        "--set", "-s", help="Set a config, name=value (repeatable), e.g. retention.ms=3600000.")] = None,
+    delete_names: Annotated[list[str] | None, typer.Option(
+        "--delete", "-d", help="Remove a topic-level config so its default applies again (repeatable).")] = None,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    json_out: JsonFlag = False,
+) -> None:
+    """Show a topic's configs and where each value comes from; change them with --set and --delete."""
+    to_set = name_value_pairs(set_pairs, "--set takes name=value (e.g. retention.ms=3600000)")
+    to_delete = list(delete_names or [])
+    both = sorted(set(to_set) & set(to_delete))
+    if both:
+        fail(f"{', '.join(both)}: --set and --delete name the same config", EXIT_USAGE)
+
+    async def go() -> list[ConfigEntry]:
+        async with AsyncAdmin(bootstrap) as admin:
+            if to_set or to_delete:
+                await admin.alter_topic_config(name, to_set, to_delete)
+            return await admin.topic_config(name)
+
+    entries = run(go(), topic=name)
+    changed = set(to_set) | set(to_delete)
+    if json_out:
+        print_json({"topic": name, "changed": sorted(changed),
+                    "config": [{"name": e.name, "value": e.value, "source": e.source, "read_only": e.read_only}
+                               for e in entries]})
+        return
+    table = Table("config", "value", "source", title=f"topic {name}")
+    for e in entries:
+        value = "(sensitive)" if e.sensitive else ("-" if e.value is None else e.value)
+        mark = "[bold]" if e.name in changed else ""
+        table.add_row(f"{mark}{e.name}", value, e.source)
+    console.print(table)
+    if changed:
+        done = [f"set {k}={v}" for k, v in to_set.items()] + [f"deleted {k}" for k in to_delete]
+        err_console.print(f"topic {name}: {', '.join(done)}")
 
 
 @topics_app.command("delete")
