@@ -1,7 +1,13 @@
 # Sluice: one image for the broker, the simulator and standalone processors.
 #   docker build -t sluice:local .       (docker compose builds it for you)
-#   docker run -p 9092:9092 -p 1883:1883 -p 8094:8094 -p 8080:8080 -v sluice-data:/data \
+# `serve` defaults to authentication required and TLS on every listener (never an open broker on 0.0.0.0),
+# with the certificate in the data volume; the first start needs a certificate and a first user:
+#   docker run --rm -v sluice-data:/data sluice:local certs dev --data-dir /data --if-missing --host HOSTNAME
+#   docker run --rm -it -v sluice-data:/data sluice:local users add admin --data-dir /data    # asks the password
+#   docker run -p 127.0.0.1:9092:9092 -p 127.0.0.1:8883:8883 -p 127.0.0.1:8094:8094 -p 127.0.0.1:8080:8080 \
+#       -v sluice-data:/data -e SLUICE_SECURITY__SUPER_USERS='["admin"]' \
 #       -e SLUICE_KAFKA__ADVERTISED_HOST=localhost sluice:local serve
+# (docs/security.md "Quick secure setup"; clients trust /data/tls/ca.pem.)
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -9,7 +15,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     SLUICE_DATA_DIR=/data \
-    SLUICE_HOST=0.0.0.0
+    SLUICE_HOST=0.0.0.0 \
+    SLUICE_SECURITY__AUTH=required \
+    SLUICE_SECURITY__TLS_CERT=/data/tls/server.pem \
+    SLUICE_SECURITY__TLS_KEY=/data/tls/server-key.pem
 
 RUN useradd --create-home --uid 10001 sluice \
     && mkdir /data && chown sluice:sluice /data
@@ -30,13 +39,13 @@ RUN pip install --no-deps . && sluice --help >/dev/null
 
 USER sluice
 VOLUME ["/data"]
-# Kafka (host-facing), Kafka (compose network), MQTT, TCP lines, HTTP
-EXPOSE 9092 29092 1883 8094 8080
+# Kafka (host-facing), Kafka (compose network), MQTT, MQTT over TLS, TCP lines, HTTP(S)
+EXPOSE 9092 29092 1883 8883 8094 8080
 
 # Liveness for `sluice serve`: the HTTP API starts last, so an answer means every listener is up.
 # (Services running `sluice simulate`/`process` from this image override or disable it.)
 HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=10 \
-    CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('SLUICE_HTTP__PORT', '8080') + '/health', timeout=2)"
+    CMD python -c "import os, ssl, urllib.request; tls = bool(os.environ.get('SLUICE_SECURITY__TLS_CERT')); urllib.request.urlopen(('https' if tls else 'http') + '://127.0.0.1:' + os.environ.get('SLUICE_HTTP__PORT', '8080') + '/health', timeout=2, context=ssl._create_unverified_context() if tls else None)"
 
 # PID 1 is sluice itself: serve, simulate and process all stop cleanly on SIGTERM (docker stop).
 STOPSIGNAL SIGTERM

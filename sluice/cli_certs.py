@@ -26,10 +26,15 @@ def dev(
         "--host", help="More names or addresses the server certificate is valid for (repeatable).")] = None,
     client: Annotated[list[str] | None, typer.Option(
         "--client", help="Also issue a client certificate CN=NAME for mTLS (repeatable).")] = None,
+    if_missing: Annotated[bool, typer.Option(
+        "--if-missing", help="Keep the certificates already in DATA_DIR/tls (a container's first start).")] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Write a new dev CA and server certificate (localhost, 127.0.0.1, ::1, this host) into DATA_DIR/tls."""
     directory = data_dir / "tls"
+    if if_missing and (directory / "server.pem").exists() and (directory / "server-key.pem").exists():
+        console.print(f"keeping the certificates in {directory}", markup=False)
+        return
     try:
         files = write_dev_certificates(directory, tuple(host or ()))
         clients = {name: [str(p) for p in issue_client(directory, name)] for name in client or ()}

@@ -8,13 +8,15 @@ Two ways, the same store:
   credentials (``SLUICE_TOKEN``, or ``SLUICE_USER`` and ``SLUICE_PASSWORD``); listing needs describe on the
   cluster, adding and deleting alter on the cluster (super users have both).
 
-The password is read from a prompt (asked twice) or, when stdin is not a terminal, from stdin's first line —
-never from a flag, which would leave it in the shell history and the process list.
+The password is read from a prompt (asked twice) or, when stdin is not a terminal, from stdin's first line, or
+from the environment variable named by ``--password-env`` (a container's secret) — never from a flag's value,
+which would leave it in the shell history and the process list.
 """
 
 from __future__ import annotations
 
 import getpass
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -72,9 +74,22 @@ async def _api(method: str, base: str, path: str, json_body: Any = None) -> Any:
 
 
 @users_app.command("add")
-def add(name: str, data_dir: DataDir = None, http: HttpUrl = DEFAULT_HTTP, json_out: JsonFlag = False) -> None:
-    """Create a user, or set a new password for an existing one (password from a prompt or stdin)."""
-    password = _read_password()
+def add(
+    name: str,
+    data_dir: DataDir = None,
+    http: HttpUrl = DEFAULT_HTTP,
+    password_env: Annotated[str | None, typer.Option(
+        "--password-env", metavar="VAR",
+        help="Read the password from environment variable VAR (containers, secrets) instead of stdin.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Create a user, or set a new password for an existing one (password from a prompt, stdin or --password-env)."""
+    if password_env is not None:
+        password = os.environ.get(password_env, "")
+        if not password:
+            raise _fail(f"environment variable {password_env} is not set or empty")
+    else:
+        password = _read_password()
     if data_dir is None:
         if not password:
             raise _fail("a password may not be empty")

@@ -30,6 +30,7 @@ from sluice.cli_demo import PIPELINE, SENSOR_ROUTES, TOPICS
 from sluice.cli_simulate import PROFILES, TRANSPORTS
 from sluice.components.processors import load_pipeline
 from sluice.config import Settings
+from sluice.exposure import exposed_listeners
 
 try:  # typer >= 0.2x vendors click
     from typer._click.exceptions import BadParameter, UsageError
@@ -39,6 +40,7 @@ except ImportError:  # pragma: no cover - older typer on real click
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 IMAGE = "sluice:local"
+CLIENT_LOGIN_VARS = {"SLUICE_USER", "SLUICE_PASSWORD", "SLUICE_TLS_CA", "SLUICE_SASL_MECHANISM"}  # clients/security.py
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +176,8 @@ def test_every_sluice_variable_is_a_settings_field(compose: dict[str, Any], monk
                 parts = var.removeprefix("SLUICE_").lower().split("__")
                 assert _field_path(Settings, parts), f"{name}: {var} is not a Sluice setting"
         else:
-            assert not sluice_vars, f"{name}: SLUICE_* settings only mean something to `sluice serve`"
+            extra = set(sluice_vars) - CLIENT_LOGIN_VARS
+            assert not extra, f"{name}: SLUICE_* settings only mean something to `sluice serve` ({extra})"
     _name, service = serving[0]
     for var in [k for k in __import__("os").environ if k.startswith("SLUICE_")]:
         monkeypatch.delenv(var)
@@ -195,15 +198,15 @@ def test_listeners_and_addresses_agree(compose: dict[str, Any], monkeypatch: pyt
         monkeypatch.setenv(var, value)
     s = Settings()
     published = {str(p) for p in services["sluice"]["ports"]}
-    # From the host: the published Kafka port advertises localhost on that same port.
-    assert f"{s.kafka.port}:{s.kafka.port}" in published
+    # From the host (loopback only): the published Kafka port advertises localhost on that same port.
+    assert f"127.0.0.1:{s.kafka.port}:{s.kafka.port}" in published
     assert (s.kafka.advertised_host, s.kafka.advertised_port) == ("localhost", s.kafka.port)
-    for port in (s.mqtt.port, s.tcp.port, s.http.port):
-        assert f"{port}:{port}" in published
+    for port in (s.mqtt.tls_port, s.tcp.port, s.http.port):
+        assert f"127.0.0.1:{port}:{port}" in published
     # Inside the network: each extra listener advertises the service name and its own port.
     internal = {f"{x.advertised_host}:{x.advertised_port or x.port}" for x in s.kafka.extra_listeners}
     assert internal == {f"sluice:{x.port}" for x in s.kafka.extra_listeners}
-    reachable = {"mqtt": {("sluice", s.mqtt.port), ("mosquitto", 1883)}, "tcp": {("sluice", s.tcp.port)}}
+    reachable = {"mqtt": {("sluice", s.mqtt.tls_port), ("mosquitto", 1883)}, "tcp": {("sluice", s.tcp.port)}}
     kafka_addresses = internal | {"redpanda:29092"}
     redpanda_cmd = " ".join(services["redpanda"]["command"])
     assert "internal://redpanda:29092" in redpanda_cmd and "external://localhost:19092" in redpanda_cmd
@@ -214,6 +217,41 @@ def test_listeners_and_addresses_agree(compose: dict[str, Any], monkeypatch: pyt
             assert (ctx.params["host"], ctx.params["port"]) in reachable[ctx.params["transport"]], where
         elif bootstrap is not None:
             assert bootstrap in kafka_addresses, f"{where}: {bootstrap} is not an advertised in-network listener"
+
+
+def test_the_stack_is_secured(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Auth and TLS on every listener, never an open broker: the exposure check passes without allow_insecure,
+    ports are published on the host's loopback only, and every client of Sluice logs in over TLS."""
+    services = compose["services"]
+    for var in [k for k in __import__("os").environ if k.startswith("SLUICE_")]:
+        monkeypatch.delenv(var)
+    for var, value in _env(services["sluice"]).items():
+        monkeypatch.setenv(var, value)
+    s = Settings()
+    assert s.security.auth == "required" and s.security.tls_enabled and not s.security.allow_insecure
+    assert exposed_listeners(s) == [] and not s.mqtt.plaintext
+    assert s.security.super_users == ["admin"]
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name}: {port} is published beyond the host's loopback"
+    # The dev certificate is made once and names the service; the first user comes from the environment.
+    certs = parse_sluice_args([str(a) for a in services["certs"]["command"]])
+    assert certs[0] == "certs dev" and certs[1].params["if_missing"] and "sluice" in certs[1].params["host"]
+    assert str(s.security.tls_cert).startswith(f"{certs[1].params['data_dir']}/tls/")
+    users = parse_sluice_args([str(a) for a in services["users"]["command"]])
+    assert users[0] == "users add" and users[1].params["name"] == "admin"
+    assert users[1].params["password_env"] in _env(services["users"])
+    for dep in ("certs", "users"):
+        assert services["sluice"]["depends_on"][dep]["condition"] == "service_completed_successfully"
+    for where, args in _commands(compose):
+        path, ctx = parse_sluice_args(args)
+        name = where.split()[0]
+        talks_to_sluice = ctx.params.get("host") == "sluice" or str(ctx.params.get("bootstrap", "")).startswith(
+            "sluice:")
+        if talks_to_sluice:
+            env = _env(services[name])
+            assert CLIENT_LOGIN_VARS - {"SLUICE_SASL_MECHANISM"} <= set(env), f"{where}: no login for Sluice"
+            assert env["SLUICE_PASSWORD"] == _env(services["users"])["ADMIN_PASSWORD"]
 
 
 def test_dependencies_wait_for_health(compose: dict[str, Any]) -> None:
