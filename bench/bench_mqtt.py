@@ -6,15 +6,20 @@ Throughput (same load for both, 100 B payloads, MQTT 5, in-flight window 1000 on
 ``--publishers`` ``mosquitto_pub -l`` processes (C) each send ``--messages`` lines at QoS 0, then QoS 1.
 
 * Sluice: the MQTT listener runs in this process (uvloop) on the segment store ``sluice serve`` opens,
-  flush=always (and flush=os). Time = from starting the publishers until the ingest sink has durably
-  appended every message (QoS 1: every PUBACK was sent after that append).
+  flush=always (and flush=os), with the garbage-collector settings ``sluice serve`` applies once started
+  (``sluice.gc_tuning``; ``--gc default`` keeps CPython's). Time = from starting the publishers until
+  the ingest sink has durably appended every message (QoS 1: every PUBACK was sent after that append).
+  Also reported: this process's CPU time per message (user + system), which the other load on a
+  shared machine disturbs less than the rates.
 * Mosquitto: ``mosquitto`` on a free port (persistence on, max_inflight_messages 1000) with a
   ``mosquitto_sub -C <total>`` subscriber at the same QoS. Time = from starting the publishers until the
   subscriber has received every message.
 
+Each row prints the 1-minute load average when it ended.
+
 Memory: a separate process opens ``--connections`` MQTT connections (CONNECT, CONNACK, then idle) to
-this process's listener; reported is the RSS delta of the Sluice process per connection (after a gc), and
-the same for the Mosquitto process.
+a fresh ``sluice serve`` process's listener; reported is the RSS delta of that process per connection,
+and the same for the Mosquitto process.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from broker.log.api import LogStore
 from ingest.mqtt.listener import MqttListener
 from sluice.components.mqtt import mqtt_listener
 from sluice.config import load_settings
+from sluice.gc_tuning import tune_for_serving
 from sluice.runtime import Runtime
 from sluice.serve import open_store
 
@@ -78,7 +84,9 @@ def publishers(port: int, qos: int, files: list[Path]) -> list[subprocess.Popen[
     return procs
 
 
-async def sluice_run(files: list[Path], total: int, qos: int, flush: str, data_dir: Path) -> float:
+async def sluice_run(files: list[Path], total: int, qos: int, flush: str, data_dir: Path,
+                     gc_tuning: bool = True) -> tuple[float, float]:
+    """(seconds, CPU seconds of this process) to append ``total`` messages."""
     settings = load_settings(None, data_dir=data_dir, mqtt={"port": 0},
                              storage={"backend": "segment", "flush": flush})
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -89,7 +97,10 @@ async def sluice_run(files: list[Path], total: int, qos: int, flush: str, data_d
     assert isinstance(listener, MqttListener)
     await listener.start()
     sink = runtime.registries["ingest_sink"]
+    if gc_tuning:
+        tune_for_serving()  # as sluice serve does once its components have started
     try:
+        cpu_start = time.process_time()
         start = time.perf_counter()
         procs = publishers(listener.port, qos, files)
         progress_at, seen = time.monotonic(), 0
@@ -101,10 +112,11 @@ async def sluice_run(files: list[Path], total: int, qos: int, flush: str, data_d
                 raise RuntimeError(f"stalled at {sink.messages_written}/{total} appended; {errs}")
             await asyncio.sleep(0.002)
         elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu_start
         for p in procs:
             await asyncio.to_thread(p.wait)
             assert p.returncode == 0, p.stderr.read() if p.stderr else ""
-        return elapsed
+        return elapsed, cpu
     finally:
         await listener.stop()
         await store.close()
@@ -242,10 +254,12 @@ async def main(args: argparse.Namespace) -> None:
             files.append(f)
         print(f"{args.publishers} x mosquitto_pub -l, {args.messages} msgs each ({total} total, {PAYLOAD} B payloads)")
         rows = []
+        gc_tuning = args.gc == "serving"
         for qos in (0, 1):
             for run in range(args.runs):
-                s_always = await sluice_run(files, total, qos, "always", tmp / f"s-always-{qos}-{run}")
-                s_os = await sluice_run(files, total, qos, "os", tmp / f"s-os-{qos}-{run}")
+                s_always, cpu_always = await sluice_run(files, total, qos, "always", tmp / f"s-always-{qos}-{run}",
+                                                        gc_tuning)
+                s_os, cpu_os = await sluice_run(files, total, qos, "os", tmp / f"s-os-{qos}-{run}", gc_tuning)
                 mdir = tmp / f"mosq-{qos}-{run}"
                 mdir.mkdir()
                 m_elapsed, received = await asyncio.to_thread(mosquitto_run, files, total, qos, mdir)
@@ -253,8 +267,13 @@ async def main(args: argparse.Namespace) -> None:
                 rows.append(row)
                 print(f"QoS {qos} run {run + 1}: Sluice flush=always {row[2]:,.0f} msg/s, flush=os {row[3]:,.0f} msg/s;"
                       f" Mosquitto pub->sub {row[4]:,.0f} msg/s ({received}/{total} received);"
-                      f" ratio always/Mosquitto {row[2] / row[4]:.2f}x, os/Mosquitto {row[3] / row[4]:.2f}x",
-                      flush=True)
+                      f" ratio always/Mosquitto {row[2] / row[4]:.2f}x, os/Mosquitto {row[3] / row[4]:.2f}x;"
+                      f" Sluice CPU {cpu_always / total * 1e6:.1f} / {cpu_os / total * 1e6:.1f} us/msg;"
+                      f" load {os.getloadavg()[0]:.1f}", flush=True)
+        for qos in (0, 1):
+            ratios = [min(r[2], r[3]) / r[4] for r in rows if r[0] == qos]
+            if ratios:
+                print(f"QoS {qos}: lowest ratio {min(ratios):.2f}x, highest {max(ratios):.2f}x over {len(ratios)} runs")
         if args.connections:
             before, after = await asyncio.to_thread(sluice_memory, args.connections, tmp / "s-mem")
             per = (after - before) * 1024 / args.connections
@@ -278,6 +297,8 @@ if __name__ == "__main__":
     parser.add_argument("--messages", type=int, default=25_000)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--connections", type=int, default=10_000)
+    parser.add_argument("--gc", choices=("serving", "default"), default="serving",
+                        help="Sluice's garbage-collector settings: as sluice serve (default) or CPython's")
     ns = parser.parse_args()
     try:
         import uvloop

@@ -27,6 +27,7 @@ from sluice.components import build_components
 from sluice.components.tls import tls_files
 from sluice.config import Settings
 from sluice.exposure import check_exposure
+from sluice.gc_tuning import tune_for_serving
 from sluice.runtime import Component, Runtime
 
 __all__ = ["check_data_dir", "open_store", "run_server", "serve"]
@@ -69,8 +70,9 @@ async def _retention_loop(store: LogStore, interval: float) -> None:
             log.info("retention removed old segments", extra={"bytes": removed})
 
 
-async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Run until ``stop`` is set (or SIGINT/SIGTERM arrives)."""
+async def serve(settings: Settings, stop: asyncio.Event | None = None, *, tune_gc: bool = False) -> None:
+    """Run until ``stop`` is set (or SIGINT/SIGTERM arrives). ``tune_gc``: the process is ours alone
+    (``run_server``), so set its garbage collector for serving once started (``sluice.gc_tuning``)."""
     stop = stop or asyncio.Event()
     check_exposure(settings)  # before anything is opened: an open broker on the network refuses to start
     check_data_dir(settings.data_dir)
@@ -97,6 +99,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             await component.start()
             started.append(component)
         runtime.write_endpoints()
+        if tune_gc:
+            tune_for_serving()
         log.info("sluice ready", extra={"data_dir": str(settings.data_dir), "components": [c.name for c in started]})
         await stop.wait()
         log.info("shutting down")
@@ -126,6 +130,6 @@ def run_server(settings: Settings) -> None:
     if use_uvloop:
         import uvloop
 
-        uvloop.run(serve(settings))
+        uvloop.run(serve(settings, tune_gc=True))
     else:
-        asyncio.run(serve(settings))
+        asyncio.run(serve(settings, tune_gc=True))

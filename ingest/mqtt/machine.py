@@ -507,7 +507,8 @@ class ConnectionMachine:
         qos = packet.qos
         pid = packet.packet_id or 0
         if qos:
-            if pid in session.pending_in:
+            pending_in = session.pending_in
+            if pid in pending_in:
                 self.hub.stats.duplicates += 1
                 return
             if qos == 2 and pid in session.awaiting_rel:
@@ -516,11 +517,11 @@ class ConnectionMachine:
                 return
             if (
                 self.version == MQTT_5
-                and len(session.pending_in) + len(session.awaiting_rel) >= self.hub.config.receive_maximum
+                and len(pending_in) + len(session.awaiting_rel) >= self.hub.config.receive_maximum
             ):
                 self._protocol_error(ProtocolError("Receive Maximum exceeded", Reason.RECEIVE_MAXIMUM_EXCEEDED))
                 return
-            session.pending_in.add(pid)
+            pending_in[pid] = None  # PacketIds.add, without the method call (per message)
         if topic is not packet.topic:  # resolved from a topic alias
             packet = Publish(topic, packet.payload, qos, packet.retain, packet.dup, packet.packet_id, props)
         batch = self._batch
@@ -571,7 +572,7 @@ class ConnectionMachine:
         hub = self.hub
         stats = hub.stats
         stats.messages_in += len(batch)
-        stats.bytes_in += sum(len(m.payload) for m, _, _ in batch)
+        stats.bytes_in += sum([len(m[0].payload) for m in batch])
         if self._queued > stats.max_queued:
             stats.max_queued = self._queued
         if not self._appending:
@@ -593,7 +594,7 @@ class ConnectionMachine:
         pending_in = session.pending_in
         for msg, pid, _ in batch:
             if pid:
-                pending_in.discard(pid)
+                pending_in.pop(pid, None)  # PacketIds.discard, without the method call (per message)
                 if msg.qos == 1:
                     acks.append(_PUBACK | pid)
                 else:

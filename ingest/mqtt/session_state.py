@@ -162,7 +162,7 @@ class SessionState:
         self.queued_bytes = 0  # payload bytes in ``queue``
         self.dropping = False  # the queue overflowed and that was logged; cleared once it drains
         self.awaiting_rel: set[int] | PacketIds = PacketIds()  # inbound QoS 2 ids answered with PUBREC
-        self.pending_in: set[int] | PacketIds = PacketIds()  # inbound QoS 1/2 ids being appended
+        self.pending_in = PacketIds()  # inbound QoS 1/2 ids being appended
         self.next_pid = 1
         self.expiry_s = 0.0
         self.ended_at: float | None = None
