@@ -26,6 +26,7 @@ __all__ = ["BUCKET_S", "BURST_MIN", "BURST_RATIO", "SLOW_FRACTION", "ArrivalRate
 BUCKET_S = 0.1
 TAU_S = 30.0
 _KEEP = math.exp(-BUCKET_S / TAU_S)  # weight an older bucket keeps when a newer one closes
+_GAIN = 1 - _KEEP
 BURST_MIN = 5
 BURST_RATIO = 4.0
 SLOW_FRACTION = 0.25
@@ -47,8 +48,18 @@ class ArrivalRate:
         if bucket != self.bucket:
             if self.bucket < 0:
                 self.first = bucket
-            else:
-                self.mean, self.peak = self._folded(bucket)
+            else:  # _folded inlined: this runs on the ingest path, once per device and 100 ms
+                count = self.count
+                mean = self.mean * _KEEP + count * _GAIN
+                peak = self.peak * _KEEP
+                if count > peak:
+                    peak = float(count)
+                gap = bucket - self.bucket
+                if gap > 1:
+                    decay = _KEEP ** (gap - 1)
+                    mean *= decay
+                    peak *= decay
+                self.mean, self.peak = mean, peak
             self.bucket, self.count = bucket, 0
         self.count += messages
 

@@ -115,16 +115,24 @@ class HealthRegistry:
         bucket = bucket_of(now)
         entry = self.register(source)
         entry.last_seen = now
+        known = entry.devices
+        total_messages = total_bytes = 0
         for device, (messages, nbytes) in per_device.items():
-            entry.messages += messages
-            entry.bytes += nbytes
-            entry.arrivals.add(bucket, messages)
+            total_messages += messages
+            total_bytes += nbytes
             if device is not None:
-                dev = self._device(entry, device)
+                dev = known.get(device) or self._device(entry, device)
                 dev.messages += messages
                 dev.bytes += nbytes
                 dev.last_seen = now
-                dev.arrivals.add(bucket, messages)
+                arrivals = dev.arrivals
+                if arrivals.bucket == bucket:  # most writes land in the bucket the device's last one opened
+                    arrivals.count += messages
+                else:
+                    arrivals.add(bucket, messages)
+        entry.messages += total_messages
+        entry.bytes += total_bytes
+        entry.arrivals.add(bucket, total_messages)
 
     def error(self, source: SourceRef, device: str | None, reason: str) -> None:
         entry = self.register(source)
