@@ -130,9 +130,19 @@ def process(
 
 
 def _register_client_commands() -> None:
-    from sluice import cli_certs, cli_data, cli_demo, cli_ops, cli_simulate, cli_tokens, cli_topics, cli_users
+    from sluice import (
+        cli_acl,
+        cli_certs,
+        cli_data,
+        cli_demo,
+        cli_ops,
+        cli_simulate,
+        cli_tokens,
+        cli_topics,
+        cli_users,
+    )
 
-    for module in (cli_topics, cli_data, cli_ops, cli_simulate, cli_demo, cli_users, cli_tokens, cli_certs):
+    for module in (cli_topics, cli_data, cli_ops, cli_simulate, cli_demo, cli_users, cli_tokens, cli_certs, cli_acl):
         module.register(app)
 
 

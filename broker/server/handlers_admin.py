@@ -12,6 +12,8 @@ from typing import Any
 from broker.errors import BrokerError
 from broker.protocol.kafka import api_versions_body
 from broker.protocol.kafka_codes import ErrorCode
+from broker.security import Operation, ResourceType
+from broker.server.authz import allowed
 from broker.server.handlers_common import NODE_ID, BrokerContext, ConnectionInfo, error_code_for
 from broker.server.handlers_configs import created_topic_configs
 
@@ -48,21 +50,38 @@ def _topic_metadata(ctx: BrokerContext, name: str, create: bool) -> dict[str, An
     return entry
 
 
+def _denied_metadata(name: str) -> dict[str, Any]:
+    return {"error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED, "name": name, "is_internal": False, "partitions": [],
+            "topic_authorized_operations": _NO_AUTHORIZED_OPERATIONS}
+
+
+def _requested_metadata(ctx: BrokerContext, conn: ConnectionInfo, name: str, create: bool) -> dict[str, Any]:
+    """Kafka's order: DESCRIBE on the topic, then (auto-creating one that is missing) CREATE on the cluster
+    or the topic; refused, TOPIC_AUTHORIZATION_FAILED without telling whether the topic exists."""
+    if not allowed(ctx, conn, Operation.DESCRIBE, ResourceType.TOPIC, name):
+        return _denied_metadata(name)
+    if create and not ctx.store.has_topic(name) and not allowed(
+            ctx, conn, Operation.CREATE, ResourceType.CLUSTER, audit=False) and not allowed(
+            ctx, conn, Operation.CREATE, ResourceType.TOPIC, name):
+        return _denied_metadata(name)
+    return _topic_metadata(ctx, name, create)
+
+
 async def handle_metadata(ctx: BrokerContext, body: Any, conn: ConnectionInfo, version: int) -> dict[str, Any]:
     requested = body.topics
-    if requested is None or (version == 0 and not requested):
-        names = [t.name for t in ctx.store.list_topics()]
-        create = False
+    if requested is None or (version == 0 and not requested):  # all topics: those the principal may describe
+        topics = [_topic_metadata(ctx, t.name, False) for t in ctx.store.list_topics()
+                  if allowed(ctx, conn, Operation.DESCRIBE, ResourceType.TOPIC, t.name, audit=False)]
     else:
-        names = [str(t.name) for t in requested]
         create = bool(getattr(body, "allow_auto_topic_creation", True)) and ctx.store.auto_create_topics
+        topics = [_requested_metadata(ctx, conn, str(t.name), create) for t in requested]
     host, port = ctx.advertised_for(conn)
     return {
         "throttle_time": 0,
         "brokers": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
         "cluster_id": ctx.cluster_id,
         "controller_id": NODE_ID,
-        "topics": [_topic_metadata(ctx, name, create) for name in names],
+        "topics": topics,
         "cluster_authorized_operations": _NO_AUTHORIZED_OPERATIONS,
     }
 
@@ -89,11 +108,16 @@ async def handle_create_topics(ctx: BrokerContext, body: Any, conn: ConnectionIn
         return {"throttle_time": 0, "topics": [
             {"name": str(t.name), "error_code": error_code_for(exc), "error_message": str(exc), "configs": None,
              "topic_config_error_code": error_code_for(exc)} for t in body.topics]}
+    on_cluster = allowed(ctx, conn, Operation.CREATE, ResourceType.CLUSTER, audit=False)
     for topic in body.topics:
         name = str(topic.name)
         # configs (v5+) stays null unless the topic is (or would be) created, as Kafka answers
         result: dict[str, Any] = {"name": name, "error_code": ErrorCode.NONE, "error_message": None, "configs": None}
         results.append(result)
+        if not on_cluster and not allowed(ctx, conn, Operation.CREATE, ResourceType.TOPIC, name):
+            result["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED  # Kafka: CREATE on the cluster or topic
+            result["error_message"] = "Authorization failed."
+            continue
         count: int | None = int(topic.num_partitions)
         if topic.assignments:
             count = len(topic.assignments)
@@ -129,6 +153,10 @@ async def handle_create_topics(ctx: BrokerContext, body: Any, conn: ConnectionIn
             result["error_message"] = str(exc)
     for result in results:  # v5+: why no configs came back (a tagged field; 0 when they did)
         result["topic_config_error_code"] = result["error_code"]
+        if result["configs"] is not None and not allowed(ctx, conn, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC,
+                                                         result["name"], audit=False):
+            result["configs"] = None  # Kafka shows them only to who may describe them
+            result["topic_config_error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
     return {"throttle_time": 0, "topics": results}
 
 

@@ -27,7 +27,7 @@ from broker.errors import (
 from broker.groups.offsets import CommittedOffset
 from broker.log.api import LogStore
 from broker.protocol.kafka_codes import ErrorCode
-from broker.security import ANONYMOUS, Principal, UserStore
+from broker.security import ANONYMOUS, Authorizer, Principal, UserStore
 from broker.server.producer_state import ProducerIdAllocator, ProducerStateTable
 from broker.server.stats import KafkaStats
 from broker.txn.coordinator import TransactionCoordinator
@@ -58,6 +58,8 @@ class BrokerContext:
     # May the connection's principal perform an operation ("describe", "alter") on the cluster? None: anyone
     # may. A refusal the callable answers False to is audited by it (the client is told).
     cluster_access: Callable[[ConnectionInfo, str], bool] | None = None
+    # The ACLs (security.auth = required), asked through broker.server.authz; None: everything is allowed.
+    authorizer: Authorizer | None = None
     transactions: TransactionCoordinator = field(init=False)
 
     def __post_init__(self) -> None:

@@ -16,6 +16,8 @@ on — e.g. ``localhost:9092`` for clients on the host and ``sluice:29092`` insi
 Authentication: with an ``Authenticator`` (``security.auth = "required"``) each connection must log in with
 SASL (PLAIN, SCRAM-SHA-256/512) before any request but ApiVersions is served (``sasl_gate.py``); without
 one, SaslHandshake and SaslAuthenticate are answered ILLEGAL_SASL_STATE, as by Kafka on a PLAINTEXT listener.
+Authorization: with an ``Authorizer`` every request is checked against the ACLs before its handler runs, in
+Kafka's order and codes (``authz.py``); without one everything is allowed.
 
 TLS: with a server ``SSLContext`` (``security.tls_cert``) every listener of this server speaks TLS, so one port
 is Kafka's ``SSL`` (auth off, or a client certificate) and ``SASL_SSL`` (SASL over TLS). A verified client
@@ -57,9 +59,11 @@ from broker.protocol.kafka import (
 from broker.protocol.kafka.error_responses import error_response
 from broker.protocol.kafka.produce import ProduceResponse
 from broker.protocol.kafka_codes import ErrorCode
-from broker.security import ANONYMOUS, Authenticator, UserStore
+from broker.security import ANONYMOUS, Authenticator, Authorizer, UserStore
 from broker.security.quotas import ProduceQuotas
 from broker.security.tls import peer_principal
+from broker.server import authz
+from broker.server import handlers_acls as acls
 from broker.server import handlers_admin as admin
 from broker.server import handlers_configs as configs
 from broker.server import handlers_fetch as fetching
@@ -113,6 +117,9 @@ _HANDLERS: dict[int, Handler] = {
     ApiKey.CREATE_PARTITIONS: lambda c, h, b, n: partitions.handle_create_partitions(c, b, n),
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: lambda c, h, b, n: scram.handle_describe_user_scram_credentials(c, b, n),
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: lambda c, h, b, n: scram.handle_alter_user_scram_credentials(c, b, n),
+    ApiKey.DESCRIBE_ACLS: lambda c, h, b, n: acls.handle_describe_acls(c, b, n),
+    ApiKey.CREATE_ACLS: lambda c, h, b, n: acls.handle_create_acls(c, b, n),
+    ApiKey.DELETE_ACLS: lambda c, h, b, n: acls.handle_delete_acls(c, b, n),
     ApiKey.SASL_HANDSHAKE: lambda c, h, b, n: _answered(outside_login(h.api_key)),
     ApiKey.SASL_AUTHENTICATE: lambda c, h, b, n: _answered(outside_login(h.api_key)),
 }
@@ -126,7 +133,7 @@ _CANCEL_SAFE = frozenset({
     ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.METADATA, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
     ApiKey.JOIN_GROUP, ApiKey.HEARTBEAT, ApiKey.SYNC_GROUP, ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS,
     ApiKey.API_VERSIONS, ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_TRANSACTIONS, ApiKey.DESCRIBE_CONFIGS,
-    ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS,
+    ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, ApiKey.DESCRIBE_ACLS,
 })
 _DETACHED_STOP_TIMEOUT_S = 10.0  # on stop, time left to handlers whose clients are gone
 
@@ -194,7 +201,8 @@ class KafkaServer:
 
     def __init__(self, store: LogStore, coordinator: Any, config: KafkaServerConfig,
                  authenticator: Authenticator | None = None, users: UserStore | None = None,
-                 tls: ssl.SSLContext | None = None, tls_handshake_timeout_s: float = 10.0) -> None:
+                 tls: ssl.SSLContext | None = None, tls_handshake_timeout_s: float = 10.0,
+                 authorizer: Authorizer | None = None) -> None:
         self.config = config
         self.authenticator = authenticator  # set: every connection logs in with SASL first (sasl_gate.py)
         self.tls = tls  # set: every listener speaks TLS (Kafka's SSL / SASL_SSL)
@@ -203,6 +211,7 @@ class KafkaServer:
         self.ctx = BrokerContext(store, coordinator, config.advertised_host or config.host,
                                  config.advertised_port or config.port)
         self.ctx.users = authenticator.users if authenticator is not None else users
+        self.ctx.authorizer = authorizer  # set: every request is checked against the ACLs (authz.py)
         if authenticator is not None:
             super_users = frozenset(config.super_users)
             # Until the assembly hands over the ACL authorizer (sluice.components.kafka), super users only.
@@ -342,10 +351,12 @@ class KafkaServer:
         self.stats.request(header.api_key)
         try:
             if header.api_key == ApiKey.PRODUCE:
-                pending = producing.handle_produce(self.ctx, body, conn, header.api_version)
+                pending = authz.gate(self.ctx, header, body, conn,
+                                     lambda b: producing.handle_produce(self.ctx, b, conn, header.api_version))
                 throttle_ms = self._throttle(conn, len(frame)) if self.quotas is not None else 0
                 return header, self._answer_failure(header, body, conn, pending, throttle_ms)
-            work = _HANDLERS[header.api_key](self.ctx, header, body, conn)
+            handler = _HANDLERS[header.api_key]
+            work = authz.gate(self.ctx, header, body, conn, lambda b: handler(self.ctx, header, b, conn))
             if header.api_key in _CANCEL_SAFE:
                 return header, await work
             return header, await self._to_completion(work, header, conn)

@@ -71,6 +71,7 @@ class KafkaComponent:
                 ),
             ),
             authenticator=authenticator(runtime),
+            authorizer=authorizer(runtime),
             users=UserStore(settings.data_dir),
             tls=server_context(runtime),
             tls_handshake_timeout_s=handshake_timeout(runtime),

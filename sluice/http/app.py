@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 import sluice
 from sluice.components.security import authenticator, authorizer
 from sluice.console import install_console
-from sluice.http import fronts, groups, metrics, ops, records, stream, topics, users
+from sluice.http import acls, fronts, groups, metrics, ops, records, stream, topics, users
 from sluice.http.auth import caller, console_access, metrics_access
 from sluice.http.context import ApiContext, ApiCounters
 from sluice.http.limits import BodyLimitMiddleware
@@ -47,7 +47,7 @@ def create_app(runtime: Runtime, *, max_wait_ms: int = 30_000, sse_heartbeat_s: 
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.http.max_body_bytes)
     app.add_middleware(RequestMetricsMiddleware, ctx=ctx)  # outermost: counts the 413s too
-    for module in (topics, records, stream, groups, ops, fronts, metrics, users):
+    for module in (topics, records, stream, groups, ops, fronts, metrics, users, acls):
         # Any request may carry a number out of range (400) or an oversized body (413); with security.auth =
         # required, every route but /health, /ready and (per security.open_metrics) /metrics wants credentials.
         common = (400, 413, 422) if module is ops else (400, 401, 403, 413, 422)

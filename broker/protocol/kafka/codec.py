@@ -82,6 +82,9 @@ class ApiKey(enum.IntEnum):
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
     TXN_OFFSET_COMMIT = 28
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     SASL_AUTHENTICATE = 36
@@ -139,6 +142,9 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.CREATE_PARTITIONS, 0, 3),
         ApiSpec(ApiKey.DELETE_GROUPS, 0, 2),
         ApiSpec(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1),
+        ApiSpec(ApiKey.DESCRIBE_ACLS, 1, 3),  # v0 (no pattern types) is gone from Kafka 4 and from kio
+        ApiSpec(ApiKey.CREATE_ACLS, 1, 3),
+        ApiSpec(ApiKey.DELETE_ACLS, 1, 3),
         ApiSpec(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, 0),
         ApiSpec(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, 0, 0),
     )

@@ -107,6 +107,11 @@ _BUILDERS: dict[int, Callable[[Any, int], Any]] = {
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: lambda b, c: {"throttle_time": 0, "results": [
         {"user": n, "error_code": c, "error_message": None}
         for n in dict.fromkeys(str(i.name) for i in (*_items(b.deletions), *_items(b.upsertions)))]},
+    ApiKey.DESCRIBE_ACLS: lambda b, c: {"throttle_time": 0, "error_code": c, "error_message": None, "resources": []},
+    ApiKey.CREATE_ACLS: lambda b, c: {"throttle_time": 0, "results": [
+        {"error_code": c, "error_message": None} for _ in _items(b.creations)]},
+    ApiKey.DELETE_ACLS: lambda b, c: {"throttle_time": 0, "filter_results": [
+        {"error_code": c, "error_message": None, "matching_acls": []} for _ in _items(b.filters)]},
     ApiKey.DESCRIBE_TRANSACTIONS: lambda b, c: {"throttle_time": 0, "transaction_states": [
         {"error_code": c, "transactional_id": t, "transaction_state": "", "transaction_timeout": 0,
          "transaction_start_time": 0, "producer_id": -1, "producer_epoch": -1, "topics": []}

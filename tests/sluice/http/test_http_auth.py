@@ -126,3 +126,9 @@ def test_health_open_metrics_need_describe_on_the_cluster(server: SluiceProcess)
     assert values['sluice_auth_failures_total{front_door="http"}'] >= 2
     assert values['sluice_authorization_denied_total{front_door="http"}'] >= 1
     assert values['sluice_auth_logins_total{front_door="http"}'] >= 1
+
+
+async def test_acls_route_without_an_authorizer_is_security_disabled(client: httpx.AsyncClient) -> None:
+    answer = await client.get("/acls")
+    assert answer.status_code == 409 and answer.json()["type"] == "urn:sluice:problem:security-disabled"
+    assert (await client.get("/topics")).status_code == 200  # auth off: everything else open, as before

@@ -8,6 +8,7 @@ Produce/Fetch encoders are cross-checked against kio's reader (generated from Ka
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +36,7 @@ from broker.protocol.kafka import (
 from broker.protocol.kafka import fetch as fetch_codec
 from broker.protocol.kafka import produce as produce_codec
 from broker.protocol.kafka_codes import ErrorCode
+from broker.security import AclStore, Authorizer
 from broker.server.handlers_common import BrokerContext, ConnectionInfo
 from broker.server.kafka import handle_request
 from tests.broker.protocol.kafka.samples import BATCH, SAMPLE_REQUESTS
@@ -79,9 +81,10 @@ def _fields(obj: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-async def test_response_round_trips(case: tuple[int, int]) -> None:
+async def test_response_round_trips(case: tuple[int, int], tmp_path: Path) -> None:
     key, version = case
     ctx = await _context()
+    ctx.authorizer = Authorizer(AclStore(tmp_path), ["ANONYMOUS"])  # the ACL APIs answer (SECURITY_DISABLED without)
     try:
         header = RequestHeader(key, version, 77, "codec-test", is_flexible(key, version))
         # Produce first so Fetch/ListOffsets/DescribeConfigs have a topic with data.
