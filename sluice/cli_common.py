@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import sys
 from collections.abc import Coroutine
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -29,6 +30,7 @@ from clients.errors import (
     UnknownGroupError,
     UnknownTopicError,
 )
+from clients.security import ClientSecurity
 
 __all__ = [
     "EXIT_NOT_FOUND",
@@ -144,7 +146,9 @@ async def http_request(method: str, base: str, path: str, *, params: dict[str, A
     """One request with the caller's credentials (``http_auth``); unreachable exits 3, 401/403 exit 1."""
     url = base.rstrip("/") + path
     try:
-        async with httpx.AsyncClient(timeout=10, auth=http_auth()) as client:
+        # SLUICE_TLS_CA: trust that CA for an HTTPS API (a dev certificate), else the system's
+        verify: ssl.SSLContext | bool = ClientSecurity.from_env().ssl_context() or True
+        async with httpx.AsyncClient(timeout=10, auth=http_auth(), verify=verify) as client:
             resp = await client.request(method, url, params=params, json=json_body)
     except httpx.TransportError:
         fail(f"cannot reach the Sluice HTTP API at {base}: is `sluice serve` running? pass --http", EXIT_UNREACHABLE)

@@ -79,3 +79,17 @@ def test_client_library_over_sasl_ssl(server: SluiceProcess, certs: DevCertifica
     assert security.kafka_options()["security_protocol"] == "SASL_SSL"
     bootstrap = f"localhost:{server.endpoints['kafka']['port']}"
     assert asyncio.run(_round_trip(bootstrap, security)) == [{"n": 1}]
+
+
+def test_users_cli_over_https_trusts_the_dev_ca(server: SluiceProcess, certs: DevCertificates) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **client_env(certs),
+           "SLUICE_HTTP": f"https://localhost:{server.endpoints['http']['port']}"}
+    env.pop("SLUICE_DATA_DIR", None)
+    added = subprocess.run([sys.executable, "-m", "sluice.cli", "users", "add", "field-tech", "--json"],
+                           input="tech pw\n", env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout) == {"user": "field-tech", "created": True}
+    untrusted = subprocess.run([sys.executable, "-m", "sluice.cli", "users", "list"],
+                               env={**env, "SLUICE_TLS_CA": ""}, capture_output=True, text=True, timeout=60,
+                               check=False)
+    assert untrusted.returncode != 0  # the dev CA is not in the system's trust store
