@@ -3,8 +3,9 @@
 Every page is a full HTML document; its ``#live`` part re-fetches the same URL every ``REFRESH`` and htmx
 swaps in the new ``#live`` (``hx-select``), so a page works without JavaScript too (it just does not update).
 The live tail is the API's own SSE loop (``sluice.http.stream.record_events``) with records rendered as
-HTML fragments, which htmx's SSE extension prepends. Errors (unknown topic or group, bad offsets) are the
-API's problem documents, raised by the same readers.
+HTML fragments, which htmx's SSE extension prepends. On pages, an unknown topic or group is a 404 page in the
+console's layout and bad input to the message browser is shown next to its form; elsewhere (the tail, failed
+logins) errors are the API's problem documents, raised by the same readers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
 import sluice
-from broker.errors import BrokerError
+from broker.errors import BrokerError, UnknownTopicError
 from broker.protocol.records import Record
 from sluice.console import views
 from sluice.console.rates import RateTracker
@@ -92,6 +93,13 @@ def _page(request: Request, name: str, section: str, **context: Any) -> HTMLResp
     return TEMPLATES.TemplateResponse(request, name, {"section": section, **context})
 
 
+def _missing(request: Request, section: str, title: str, detail: str) -> HTMLResponse:
+    """A page for a topic or group that is not there (a stale link): 404, in the console's own layout."""
+    page = _page(request, "error.html", section, title=title, detail=detail)
+    page.status_code = 404
+    return page
+
+
 @router.get("")
 async def overview(request: Request, ctx: Ctx) -> HTMLResponse:
     return _page(request, "overview.html", "overview", o=views.overview(ctx, _rates(request)))
@@ -105,7 +113,11 @@ async def topics(request: Request, ctx: Ctx, internal: bool = False) -> HTMLResp
 
 @router.get("/topics/{topic}")
 async def topic(request: Request, ctx: Ctx, topic: str) -> HTMLResponse:
-    return _page(request, "topic.html", "topics", t=views.topic_detail(ctx, _rates(request), topic))
+    try:
+        detail = views.topic_detail(ctx, _rates(request), topic)
+    except UnknownTopicError as exc:
+        return _missing(request, "topics", "Unknown topic", str(exc))
+    return _page(request, "topic.html", "topics", t=detail)
 
 
 def _parse_time(text: str) -> int:
@@ -134,7 +146,10 @@ async def messages(
     limit: Annotated[int, Query(ge=1, le=500)] = 20,
     view: View = "auto",
 ) -> HTMLResponse:
-    detail = views.topic_detail(ctx, _rates(request), topic)  # an unknown topic: the API's 404
+    try:
+        detail = views.topic_detail(ctx, _rates(request), topic)
+    except UnknownTopicError as exc:
+        return _missing(request, "topics", "Unknown topic", str(exc))
     form = {"partition": partition, "offset": offset, "at": at, "limit": limit, "view": view}
     try:
         part = _number(partition, "partition", INT32_MAX)
@@ -191,7 +206,11 @@ async def groups(request: Request, ctx: Ctx) -> HTMLResponse:
 
 @router.get("/groups/{group_id}")
 async def group(request: Request, ctx: Ctx, group_id: str) -> HTMLResponse:
-    return _page(request, "group.html", "groups", g=views.group_detail(ctx, group_id))
+    try:
+        detail = views.group_detail(ctx, group_id)
+    except ProblemError as exc:  # 404 unknown-group
+        return _missing(request, "groups", exc.title, exc.detail)
+    return _page(request, "group.html", "groups", g=detail)
 
 
 @router.get("/sources")
