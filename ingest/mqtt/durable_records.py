@@ -119,7 +119,9 @@ def encode_message(packet: Publish | None, pid: int, state: int, expiry_ms: int,
     head = _MESSAGE.pack(_VERSION, state, expiry_ms, order)
     if packet is None:
         return head
-    return head + encode_publish(replace(packet, packet_id=pid, dup=False), True)
+    if packet.packet_id != pid or packet.dup:
+        packet = replace(packet, packet_id=pid, dup=False)
+    return head + encode_publish(packet, True)
 
 
 def decode_message(pid: int, value: bytes) -> StoredMessage:

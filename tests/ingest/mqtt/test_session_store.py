@@ -1,0 +1,106 @@
+"""The session journal (``session_store.py``) in process: what it holds while a session lives, that an
+ended session leaves only tombstones, and a restore over the same log store (listener started again)."""
+
+from __future__ import annotations
+
+from broker.log.memory import MemoryLogStore
+from ingest.mqtt.journal import Journal
+from ingest.mqtt.packets import (
+    MQTT_5,
+    Disconnect,
+    Pingreq,
+    Pingresp,
+    Properties,
+    Puback,
+    Publish,
+    Suback,
+    Subscribe,
+    Subscription,
+)
+from ingest.mqtt.session_store import RETAINED_TOPIC, SESSIONS_TOPIC
+from tests.ingest.mqtt.conftest import RawClient, StartServer, wait_until
+
+
+def journal_keys(store: MemoryLogStore) -> set[bytes]:
+    return set(Journal(store, SESSIONS_TOPIC).load())
+
+
+async def subscribed_client(port: int, client_id: str, expiry: int = 3600) -> RawClient:
+    client = await RawClient.open(port, MQTT_5)
+    await client.connect(client_id, clean_start=False, properties=Properties(session_expiry_interval=expiry))
+    client.send(Subscribe(1, (Subscription("j/#", 1),), Properties(subscription_identifier=(9,))))
+    assert isinstance(await client.recv(), Suback)
+    return client
+
+
+async def publish_qos1(port: int, *payloads: bytes) -> None:
+    pub = await RawClient.open(port, MQTT_5)
+    await pub.connect("j-pub")
+    for i, payload in enumerate(payloads, start=1):
+        pub.send(Publish("j/t", payload, 1, False, False, i))
+        assert await pub.recv() == Puback(i)
+    await pub.close()
+
+
+async def test_an_ended_session_leaves_nothing_in_the_journal(start_server: StartServer) -> None:
+    store = MemoryLogStore()
+    server = await start_server(store)
+    sub = await subscribed_client(server.port, "j-sub")
+    sub.send(Disconnect())
+    await sub.close()
+    await publish_qos1(server.port, b"one", b"two")
+    keys = journal_keys(store)
+    assert b"sj-sub" in keys and sum(k.startswith(b"m") and k.endswith(b"j-sub") for k in keys) == 2
+
+    # A clean start ends the session: its record and both queued messages are tombstoned.
+    again = await RawClient.open(server.port, MQTT_5)
+    ack = await again.connect("j-sub", clean_start=True, properties=Properties(session_expiry_interval=3600))
+    assert not ack.session_present
+    assert not any(k.endswith(b"j-sub") and not k == b"sj-sub" for k in journal_keys(store))
+    # ... and a DISCONNECT that sets the Session Expiry Interval to 0 ends the new one.
+    again.send(Disconnect(properties=Properties(session_expiry_interval=0)))
+    await again.close()
+    await wait_until(lambda: "j-sub" not in server.hub.sessions, what="session ended")
+    assert not any(k.endswith(b"j-sub") for k in journal_keys(store))
+
+
+async def test_acknowledged_messages_are_removed_and_a_restart_restores_the_rest(start_server: StartServer) -> None:
+    store = MemoryLogStore()
+    first = await start_server(store)
+    sub = await subscribed_client(first.port, "j-r")
+    await publish_qos1(first.port, b"a", b"b")
+    got = [await sub.recv(), await sub.recv()]
+    assert all(isinstance(p, Publish) for p in got)
+    assert isinstance(got[0], Publish) and got[0].properties.subscription_identifier == (9,)
+    sub.send(Puback(got[0].packet_id or 0))  # "a" is done; "b" stays owed
+    sub.send(Pingreq())
+    assert isinstance(await sub.recv(), Pingresp)
+    await sub.close()
+    await wait_until(lambda: first.hub.sessions["j-r"].connection is None, what="client gone")
+    assert sum(k.startswith(b"m") and k.endswith(b"j-r") for k in journal_keys(store)) == 1
+
+    second = await start_server(store)  # a new hub over the same log: the restore
+    assert second.hub.store is not None and second.hub.store.restored.messages == 1
+    back = await RawClient.open(second.port, MQTT_5)
+    ack = await back.connect("j-r", clean_start=False, properties=Properties(session_expiry_interval=3600))
+    assert ack.session_present
+    again = await back.recv()
+    assert isinstance(again, Publish) and again.payload == b"b" and again.packet_id == got[1].packet_id
+    assert again.properties.subscription_identifier == (9,)
+    back.send(Puback(again.packet_id or 0))
+    await publish_qos1(second.port, b"c")  # the restored subscription routes new messages
+    live = await back.recv()
+    assert isinstance(live, Publish) and live.payload == b"c"
+    await back.close()
+
+
+async def test_the_internal_topics_are_compacted_and_hidden(start_server: StartServer) -> None:
+    store = MemoryLogStore()
+    server = await start_server(store)
+    sub = await subscribed_client(server.port, "j-h")
+    await sub.close()
+    listed = {t.name for t in store.list_topics()}
+    internal = {t.name: t for t in store.list_topics(include_internal=True)}
+    assert SESSIONS_TOPIC not in listed and RETAINED_TOPIC not in listed
+    assert internal[SESSIONS_TOPIC].internal
+    assert internal[SESSIONS_TOPIC].config.cleanup_policy == "compact"
