@@ -17,7 +17,7 @@ from ingest.mqtt.packets import (
     Subscribe,
     Subscription,
 )
-from ingest.mqtt.session_store import RETAINED_TOPIC, SESSIONS_TOPIC
+from ingest.mqtt.session_store import RETAINED_TOPIC, SESSIONS_TOPIC, SessionStore
 from tests.ingest.mqtt.conftest import RawClient, StartServer, wait_until
 
 
@@ -69,10 +69,10 @@ async def test_acknowledged_messages_are_removed_and_a_restart_restores_the_rest
     first = await start_server(store)
     sub = await subscribed_client(first.port, "j-r")
     await publish_qos1(first.port, b"a", b"b")
-    got = [await sub.recv(), await sub.recv()]
-    assert all(isinstance(p, Publish) for p in got)
-    assert isinstance(got[0], Publish) and got[0].properties.subscription_identifier == (9,)
-    sub.send(Puback(got[0].packet_id or 0))  # "a" is done; "b" stays owed
+    a, b = await sub.recv(), await sub.recv()
+    assert isinstance(a, Publish) and isinstance(b, Publish)
+    assert a.properties.subscription_identifier == (9,)
+    sub.send(Puback(a.packet_id or 0))  # "a" is done; "b" stays owed
     sub.send(Pingreq())
     assert isinstance(await sub.recv(), Pingresp)
     await sub.close()
@@ -80,12 +80,12 @@ async def test_acknowledged_messages_are_removed_and_a_restart_restores_the_rest
     assert sum(k.startswith(b"m") and k.endswith(b"j-r") for k in journal_keys(store)) == 1
 
     second = await start_server(store)  # a new hub over the same log: the restore
-    assert second.hub.store is not None and second.hub.store.restored.messages == 1
+    assert isinstance(second.hub.store, SessionStore) and second.hub.store.restored.messages == 1
     back = await RawClient.open(second.port, MQTT_5)
     ack = await back.connect("j-r", clean_start=False, properties=Properties(session_expiry_interval=3600))
     assert ack.session_present
     again = await back.recv()
-    assert isinstance(again, Publish) and again.payload == b"b" and again.packet_id == got[1].packet_id
+    assert isinstance(again, Publish) and again.payload == b"b" and again.packet_id == b.packet_id
     assert again.properties.subscription_identifier == (9,)
     back.send(Puback(again.packet_id or 0))
     await publish_qos1(second.port, b"c")  # the restored subscription routes new messages
