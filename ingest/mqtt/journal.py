@@ -162,8 +162,8 @@ class Journal:
         return None
 
     def _sync(self, plog: PartitionLog) -> None:
-        """One future for the fsync of everything written so far; the previous one, if any, is chained
-        so that a waiter on an older write is released no later than the newer one."""
+        """One future for the fsync of everything written so far (``wait_durable(mark)`` covers every
+        earlier write too); callers that took an older future keep waiting on theirs."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         mark = plog.write_mark()
