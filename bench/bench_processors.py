@@ -12,6 +12,9 @@ event time), a 10 s tumbling-window mean per sensor with 5 s out-of-orderness.
 * Sluice standalone exactly-once: the same with ``guarantee="exactly-once"`` (results, checkpoints
   and offsets in one Kafka transaction per checkpoint interval), read back ``read_committed``. Both
   standalone rows are timed to the end of their final checkpoint.
+* Sluice standalone, key_by repartitioned: the at-least-once row with ``key_by(repartition=True)``:
+  the records go through ``<group>.repartition.0`` (upstream stage: decode, key, write; downstream
+  stage: read, window), as a pipeline keyed other than its input would (the shuffle's cost).
 * Bytewax (PyPI): ``TestingSource`` over the same (key, value bytes) pairs, ``json.loads``,
   ``EventClock`` + ``TumblingWindower`` + ``fold_window``.
 * Plain Python: one dict pass over the same bytes (a batch job; a floor for per-record overhead).
@@ -92,10 +95,12 @@ def check(name: str, got: dict[tuple[int, str], float], want: dict[tuple[int, st
     return "ok" if not bad and len(got) >= len(want) else f"MISMATCH ({len(bad)} of {len(want)} windows wrong)"
 
 
-def pipeline(topic: str, group: str, out: str) -> Pipeline:
+def pipeline(topic: str, group: str, out: str, *, repartition: bool = False) -> Pipeline:
+    """The input is keyed by sensor: no repartition topic is needed unless ``repartition`` forces one."""
     stream = Pipeline.source(topic, group=group, event_time=lambda v: v["ts"],
                              watermarks=BoundedOutOfOrderness(5_000, idle_timeout=None))
-    stream.key_by(lambda v: v["sensor"]).window(Tumbling(WINDOW_MS)).aggregate(Mean("temp")).sink(out)
+    (stream.key_by(lambda v: v["sensor"], repartition=repartition)
+        .window(Tumbling(WINDOW_MS)).aggregate(Mean("temp")).sink(out))
     return stream.pipeline
 
 
@@ -192,13 +197,14 @@ async def read_topic(bootstrap: str, topic: str) -> list[bytes]:
 
 
 async def run_standalone_bench(rows: list[Row], bootstrap: str, round_: int, guarantee: Guarantee = AT_LEAST_ONCE,
-                               ) -> tuple[float, dict[tuple[int, str], float]]:
+                               *, repartition: bool = False) -> tuple[float, dict[tuple[int, str], float]]:
     """A fresh consumer group (and output topic) per round, reading the same produced input. The time
-    runs to the end of the final checkpoint (stop): exactly-once results count once committed."""
+    runs to the end of the final checkpoint (stop): exactly-once results count once committed. With
+    ``repartition`` the key_by goes through a repartition topic (two stages, two groups)."""
     stop = asyncio.Event()
-    tag = "eos" if guarantee == EXACTLY_ONCE else "alo"
+    tag = ("eos" if guarantee == EXACTLY_ONCE else "alo") + ("-shuffle" if repartition else "")
     out_topic = f"bench-sa-out-{tag}-{round_}"
-    p = pipeline("bench-sa-in", f"bench-standalone-{tag}-{round_}", out_topic)
+    p = pipeline("bench-sa-in", f"bench-standalone-{tag}-{round_}", out_topic, repartition=repartition)
     started: list[Runner] = []
     start = time.perf_counter()  # group join and partition assignment are included in the time
     task = asyncio.create_task(run_standalone(p, bootstrap, stop=stop, on_started=started.append, instance_id="bench",
@@ -207,8 +213,8 @@ async def run_standalone_bench(rows: list[Row], bootstrap: str, round_: int, gua
         if task.done():
             raise RuntimeError(f"standalone runner ended early: {task.exception()!r}")
         await asyncio.sleep(0.01)
-    runner = started[0]
-    while runner.executor.records_in < len(rows) or runner.out_q.qsize() or runner.in_q.qsize():
+    last = started[-1]  # the keyed stage (the only one without a repartition)
+    while last.executor.records_in < len(rows) or any(r.out_q.qsize() or r.in_q.qsize() for r in started):
         if task.done():
             raise RuntimeError(f"standalone runner ended early: {task.exception()!r}")
         await asyncio.sleep(0.005)
@@ -264,7 +270,8 @@ async def main_async(n: int, repeat: int) -> None:
     gc.collect()
     gc.freeze()  # the 1M input tuples are not garbage: keep every engine's collections from rescanning them
     names = ["sluice attached", "sluice standalone (Kafka protocol)", f"bytewax {_version('bytewax')}",
-             "plain Python batch job", "sluice standalone exactly-once"]
+             "plain Python batch job", "sluice standalone exactly-once",
+             "sluice standalone, key_by repartitioned"]
     rates: dict[str, list[float]] = {name: [] for name in names}
     checks: dict[str, set[str]] = {name: set() for name in names}
 
@@ -284,6 +291,8 @@ async def main_async(n: int, repeat: int) -> None:
                 record(names[1], *await run_standalone_bench(rows, bootstrap, round_), want_closed)
                 # right after the at-least-once row, so that both see the same machine
                 record(names[4], *await run_standalone_bench(rows, bootstrap, round_, EXACTLY_ONCE), want_closed)
+                # the same at-least-once pipeline with its key_by through a repartition topic (the shuffle's cost)
+                record(names[5], *await run_standalone_bench(rows, bootstrap, round_, repartition=True), want_closed)
                 record(names[2], *run_bytewax(rows), expected)
                 record(names[3], *run_plain(rows), expected)
         finally:
@@ -302,6 +311,9 @@ async def main_async(n: int, repeat: int) -> None:
     alo, eos = rates[names[1]], rates[names[4]]
     print(f"exactly-once / at-least-once (standalone): best {max(eos) / max(alo):.2f}, "
           f"median {statistics.median(eos) / statistics.median(alo):.2f}")
+    shuffled = rates[names[5]]
+    print(f"repartitioned / not (standalone at-least-once): best {max(shuffled) / max(alo):.2f}, "
+          f"median {statistics.median(shuffled) / statistics.median(alo):.2f}")
 
 
 def _version(package: str) -> str:

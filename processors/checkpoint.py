@@ -92,6 +92,7 @@ class Checkpoint:
     watermark: int
     parts: dict[TopicPartition, PartitionState]
     ops: dict[str, list[list[Any]]] = field(default_factory=dict)  # op id -> [[key, owner tp, state], …]
+    extras: dict[TopicPartition, dict[str, Any]] = field(default_factory=dict)  # Executor.partition_extras
 
 
 @dataclass
@@ -100,6 +101,7 @@ class PartitionRestore:
     created: int
     state: PartitionState
     ops: dict[str, list[list[Any]]]
+    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def offset(self) -> int:
@@ -112,22 +114,31 @@ class PartitionRestore:
 def take_checkpoint(pipeline: str, ex: Executor, positions: Mapping[TopicPartition, int], now: int) -> Checkpoint:
     """The executor's state for ``positions`` (tp -> next offset) as of now, between batches."""
     parts = {}
+    extras = {}
     for tp, offset in positions.items():
         max_ts, heartbeat, floor, quiet = ex.partition_checkpoint(tp, now)
         parts[tp] = PartitionState(offset, max_ts, heartbeat, floor, quiet)
-    return Checkpoint(pipeline, now, ex.watermark, parts, ex.snapshot(set(positions)))
+        if ex.extensions:
+            extras[tp] = ex.partition_extras(tp)
+    return Checkpoint(pipeline, now, ex.watermark, parts, ex.snapshot(set(positions)), extras)
 
 
 def restore_executor(ex: Executor, restores: Iterable[tuple[TopicPartition, PartitionRestore | None]],
                      now: int) -> None:
-    """Add partitions to ``ex``: fresh (None) or as their checkpoint left them, then move time on."""
+    """Add partitions to ``ex``: fresh (None) or as their checkpoint left them, then move time on.
+    A partition behind the operator watermark (taken over from an instance that was behind, or never
+    checkpointed) rewinds it to its floor (``Executor.rewind``), so its replayed records are on time."""
+    restores = list(restores)
+    lowest = min((NO_TIME if r is None else r.state.floor for _, r in restores), default=None)
+    if lowest is not None and lowest < ex.watermark:
+        ex.rewind(lowest)
     for tp, r in restores:
         if r is None:
             ex.add_partition(tp, now)
             continue
         s = r.state
         ex.restore_partition(tp, now, max_ts=s.max_ts, heartbeat=s.heartbeat, floor=s.floor, quiet_ms=s.quiet_ms,
-                             ops=r.ops)
+                             ops=r.ops, extras=r.extras)
     ex.advance(now)
 
 
@@ -175,6 +186,8 @@ class CheckpointCodec:
         for tp, s in cp.parts.items():
             doc = {"v": VERSION, "pipeline": cp.pipeline, "created": cp.created, "watermark": cp.watermark,
                    "part": [tp[0], tp[1], s.offset, s.max_ts, s.heartbeat, s.floor, s.quiet_ms], "ops": owned[tp]}
+            if cp.extras.get(tp):
+                doc["x"] = cp.extras[tp]  # the executor's partition extensions (e.g. repartition sequences)
             data = _pack(doc, cp.pipeline)
             if len(data) <= self.chunk_bytes:
                 out.append((_tp_key(tp), data))
@@ -242,7 +255,8 @@ def _partition_restore(doc: dict[str, Any]) -> PartitionRestore:
     try:
         t, p, off, mts, hb, floor, quiet = doc["part"]
         return PartitionRestore((t, int(p)), int(doc["created"]),
-                                PartitionState(int(off), int(mts), int(hb), int(floor), int(quiet)), doc.get("ops", {}))
+                                PartitionState(int(off), int(mts), int(hb), int(floor), int(quiet)), doc.get("ops", {}),
+                                doc.get("x", {}))
     except Exception as exc:
         raise CheckpointError(f"cannot decode checkpoint: {exc!r}") from exc
 

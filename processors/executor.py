@@ -23,7 +23,7 @@ from processors.time import NO_TIME
 from processors.triggers import EarlyEvery
 from processors.watermarks import WatermarkTracker
 
-__all__ = ["Executor", "OutRecord", "RecordLike", "TopicPartition"]
+__all__ = ["Executor", "OutRecord", "PartitionExtension", "RecordLike", "TopicPartition"]
 
 TopicPartition = tuple[str, int]
 
@@ -43,6 +43,20 @@ class RecordLike(Protocol):
     def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
 
 
+class PartitionExtension(Protocol):
+    """Per-source-partition state kept beside the keyed state (the repartition stages' sequence
+    numbers and watermarks): checkpointed, restored and dropped with its partition."""
+
+    name: str
+
+    def snapshot(self, tp: TopicPartition) -> Any:
+        """JSON/msgpack-ready state of ``tp`` (None: nothing to keep)."""
+
+    def restore(self, tp: TopicPartition, state: Any) -> None: ...
+
+    def drop(self, tp: TopicPartition) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class OutRecord:
     topic: str
@@ -50,6 +64,7 @@ class OutRecord:
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...]
     timestamp: int
+    partition: int | None = None  # None: the sink's partitioner (murmur2 of the key) chooses
 
 
 class _Node:
@@ -204,6 +219,7 @@ class Executor:
         self.dead_letters = 0
         self.root = _Node(None, self)
         self.keyed: dict[int, _Keyed] = {}
+        self.extensions: list[PartitionExtension] = []
         built: dict[int | None, _Node] = {None: self.root}
         for spec in pipeline.nodes:
             node = self._build(spec)
@@ -239,11 +255,23 @@ class Executor:
         return pw.max_ts, pw.explicit, max(self.watermark, pw.floor), pw.quiet_ms(now)
 
     def restore_partition(self, tp: TopicPartition, now: int, *, max_ts: int, heartbeat: int, floor: int,
-                          quiet_ms: int, ops: dict[str, list[list[Any]]]) -> None:
-        """Take over ``tp`` as a checkpoint left it: its event time, idleness, floor and keyed state.
-        Call ``advance(now)`` once every restored partition is in."""
+                          quiet_ms: int, ops: dict[str, list[list[Any]]],
+                          extras: dict[str, Any] | None = None) -> None:
+        """Take over ``tp`` as a checkpoint left it: its event time, idleness, floor, keyed state and
+        extensions' state. Call ``advance(now)`` once every restored partition is in."""
         self.tracker.restore_partition(tp, now, max_ts=max_ts, explicit=heartbeat, floor=floor, quiet_ms=quiet_ms)
         self.restore(ops)
+        for ext in self.extensions:
+            ext.restore(tp, (extras or {}).get(ext.name))
+
+    def partition_extras(self, tp: TopicPartition) -> dict[str, Any]:
+        """The extensions' state of ``tp`` for a checkpoint."""
+        out = {}
+        for ext in self.extensions:
+            state = ext.snapshot(tp)
+            if state is not None:
+                out[ext.name] = state
+        return out
 
     def process(self, tp: TopicPartition, records: Sequence[RecordLike], now: int) -> None:
         self.now = now
@@ -317,6 +345,17 @@ class Executor:
         self.tracker.heartbeat(tp, watermark, now)
         self.advance(now)
 
+    def rewind(self, floor: int) -> None:
+        """Lower the operator watermark to ``floor`` for partitions about to be restored behind it.
+        Windows that fired stay fired; the partitions already here keep being judged against the
+        watermark they had seen (it becomes their floor), so none of their records turns on time
+        again. Without this a partition moving in from an instance that was behind would have its
+        replayed records judged late here (rescaling would change results)."""
+        for pw in self.tracker.partitions.values():
+            pw.floor = max(pw.floor, self.watermark)
+        self.tracker.current = min(self.tracker.current, floor)
+        self.watermark = min(self.watermark, floor)
+
     def advance(self, now: int) -> None:
         self.now = now
         wm = self.tracker.advance(now)
@@ -371,6 +410,8 @@ class Executor:
             node.rt.drop(lambda owner: owner in tps)
         for tp in tps:
             self.tracker.remove_partition(tp)
+            for ext in self.extensions:
+                ext.drop(tp)
 
 
 _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner json.loads uses

@@ -8,7 +8,10 @@
   (``processors.kafka``); start more instances to split the partitions. With
   ``guarantee="exactly-once"`` its producer is transactional with ``transactional.id``
   ``<pipeline>-<instance id>`` (``--instance-id``, default the host name): two instances of one
-  pipeline must have different instance ids, and a restarted instance must keep its own.
+  pipeline must have different instance ids, and a restarted instance must keep its own. A pipeline
+  whose ``key_by`` repartitions runs as two stages, two groups and (exactly-once) two transactional
+  ids, ``<group>-<instance id>`` and ``<group>.repartition.<n>-<instance id>`` (``processors.repartition``,
+  ``processors.scaleout``). Attached runners never repartition: one node holds every partition.
 """
 
 from __future__ import annotations
@@ -63,38 +66,37 @@ async def run_standalone(
     session_timeout_ms: int = 10_000,
     instance_id: str | None = None,
     on_started: Callable[[Runner], None] | None = None,
-) -> Runner:
-    """Run ``pipeline`` as a consumer-group member until ``stop`` is set or SIGINT/SIGTERM."""
-    from processors.kafka import KafkaCheckpointStore, KafkaSink, KafkaSource
+) -> list[Runner]:
+    """Run ``pipeline`` as a consumer-group member until ``stop`` is set, SIGINT/SIGTERM, or a stage
+    fails. Returns its stages' runners: one, or two (upstream, downstream) when a ``key_by``
+    repartitions (``processors.repartition``); ``on_started`` is called for each."""
+    from processors.repartition import plan_shuffle
+    from processors.scaleout import build_stages
 
     config = config or RunnerConfig()
-    exactly_once = config.guarantee == EXACTLY_ONCE
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    txn_id = transactional_id(pipeline, instance_id) if exactly_once else None
-    # a transaction spans one checkpoint interval: its timeout leaves room for a slow commit
-    txn_timeout_ms = min(max(60_000, 3 * config.checkpoint_interval_ms), 900_000)
-    sink = KafkaSink(bootstrap, client_id=client_id, transactional_id=txn_id, transaction_timeout_ms=txn_timeout_ms)
-    await sink.start()  # exactly-once: fences this instance's predecessor, aborting its open transaction
-    await sink.track(pipeline.sink_topics())
-    source = KafkaSource(bootstrap, pipeline.source_config.topics, pipeline.name, client_id=client_id,
-                         session_timeout_ms=session_timeout_ms, transactions=sink if exactly_once else None)
-    checkpoints = KafkaCheckpointStore(bootstrap, pipeline.name, sink)
-    runner = Runner(pipeline, source, sink, checkpoints, config=config)
+    instance = instance_id or socket.gethostname()
+    stages = await build_stages(pipeline, plan_shuffle(pipeline), bootstrap, config, client_id=client_id,
+                                session_timeout_ms=session_timeout_ms, instance_id=instance)
+    runners = [stage.runner for stage in stages]
     try:
-        await runner.start()
-        if on_started is not None:
-            on_started(runner)
-        stopped = asyncio.ensure_future(runner.stopped.wait())
-        asked = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([stopped, asked], return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-        asked.cancel()
+        for runner in reversed(runners):  # downstream first: it is ready when the first records arrive
+            await runner.start()
+        for runner in runners:
+            if on_started is not None:
+                on_started(runner)
+        waits = [asyncio.ensure_future(r.stopped.wait()) for r in runners] + [asyncio.ensure_future(stop.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in waits:
+            waiting.cancel()
     finally:
-        await runner.stop()  # its final checkpoint commits the open transaction
-        await sink.abort()  # left open only when the runner failed: its outputs must not be committed
-        await sink.stop()
-    return runner
+        # upstream first: its final checkpoint flushes (commits) what it wrote to the repartition topic
+        for stage in stages:
+            await stage.runner.stop()  # its final checkpoint commits the open transaction
+            await stage.sink.abort()  # left open only when the runner failed: its outputs must not be committed
+            await stage.sink.stop()
+    return runners

@@ -254,7 +254,8 @@ class KafkaSink:
             await self._begin()
             for r in records:
                 self._pending.append(await self.producer.send(
-                    r.topic, r.value, key=r.key, headers=list(r.headers), timestamp_ms=r.timestamp))
+                    r.topic, r.value, key=r.key, partition=r.partition, headers=list(r.headers),
+                    timestamp_ms=r.timestamp))
             if len(self._pending) > 10_000:
                 await self.flush()
         except KafkaError as exc:

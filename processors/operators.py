@@ -49,7 +49,14 @@ class FlatMapConfig:
 
 @dataclass(frozen=True, slots=True)
 class KeyByConfig:
+    """``repartition``: None = shuffle through ``<group>.repartition.<node>`` when the pipeline runs
+    standalone (the input's partitioning is unknown), never when attached (one node); False = the
+    input is already partitioned by this key; True = always when standalone. ``partitions``: the
+    repartition topic's partition count (default: the most partitions of any input topic)."""
+
     fn: Callable[[Any], Any]
+    repartition: bool | None = None
+    partitions: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

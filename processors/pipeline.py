@@ -121,7 +121,7 @@ class Pipeline:
         return list(dict.fromkeys([*topics, self.source_config.dead_letter_topic]))
 
     def validate(self) -> None:
-        if not any(n.kind == "sink" for n in self.nodes):
+        if not any(n.kind in ("sink", "repartition") for n in self.nodes):
             raise PipelineDefinitionError(f"pipeline {self.name!r} has no sink")
 
 
@@ -144,8 +144,15 @@ class Stream:
     def flat_map(self, fn: Callable[[Any], Iterable[Any]]) -> Stream:
         return self._then("flat_map", FlatMapConfig(fn))
 
-    def key_by(self, fn: Callable[[Any], Any]) -> KeyedStream:
-        return KeyedStream(self.pipeline, self.pipeline.add("key_by", KeyByConfig(fn), self.node, keyed=True))
+    def key_by(self, fn: Callable[[Any], Any], *, repartition: bool | None = None,
+               partitions: int | None = None) -> KeyedStream:
+        """Key the stream by ``fn(value)``. Standalone, the items go through a repartition topic
+        partitioned by the new key (see ``processors.repartition``) unless ``repartition=False``
+        says the input topics are already partitioned by it (Kafka's default partitioner on it)."""
+        if partitions is not None and partitions < 1:
+            raise PipelineDefinitionError("key_by: partitions must be >= 1")
+        config = KeyByConfig(fn, repartition, partitions)
+        return KeyedStream(self.pipeline, self.pipeline.add("key_by", config, self.node, keyed=True))
 
     def sink(self, topic: str, serializer: Callable[[Any], Emit] | None = None) -> Stream:
         """Write to ``topic``; returns this stream so more sinks can hang off it (fan-out)."""

@@ -72,6 +72,7 @@ class Runner:
         clock: Clock | None = None,
         config: RunnerConfig | None = None,
         name: str | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.source = source
@@ -80,7 +81,8 @@ class Runner:
         self.clock = clock or SystemClock()
         self.config = config or RunnerConfig()
         self.name = name or f"processor:{pipeline.name}"
-        self.executor = Executor(pipeline, self.clock.now_ms())
+        # a given executor: a subclass for one stage of a repartitioned pipeline (processors.repartition)
+        self.executor = executor or Executor(pipeline, self.clock.now_ms())
         self.positions: dict[TopicPartition, int] = {}
         self.in_q: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.config.queue_batches)
         self.out_q: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.config.queue_batches)

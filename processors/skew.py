@@ -198,6 +198,9 @@ def two_phase_aggregate(stream: Stream, key: Callable[[Any], Hashable], window: 
     """Windowed ``agg`` per ``key`` computed as partial aggregates over split hot keys, then merged."""
     if splits < 2:
         raise PipelineDefinitionError("two-phase aggregation needs splits >= 2")
-    partial = stream.key_by(_Salter(key, splits, epsilon, support)).window(window, late_topic=late_topic)
-    partials = partial.aggregate(_PartialOf(agg))
-    return partials.key_by(lambda r: r.key[0]).process(_MergePartials(agg))
+    # No repartition topic: the salting is stateful (a replay could salt differently) and the merge
+    # follows a window. Scaled out, the input must be partitioned by ``key`` (each key's partials then
+    # live in one instance).
+    partial = stream.key_by(_Salter(key, splits, epsilon, support), repartition=False)
+    partials = partial.window(window, late_topic=late_topic).aggregate(_PartialOf(agg))
+    return partials.key_by(lambda r: r.key[0], repartition=False).process(_MergePartials(agg))

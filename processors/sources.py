@@ -136,7 +136,7 @@ class LogSink:
         try:
             for r in records:
                 self.store.ensure_topic(r.topic)
-                p = self.store.partition_for(r.topic, r.key)
+                p = self.store.partition_for(r.topic, r.key) if r.partition is None else r.partition
                 groups[(r.topic, p)].append(RecordSpec(r.value, r.key, r.headers, r.timestamp))
             for (topic, p), specs in groups.items():
                 for i in range(0, len(specs), 5_000):

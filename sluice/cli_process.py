@@ -30,12 +30,13 @@ def run_process(ref: str, bootstrap: str, checkpoint_interval_s: float, session_
         return 2
     config = RunnerConfig(guarantee=chosen, checkpoint_interval_ms=round(checkpoint_interval_s * 1000))
     try:
-        runner = asyncio.run(run_standalone(pipeline, bootstrap, config=config, session_timeout_ms=session_timeout_ms,
+        runners = asyncio.run(run_standalone(pipeline, bootstrap, config=config, session_timeout_ms=session_timeout_ms,
                                             instance_id=instance_id))
     except ProcessorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if runner.failed is not None:
-        print(f"error: processor failed: {runner.failed!r}", file=sys.stderr)
+    failed = [r.failed for r in runners if r.failed is not None]
+    if failed:
+        print(f"error: processor failed: {failed[0]!r}", file=sys.stderr)
         return 1
     return 0

@@ -53,7 +53,8 @@ def build(env: dict[str, str] | None = None) -> Pipeline:
         watermarks=BoundedOutOfOrderness(5_000, idle_timeout=30_000),
         all_idle=AllIdlePolicy.ADVANCE_WITH_WALL_CLOCK(after=0),
     )
-    by_sensor = stream.key_by(lambda v: v["sensor"])
+    # the input is keyed by sensor id (as ingest keys readings), so no repartition topic is needed
+    by_sensor = stream.key_by(lambda v: v["sensor"], repartition=False)
     (by_sensor.window(Tumbling(10_000), allowed_lateness=5_000, late_topic=env.get("SENSORS_LATE", "sensor-late"))
         .aggregate(Mean("temp"))
         .sink(env.get("SENSORS_OUTPUT", "sensor-avg")))

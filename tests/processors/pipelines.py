@@ -9,7 +9,7 @@ from processors.pipeline import Pipeline
 from processors.watermarks import AllIdlePolicy, BoundedOutOfOrderness
 from processors.windows import Tumbling
 
-__all__ = ["quick_idle"]
+__all__ = ["quick_idle", "rekeyed"]
 
 
 def quick_idle() -> Pipeline:
@@ -21,4 +21,16 @@ def quick_idle() -> Pipeline:
     (stream.key_by(lambda v: v["sensor"])
         .window(Tumbling(10_000), allowed_lateness=5_000, late_topic=os.environ["SENSORS_LATE"])
         .aggregate(Mean("temp")).sink(os.environ["SENSORS_OUTPUT"]))
+    return stream.pipeline
+
+
+def rekeyed() -> Pipeline:
+    """Readings spread over the input partitions by anything but the sensor, keyed by sensor in the
+    pipeline: the key_by repartitions (standalone). No idle timeout: windows close on data and
+    punctuations only, so the results do not depend on timing."""
+    stream = Pipeline.source(os.environ["SENSORS_INPUT"], group=os.environ["SENSORS_GROUP"],
+                             event_time=lambda v: v["ts"], watermarks=BoundedOutOfOrderness(5_000),
+                             all_idle=AllIdlePolicy.HOLD)
+    (stream.key_by(lambda v: v["sensor"], repartition=os.environ.get("SENSORS_REPARTITION") != "no")
+        .window(Tumbling(10_000)).aggregate(Mean("temp")).sink(os.environ["SENSORS_OUTPUT"]))
     return stream.pipeline

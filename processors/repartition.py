@@ -1,0 +1,410 @@
+"""Repartitioning: a ``key_by`` on a key the input is not partitioned by goes through a topic.
+
+As in Kafka Streams, a standalone pipeline whose ``key_by`` repartitions runs as two stages in
+every instance, each a consumer group of its own (``plan_shuffle`` splits the graph):
+
+* the **upstream** stage reads the input topics (group ``<group>``), runs the stateless operators
+  before the ``key_by`` (and every branch that does not hang off it) and writes each item to
+  ``<group>.repartition.<node id>``, partition ``murmur2(key) % n`` (Kafka's default partitioner,
+  ``broker.log.partitioner``): every key is owned by exactly one instance;
+* the **downstream** stage reads that topic (group ``<group>.repartition.<node id>``) and runs the
+  keyed operators after the ``key_by``; its keyed state belongs to the repartition partition the key
+  hashes to, so a rebalance moves state with partitions (checkpoint on revoke, restore on assign).
+
+Repartition records: key = the key as JSON (tuples become lists and come back as tuples), value =
+the item as JSON (values crossing a shuffle must be JSON-serializable), timestamp = event time,
+header ``sluice-shuffle-seq: <topic>:<partition>:<n>``: the input partition it came from and its
+sequence number among that partition's records sent to this repartition partition.
+
+**Exactly once across the shuffle.** Under exactly-once the upstream writes, its checkpoint and its
+input offsets commit in one transaction, and the downstream reads ``read_committed``. Under
+at-least-once a crashed upstream instance replays its input from its last checkpoint and writes
+records that were already written. The sequence counters are checkpointed with their input
+partition, and the pipeline before the shuffle is stateless and deterministic, so a replay writes
+the same sequence numbers again; the downstream keeps, per repartition partition, the highest
+number seen per input partition (checkpointed with that partition's keyed state) and drops any
+record at or below it. Records from one input partition reach one repartition partition in order
+(one owner at a time, one producer, one request in flight per broker), so that is exact.
+
+**Watermarks across the shuffle (the rule).** Each upstream instance publishes marks (header
+``sluice-shuffle-mark``, an empty value) to every repartition partition: its operator watermark, the
+input partitions it owns and the partition count of each input topic. It publishes after the
+records they cover (same producer, same partition: in order), when its watermark moves (at most
+every 100 ms), and every second or after an ownership change on its tick. The downstream keeps,
+per repartition partition, a watermark per *input partition*: the highest mark naming it (marks
+only ever raise it: a restarted owner's older marks come with replayed records that are
+duplicates). The repartition partition's watermark is the minimum over *all* input partitions,
+and stays unknown (holding time) until every input partition has been named. So:
+
+* a gone or killed upstream instance holds nothing for long: after the group's session timeout its
+  input partitions are assigned to other instances, which restore them and publish for them;
+* an idle upstream input partition is handled where it is read: the pipeline's own idle timeout
+  and all-idle policy move the owner's watermark past it, and the owner's marks carry that on;
+* an upstream that is stalled (alive, owning partitions, not progressing) holds the downstream
+  watermark, exactly as the same partitions would hold a single instance's.
+
+The downstream stage never applies an idle timeout of its own: every repartition partition receives
+marks while any upstream instance lives. Marks seen are checkpointed with their partition, so a
+partition moving downstream keeps its time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from broker.log.partitioner import partition_for_key
+from processors.errors import PipelineDefinitionError
+from processors.executor import Executor, OutRecord, RecordLike, TopicPartition, _Node
+from processors.pipeline import NodeSpec, Pipeline, SourceConfig
+from processors.serde import to_json
+from processors.time import NO_TIME
+from processors.watermarks import AllIdlePolicy, BoundedOutOfOrderness
+
+__all__ = [
+    "HEADER_SHUFFLE_MARK",
+    "HEADER_SHUFFLE_SEQ",
+    "RepartitionConfig",
+    "ShufflePlan",
+    "ShuffleReader",
+    "ShuffleWriter",
+    "decode_key",
+    "encode_key",
+    "plan_shuffle",
+    "repartition_topic",
+]
+
+HEADER_SHUFFLE_SEQ = "sluice-shuffle-seq"
+HEADER_SHUFFLE_MARK = "sluice-shuffle-mark"
+MARK_MIN_INTERVAL_MS = 100  # marks on watermark moves, at most this often
+MARK_REFRESH_MS = 1_000  # and at least this often (ticks), or after an ownership change
+_STATELESS = ("map", "filter", "flat_map")
+
+
+def repartition_topic(group: str, node_id: int) -> str:
+    return f"{group}.repartition.{node_id}"
+
+
+def encode_key(key: Any) -> bytes:
+    return json.dumps(key, separators=(",", ":")).encode()
+
+
+def decode_key(raw: bytes | None) -> Hashable:
+    return _hashable(json.loads(raw)) if raw is not None else None
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+# -- the plan -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RepartitionConfig:
+    """The upstream stage's end: key items by ``fn`` and write them to ``topic``."""
+
+    topic: str
+    fn: Callable[[Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ShufflePlan:
+    upstream: Pipeline
+    downstream: Pipeline
+    topic: str
+    partitions: int | None  # None: the most partitions of any input topic
+
+
+def plan_shuffle(pipeline: Pipeline) -> ShufflePlan | None:
+    """Split ``pipeline`` at its repartitioning ``key_by`` (None when it has none)."""
+    shuffles = [n for n in pipeline.nodes if n.kind == "key_by" and n.config.repartition is not False]
+    if not shuffles:
+        return None
+    if len(shuffles) > 1:
+        raise PipelineDefinitionError(
+            f"pipeline {pipeline.name!r}: one repartitioning key_by per pipeline (nodes "
+            f"{[n.id for n in shuffles]}); mark the others repartition=False or chain two pipelines")
+    key_by = shuffles[0]
+    by_id = {n.id: n for n in pipeline.nodes}
+    parent = key_by.parent
+    while parent is not None:  # replays must write the same items again: only stateless steps before it
+        if by_id[parent].kind not in _STATELESS:
+            raise PipelineDefinitionError(
+                f"pipeline {pipeline.name!r}: a repartitioning key_by must follow only map/filter/flat_map "
+                f"(node {parent} is {by_id[parent].kind!r})")
+        parent = by_id[parent].parent
+    below: set[int] = set()
+    for n in pipeline.nodes:  # definition order: a parent comes before its children
+        if n.parent == key_by.id or n.parent in below:
+            below.add(n.id)
+    src = pipeline.source_config
+    topic = repartition_topic(src.group, key_by.id)
+    upstream = Pipeline(src)
+    for n in pipeline.nodes:
+        if n.id == key_by.id:
+            upstream.nodes.append(NodeSpec(n.id, "repartition", RepartitionConfig(topic, n.config.fn), n.parent))
+        elif n.id not in below:
+            upstream.nodes.append(n)
+    downstream = Pipeline(SourceConfig(
+        topics=(topic,), group=topic, event_time=None,
+        # time comes from the marks only; no idleness of its own (see the module rules)
+        watermarks=BoundedOutOfOrderness(0, None), all_idle=AllIdlePolicy.HOLD,
+        deserializer="raw", dead_letter_topic=src.dead_letter_topic))
+    renumber: dict[int, int] = {}
+    for n in pipeline.nodes:
+        if n.id in below:
+            renumber[n.id] = len(downstream.nodes)
+            new_parent = None if n.parent == key_by.id else renumber[n.parent]  # type: ignore[index]
+            downstream.nodes.append(NodeSpec(renumber[n.id], n.kind, n.config, new_parent, n.keyed, n.late_topic))
+    upstream.validate()
+    downstream.validate()
+    return ShufflePlan(upstream, downstream, topic, key_by.config.partitions)
+
+
+# -- upstream ---------------------------------------------------------------------------------------
+
+
+class _SequenceCounters:
+    """Per input partition: the next sequence number for each repartition partition."""
+
+    name = "shuffle-seq"
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.next: dict[TopicPartition, list[int]] = {}
+
+    def of(self, tp: TopicPartition) -> list[int]:
+        counters = self.next.get(tp)
+        if counters is None:
+            counters = self.next[tp] = [0] * self.partitions
+        return counters
+
+    def snapshot(self, tp: TopicPartition) -> Any:
+        return self.next.get(tp)
+
+    def restore(self, tp: TopicPartition, state: Any) -> None:
+        if state is None:
+            self.next.pop(tp, None)
+            return
+        counters = [int(c) for c in state]
+        if len(counters) != self.partitions:
+            raise PipelineDefinitionError(
+                f"the checkpoint of {tp[0]}/{tp[1]} counts {len(counters)} repartition partitions, the topic "
+                f"has {self.partitions}: a repartition topic's partition count cannot change under a pipeline")
+        self.next[tp] = counters
+
+    def drop(self, tp: TopicPartition) -> None:
+        self.next.pop(tp, None)
+
+
+class _RepartitionNode(_Node):
+    def __init__(self, spec: NodeSpec, ex: ShuffleWriter) -> None:
+        super().__init__(spec, ex)
+        self.writer = ex
+        self.topic = spec.config.topic
+        self.fn = spec.config.fn
+        self.where: dict[Any, tuple[bytes, int]] = {}  # key -> (encoded key, partition); murmur2 is Python
+
+    def _place(self, key: Any) -> tuple[bytes, int]:
+        placed = self.where.get(key) if isinstance(key, Hashable) else None
+        if placed is None:
+            raw = encode_key(key)
+            placed = (raw, partition_for_key(raw, self.writer.partitions))
+            if isinstance(key, Hashable):
+                if len(self.where) >= 100_000:
+                    self.where.clear()
+                self.where[key] = placed
+        return placed
+
+    def push(self, items: list[Any]) -> None:
+        ex = self.writer
+        tp = ex.current_tp
+        assert isinstance(tp, tuple)
+        counters = ex.counters.of(tp)
+        origin = f"{tp[0]}:{tp[1]}:"
+        out = ex.outputs
+        topic, fn = self.topic, self.fn
+        for ts, value in items:
+            try:
+                raw_key, p = self._place(fn(value))
+                raw_value = to_json(value)
+            except Exception as exc:
+                ex.dead_letter(value, ts, f"key_by failed: {exc!r}")
+                continue
+            seq = counters[p]
+            counters[p] = seq + 1
+            out.append(OutRecord(topic, raw_key, raw_value, ((HEADER_SHUFFLE_SEQ, f"{origin}{seq}".encode()),), ts, p))
+
+    def watermark(self, wm: int, now: int) -> None:
+        if now - self.writer.marked_at >= MARK_MIN_INTERVAL_MS:
+            self.writer.publish_marks(now)
+
+    def tick(self, now: int, wm: int) -> None:
+        w = self.writer
+        if now - w.marked_at >= MARK_REFRESH_MS or (wm, sorted(w.owned())) != w.last_mark:
+            w.publish_marks(now)
+
+
+class ShuffleWriter(Executor):
+    """The upstream stage's executor: ``repartition`` nodes write keyed items and marks."""
+
+    def __init__(self, pipeline: Pipeline, now: int, *, partitions: int,
+                 partition_counts: Callable[[], dict[str, int]]) -> None:
+        self.partitions = partitions
+        self.partition_counts = partition_counts  # input topic -> partition count (the marks name them)
+        self.counters = _SequenceCounters(partitions)
+        self.topics: list[str] = []
+        self.marked_at = NO_TIME
+        self.last_mark: tuple[int, list[Hashable]] = (NO_TIME, [])
+        self.marks_sent = 0
+        super().__init__(pipeline, now)
+        self.extensions.append(self.counters)
+
+    def _build(self, spec: NodeSpec) -> _Node:
+        if spec.kind == "repartition":
+            self.topics.append(spec.config.topic)
+            return _RepartitionNode(spec, self)
+        return super()._build(spec)
+
+    def owned(self) -> list[TopicPartition]:
+        return [tp for tp in self.tracker.partitions if isinstance(tp, tuple)]
+
+    def publish_marks(self, now: int) -> None:
+        """Tell every repartition partition this instance's watermark and the input partitions it owns."""
+        owned = sorted(self.owned())
+        self.marked_at = now
+        self.last_mark = (self.watermark, list(owned))
+        if not owned:
+            return
+        mark = to_json({"wm": self.watermark, "parts": owned, "of": self.partition_counts()})
+        headers = ((HEADER_SHUFFLE_MARK, mark),)
+        for topic in self.topics:
+            self.outputs.extend(OutRecord(topic, None, b"", headers, now, p) for p in range(self.partitions))
+        self.marks_sent += 1
+
+
+# -- downstream ------------------------------------------------------------------------------------
+
+
+class _PartitionIn:
+    """What one repartition partition has seen: the last sequence number per input partition, the
+    newest mark per input partition, and how many partitions each input topic has."""
+
+    __slots__ = ("marks", "of", "seqs")
+
+    def __init__(self) -> None:
+        self.seqs: dict[str, int] = {}
+        self.marks: dict[str, int] = {}
+        self.of: dict[str, int] = {}
+
+    def mark(self, doc: dict[str, Any]) -> None:
+        wm = int(doc["wm"])
+        for topic, partition in doc["parts"]:
+            origin = f"{topic}:{int(partition)}"
+            if wm > self.marks.get(origin, NO_TIME) or origin not in self.marks:
+                self.marks[origin] = wm
+        for topic, count in doc["of"].items():
+            self.of[topic] = max(self.of.get(topic, 0), int(count))
+
+    def watermark(self) -> int:
+        """The minimum over every input partition; NO_TIME until each has been named by a mark."""
+        if not self.of:
+            return NO_TIME
+        marks = self.marks
+        low: int | None = None
+        for topic, count in self.of.items():
+            for p in range(count):
+                wm = marks.get(f"{topic}:{p}")
+                if wm is None:
+                    return NO_TIME
+                if low is None or wm < low:
+                    low = wm
+        return NO_TIME if low is None else low
+
+
+class _ShuffleInputs:
+    name = "shuffle-in"
+
+    def __init__(self) -> None:
+        self.parts: dict[TopicPartition, _PartitionIn] = {}
+
+    def of(self, tp: TopicPartition) -> _PartitionIn:
+        part = self.parts.get(tp)
+        if part is None:
+            part = self.parts[tp] = _PartitionIn()
+        return part
+
+    def snapshot(self, tp: TopicPartition) -> Any:
+        part = self.parts.get(tp)
+        return None if part is None else {"seqs": part.seqs, "marks": part.marks, "of": part.of}
+
+    def restore(self, tp: TopicPartition, state: Any) -> None:
+        part = self.parts[tp] = _PartitionIn()
+        if state:
+            part.seqs = {str(k): int(v) for k, v in state.get("seqs", {}).items()}
+            part.marks = {str(k): int(v) for k, v in state.get("marks", {}).items()}
+            part.of = {str(k): int(v) for k, v in state.get("of", {}).items()}
+
+    def drop(self, tp: TopicPartition) -> None:
+        self.parts.pop(tp, None)
+
+
+class ShuffleReader(Executor):
+    """The downstream stage's executor: decodes repartition records into keyed items, drops replayed
+    duplicates, and takes each partition's watermark from the marks (see the module rules)."""
+
+    def __init__(self, pipeline: Pipeline, now: int) -> None:
+        super().__init__(pipeline, now)
+        self.inputs = _ShuffleInputs()
+        self.extensions.append(self.inputs)
+        self.duplicates = 0
+
+    def process(self, tp: TopicPartition, records: Sequence[RecordLike], now: int) -> None:
+        self.now = now
+        part = self.inputs.of(tp)
+        seqs = part.seqs
+        items: list[tuple[int, Hashable, Any]] = []
+        loads = json.loads
+        for r in records:
+            headers = r.headers
+            seq_header = None
+            for name, raw in headers:
+                if name == HEADER_SHUFFLE_SEQ:
+                    seq_header = raw
+                    break
+                if name == HEADER_SHUFFLE_MARK:
+                    try:
+                        part.mark(loads(raw or b""))
+                    except (ValueError, KeyError, TypeError) as exc:
+                        self._undecodable(tp, r, exc)
+                    break
+            else:
+                self._undecodable(tp, r, ValueError(f"a repartition record without a {HEADER_SHUFFLE_SEQ} header"))
+                continue
+            if seq_header is None:
+                continue  # a mark
+            try:
+                origin, _, seq_text = seq_header.decode().rpartition(":")
+                seq = int(seq_text)
+                if seq <= seqs.get(origin, -1):
+                    self.duplicates += 1  # written again by a replaying upstream instance
+                    continue
+                value = None if r.value is None else loads(r.value)
+                items.append((r.timestamp, decode_key(r.key), value))
+                seqs[origin] = seq
+            except Exception as exc:
+                self._undecodable(tp, r, exc)
+        self.records_in += len(items)
+        if items:
+            self.current_tp = tp
+            self.root.push(items)
+        self.tracker.observe(tp, NO_TIME, now)
+        wm = part.watermark()
+        if wm != NO_TIME:
+            self.tracker.heartbeat(tp, wm, now)
+        self.advance(now)

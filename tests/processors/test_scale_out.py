@@ -1,0 +1,234 @@
+"""Issue 17, items 2 and 3: two and three ``sluice process`` instances of a pipeline keyed by something
+other than the input's partitioning (readings spread round-robin over the input partitions, keyed by
+sensor in the pipeline) go through the repartition topic: killed with -9 and restarted mid-stream, or
+joined by another instance mid-stream, they give the batch computation's windows, each exactly once
+read_committed. Against a real ``sluice serve``, and against an external Kafka-protocol cluster when
+SLUICE_TEST_KAFKA_BOOTSTRAP names one (as the client tests do)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from tests.broker.server.conftest import SluiceProcess
+from tests.processors.test_standalone import Processor, finals
+from tests.processors.workloads import batch_window_means, sensor_readings
+
+pytestmark = pytest.mark.slow
+PARTITIONS = 4
+EXACTLY_ONCE = ("--guarantee", "exactly-once")
+
+
+@pytest.fixture(params=["sluice", "external-kafka"])
+def bootstrap(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "external-kafka":
+        external = os.environ.get("SLUICE_TEST_KAFKA_BOOTSTRAP")
+        if not external:
+            pytest.skip("SLUICE_TEST_KAFKA_BOOTSTRAP is not set (no second Kafka-protocol endpoint to run against)")
+        yield external
+        return
+    server = SluiceProcess(tmp_path / "data", partitions=PARTITIONS)
+    server.start()
+    yield server.bootstrap
+    server.stop()
+
+
+def topics(prefix: str) -> dict[str, str]:
+    tag = f"{prefix}-{uuid.uuid4().hex[:8]}"  # an external cluster keeps topics between runs
+    return {"SENSORS_INPUT": f"{tag}-in", "SENSORS_OUTPUT": f"{tag}-avg", "SENSORS_GROUP": f"{tag}-group"}
+
+
+async def create_topics(bootstrap: str, *names: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, PARTITIONS, 1) for name in names])
+    finally:
+        await admin.close()
+
+
+async def produce_round_robin(bootstrap: str, topic: str, rows: list[dict[str, Any]], first: int) -> None:
+    """Reading ``first + i`` to partition ``(first + i) % 4``: each sensor's readings land in every
+    partition, so an instance owning some input partitions sees part of every sensor."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, json.dumps(r).encode(), key=f"reading-{first + i}".encode(),
+                                       partition=(first + i) % PARTITIONS, timestamp_ms=r["ts"])
+                   for i, r in enumerate(rows)]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def punctuate(bootstrap: str, topic: str, watermark: int) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for p in range(PARTITIONS):
+            headers = [("sluice-watermark", str(watermark).encode())]
+            await producer.send_and_wait(topic, b"", partition=p, headers=headers)
+    finally:
+        await producer.stop()
+
+
+async def read_rows(bootstrap: str, topic: str, isolation_level: str) -> list[dict[str, Any]]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level=isolation_level)
+    await consumer.start()
+    try:
+        if topic not in await consumer.topics():
+            return []
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]  # create_topics made it
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        out = []
+        while any([await consumer.position(tp) < ends[tp] for tp in tps]):
+            for messages in (await consumer.getmany(timeout_ms=500)).values():
+                for m in messages:
+                    value = json.loads(m.value)
+                    value["_key"] = json.loads(m.key)
+                    out.append(value)
+        return out
+    finally:
+        await consumer.stop()
+
+
+class Instance(Processor):
+    """``sluice process tests.processors.pipelines:rekeyed`` (Processor runs the sensor example)."""
+
+    def __init__(self, bootstrap: str, env: dict[str, str], log: Path, *options: str) -> None:
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sluice.cli", "process", "tests.processors.pipelines:rekeyed",
+             "--bootstrap", bootstrap, "--checkpoint-interval", "0.5", "--session-timeout-ms", "2000", *options],
+            env={**os.environ, **env}, stderr=log.open("a"), stdout=subprocess.DEVNULL,
+        )
+
+    def owned(self, stage: str) -> list[Any]:
+        """The partitions of the stage reading ``stage`` (a topic) this instance owns now."""
+        lines = [line for line in self.log.read_text().splitlines()
+                 if "partitions assigned" in line or "partitions revoked" in line]
+        owned: list[Any] = []
+        for line in lines:
+            if f"'{stage}'" not in line and f'"{stage}"' not in line:
+                continue
+            if "partitions assigned" in line:
+                owned = [tp for tp in self.assigned_in(line)]
+        return owned
+
+    @staticmethod
+    def assigned_in(line: str) -> list[Any]:
+        text = line.split("partitions=", 1)[1].split(" restored=")[0]
+        parsed: list[Any] = json.loads(text.replace("(", "[").replace(")", "]").replace("'", '"'))
+        return parsed
+
+
+def running(instances: list[Instance]) -> None:
+    for i in instances:
+        assert i.proc.poll() is None, i.log.read_text()[-3000:]
+
+
+async def wait_for(condition: Any, instances: list[Instance], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        running(instances)
+        assert time.monotonic() < deadline, (condition.__doc__, [i.log.read_text()[-2000:] for i in instances])
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("count", [2, 3])
+async def test_instances_of_a_repartitioned_pipeline_killed_and_restarted_give_each_window_once(
+        bootstrap: str, tmp_path: Path, count: int) -> None:
+    rng = random.Random(int(os.environ.get("SLUICE_TEST_SEED", "17")) + count)
+    readings = sensor_readings(60)
+    expected = batch_window_means(readings, 10_000)
+    env = topics(f"shuffle{count}")
+    await create_topics(bootstrap, env["SENSORS_INPUT"], env["SENSORS_OUTPUT"])
+    half = len(readings) // 2
+    await produce_round_robin(bootstrap, env["SENSORS_INPUT"], readings[:half], 0)
+
+    def start(n: int) -> Instance:
+        return Instance(bootstrap, env, tmp_path / f"{n}.log", *EXACTLY_ONCE, "--instance-id", f"i{n}")
+
+    instances = [start(n) for n in range(count)]
+    victim = rng.randrange(count)
+    try:
+        async def some_windows() -> bool:  # written by now (committed or not): the kill lands mid-stream
+            return len(await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_uncommitted")) >= 10
+        await wait_for(some_windows, instances)
+        feeding = asyncio.create_task(produce_round_robin(bootstrap, env["SENSORS_INPUT"], readings[half:], half))
+        await asyncio.sleep(rng.uniform(0, 0.5))
+        instances[victim].kill9()
+        await feeding
+        instances[victim] = start(victim)  # the same instance id: it fences its predecessor's transactions
+        await punctuate(bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
+
+        async def all_windows() -> bool:
+            rows = await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_committed")
+            missing = sorted(set(expected) - set(finals(rows)))
+            all_windows.__doc__ = f"{len(finals(rows))} of {len(expected)} windows committed; missing {missing}"
+            return len(finals(rows)) >= len(expected)
+        await wait_for(all_windows, instances, timeout=90)
+    finally:
+        codes = [i.stop() for i in instances]
+    assert codes == [0] * count, [i.log.read_text()[-3000:] for i in instances]
+    rows = await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_committed")
+    assert [k for k, n in Counter(tuple(r["_key"]) for r in rows).items() if n > 1] == []
+    assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
+    # the keyed stage ran in several instances, each owning part of the repartition topic
+    topic = f"{env['SENSORS_GROUP']}.repartition.0"
+    assert sum(1 for i in instances if i.owned(topic)) >= 2, [i.log.read_text()[-2000:] for i in instances]
+
+
+async def test_an_instance_joining_mid_stream_takes_repartitioned_keys_with_their_state(
+        bootstrap: str, tmp_path: Path) -> None:
+    """Two instances (at-least-once) run over half the data, windows half full; a third joins: both
+    groups rebalance, revoked repartition partitions are checkpointed and restored by their new owner."""
+    readings = sensor_readings(60)
+    expected = batch_window_means(readings, 10_000)
+    env = topics("join3")
+    await create_topics(bootstrap, env["SENSORS_INPUT"], env["SENSORS_OUTPUT"])
+    half = len(readings) // 2 + 55  # mid-window for every sensor
+    await produce_round_robin(bootstrap, env["SENSORS_INPUT"], readings[:half], 0)
+    instances = [Instance(bootstrap, env, tmp_path / f"{n}.log") for n in range(2)]
+    topic = f"{env['SENSORS_GROUP']}.repartition.0"
+    try:
+        async def half_done() -> bool:
+            return len(await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_uncommitted")) >= 20
+        await wait_for(half_done, instances)
+        instances.append(Instance(bootstrap, env, tmp_path / "2.log"))
+
+        async def third_owns() -> bool:
+            return bool(instances[2].owned(topic)) and bool(instances[2].owned(env["SENSORS_INPUT"]))
+        await wait_for(third_owns, instances)
+        await produce_round_robin(bootstrap, env["SENSORS_INPUT"], readings[half:], half)
+        await punctuate(bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
+
+        async def all_windows() -> bool:
+            return len(finals(await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_uncommitted"))) >= len(expected)
+        await wait_for(all_windows, instances, timeout=90)
+    finally:
+        codes = [i.stop() for i in instances]
+    logs = [i.log.read_text()[-3000:] for i in instances]
+    assert codes == [0, 0, 0], logs
+    rows = await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_uncommitted")
+    assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}, logs
+    for r in rows:  # every emission is the complete window: state moved with its partition
+        assert r["value"] == pytest.approx(expected[tuple(r["_key"])]), (r, logs)
+    assert any("restored={}" not in line for line in instances[2].log.read_text().splitlines()
+               if "partitions assigned" in line and topic in line), logs
