@@ -177,6 +177,7 @@ class KafkaSink:
         if transactional_id is not None:
             txn = {"transactional_id": transactional_id, "transaction_timeout_ms": transaction_timeout_ms}
         self.transactional_id = transactional_id
+        self.transaction_timeout_ms = transaction_timeout_ms
         self.producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             client_id=client_id or "sluice-processor",
@@ -312,6 +313,36 @@ class KafkaCheckpointStore:
         except KafkaError as exc:
             raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc
 
+    async def _stable_end(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:
+        """The checkpoint log's end once no transaction is open in it. Read_committed reads stop at the
+        last stable offset: while another instance's transaction with checkpoint records is open (an
+        instance killed between writing its checkpoint and committing it), checkpoints committed after
+        that transaction began (this instance's own revoke checkpoint among them) are invisible, and
+        restoring without them would take an older state (seen: keys lost in a kill -9 rebalance). A
+        live instance keeps checkpoint records open for milliseconds; a dead one's transaction ends
+        when it restarts (fenced) or the broker aborts it at its timeout, so wait that long at most."""
+        probe = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                 isolation_level="read_uncommitted")
+        await probe.start()
+        try:
+            deadline = asyncio.get_running_loop().time() + self.sink.transaction_timeout_ms / 1000 + 10
+            warned = False
+            while True:
+                stable = (await consumer.end_offsets([tp]))[tp]
+                high = (await probe.end_offsets([tp]))[tp]
+                if stable >= high:
+                    return int(stable)
+                if asyncio.get_running_loop().time() > deadline:
+                    raise CheckpointError(f"{self.topic} keeps a transaction open (stable offset {stable}, "
+                                          f"end {high}) beyond the transaction timeout")
+                if not warned:
+                    warned = True
+                    log.warning("waiting for an open transaction in the checkpoint topic to end before restoring",
+                                extra={"topic": self.topic, "stable_offset": stable, "end_offset": high})
+                await asyncio.sleep(0.1)
+        finally:
+            await probe.stop()
+
     async def load(self, tps: Collection[TP] | None = None) -> dict[TP, PartitionRestore]:
         # read_committed: a checkpoint written in an aborted transaction (exactly-once) never restores
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
@@ -325,7 +356,7 @@ class KafkaCheckpointStore:
             tp = TopicPartition(self.topic, 0)
             consumer.assign([tp])
             start = (await consumer.beginning_offsets([tp]))[tp]
-            end = (await consumer.end_offsets([tp]))[tp]
+            end = await self._stable_end(consumer, tp)
 
             async def read(lo: int, hi: int) -> list[CheckpointRecord]:
                 consumer.seek(tp, lo)

@@ -9,7 +9,10 @@ Rules (the state machine of a ``WatermarkTracker``):
   after that it is IDLE and stops holding time back. Data returning makes it ACTIVE again.
 * The operator watermark is the minimum over ACTIVE partitions. It never moves backwards: a
   partition that rejoins behind it holds it where it is until it catches up (its older records
-  are late, and the windows route them by allowed lateness).
+  are late, and the windows route them by allowed lateness). The one exception is a partition
+  restored from a checkpoint behind it (a rebalance handing over a partition from an instance that was
+  behind): ``Executor.rewind`` lowers it to that partition's floor and raises the floors of the
+  partitions already here to the old watermark, so their lateness is unchanged.
 * Restored from a checkpoint, a partition gets back its event time, its idleness (processing time
   since it was last heard of; the downtime does not count) and a ``floor``: the operator watermark
   its keys had seen. Records of that partition are judged against at least their floor, so a

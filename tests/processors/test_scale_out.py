@@ -232,3 +232,37 @@ async def test_an_instance_joining_mid_stream_takes_repartitioned_keys_with_thei
         assert r["value"] == pytest.approx(expected[tuple(r["_key"])]), (r, logs)
     assert any("restored={}" not in line for line in instances[2].log.read_text().splitlines()
                if "partitions assigned" in line and topic in line), logs
+
+
+async def test_a_restore_waits_for_a_dead_instances_open_checkpoint_transaction(bootstrap: str) -> None:
+    """Exactly-once instances share one checkpoint partition. A was killed between writing its
+    checkpoint and committing it; B committed a newer checkpoint of the same partition after A's
+    transaction began. B's restore must wait until A's transaction ends (A's restart fences it, or the
+    broker's timeout aborts it) and then find B's checkpoint: reading up to the last stable offset at
+    once found none, and a kill -9 rebalance restored keys without their state."""
+    from processors.checkpoint import Checkpoint, CheckpointCodec, PartitionState
+    from processors.kafka import KafkaCheckpointStore, KafkaSink
+
+    pipeline = f"cp-{uuid.uuid4().hex[:8]}"
+    tp = ("in", 0)
+
+    def checkpoint(offset: int) -> list[tuple[bytes, bytes | None]]:
+        return CheckpointCodec().encode(Checkpoint(pipeline, 0, 0, {tp: PartitionState(offset)}))
+
+    a = KafkaSink(bootstrap, transactional_id=f"{pipeline}-a")
+    b = KafkaSink(bootstrap, transactional_id=f"{pipeline}-b")
+    await a.start()
+    await b.start()
+    try:
+        await KafkaCheckpointStore(bootstrap, pipeline, a).save(checkpoint(5))  # left open
+        await KafkaCheckpointStore(bootstrap, pipeline, b).save(checkpoint(10))
+        await b.commit_transaction({}, "unused-group")
+        loading = asyncio.create_task(KafkaCheckpointStore(bootstrap, pipeline, b).load([tp]))
+        done, _ = await asyncio.wait([loading], timeout=1.0)
+        assert not done, loading.result()  # still waiting for A's transaction
+        await a.abort()  # as A's restart (InitProducerId) or the transaction timeout would
+        restored = await asyncio.wait_for(loading, 30)
+        assert restored[tp].offset == 10
+    finally:
+        await a.stop()
+        await b.stop()
