@@ -8,7 +8,8 @@ Rules:
   A rule's ``{n}`` template is resolved with ``t``'s levels. Which one applies may depend on the payload
   (``when_field``), so every candidate counts.
 - A SUBSCRIBE to filter ``f`` receives what is published on the topic names ``f`` matches: the rules whose
-  filter can match one of those names (an overlap of two filters), configured and default alike. A
+  filter can match one of those names (an overlap of two filters), configured then default, up to the
+  first that always applies to every one of those names (its filter covers ``f``). A
   template is resolved when every level it uses is a literal in ``f``; otherwise the log topic is not
   known in advance and ``None`` stands for "any topic" (the caller then needs a grant on every topic).
 - A shared subscription (``$share/<group>/<filter>``) is judged by its filter.
@@ -52,6 +53,8 @@ def subscribe_topics(rules: list[RouteRule], defaults: tuple[RouteRule, ...], to
         if rule.filter is not None and not filters_overlap(rule.filter, inner):
             continue
         out.add(_resolve(rule.topic, levels, wildcards_unknown=True))
+        if _always(rule) and (rule.filter is None or _covers(rule.filter, inner)):
+            break  # no later rule sees these topics
     return out
 
 
@@ -68,6 +71,19 @@ def filters_overlap(a: str, b: str) -> bool:
         if x != "+" and y != "+" and x != y:
             return False
     return True
+
+
+def _covers(outer: str, inner: str) -> bool:
+    """Whether every topic name matching filter ``inner`` also matches filter ``outer``."""
+    big, small = outer.split("/"), inner.split("/")
+    for i, level in enumerate(big):
+        if level == "#":
+            return True
+        if i >= len(small) or small[i] == "#":
+            return False
+        if level != "+" and (small[i] == "+" or small[i] != level):
+            return False
+    return len(small) == len(big)
 
 
 def _always(rule: RouteRule) -> bool:

@@ -23,7 +23,7 @@ from ingest.admission import Admission
 from ingest.errors import IngestError
 from ingest.mqtt.hub_config import HubConfig, HubStats
 from ingest.mqtt.packets import Publish, Subscription, Will
-from ingest.mqtt.ports import Accepted, Authenticator, IngestPort, Link, Refusal
+from ingest.mqtt.ports import Accepted, Authenticator, IngestPort, Link, Refusal, TopicAccess
 from ingest.mqtt.properties import expires_at, for_delivery, forwarded
 from ingest.mqtt.session_state import CompactSet, QueueBudget, SessionJournal, SessionState
 from ingest.mqtt.shared import SHARE_PREFIX, Granted, SharedGroup, parse_shared
@@ -40,6 +40,7 @@ class Hub:
     port: IngestPort
     config: HubConfig = field(default_factory=HubConfig)
     authenticator: Authenticator | None = None
+    access: TopicAccess | None = None  # the ACLs on topics (security.auth = required); None: all allowed
     sessions: dict[str, SessionState] = field(default_factory=dict)
     offline: OrderedDict[str, SessionState] = field(default_factory=OrderedDict)  # away longest first
     connections: CompactSet[Link] = field(default_factory=CompactSet)  # every open connection (its adapter)

@@ -22,6 +22,7 @@ from typing import Any
 from ingest.mqtt.from_log import LogToMqtt
 from ingest.mqtt.hub import Accepted, Hub
 from ingest.mqtt.packets import NO_PROPERTIES, Reason
+from ingest.mqtt.ports import REFUSED
 from ingest.mqtt.properties import to_headers
 from ingest.mqtt.session import MqttConnection
 from ingest.mqtt.websocket import WebSocketStats, websocket_factory
@@ -45,11 +46,11 @@ class SinkPort:
     async def ingest(self, client_id: str, messages: Sequence[Accepted]) -> None:
         # ingest(), not write(): acks need only "durable now", not per-message placements.
         # MQTT 5 properties become record headers after Sluice's own (ingest/mqtt/properties.py rule 2).
-        await self.sink.ingest(
-            self.source, [RawMessage(m.payload, m.topic, client_id, at, None,
-                                     () if m.properties is NO_PROPERTIES else to_headers(m.properties))
-                          for m, _, at in messages]
-        )
+        raw = [RawMessage(m.payload, m.topic, client_id, at, None,
+                          () if m.properties is NO_PROPERTIES else to_headers(m.properties))
+               for m, _, at in messages if at != REFUSED]  # refused by the ACLs: never stored (machine.py 13)
+        if raw:
+            await self.sink.ingest(self.source, raw)
 
     def connections_changed(self, delta: int) -> None:
         if delta > 0:

@@ -66,6 +66,11 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
     the rest queued in the session (bounded; ``session_state.py``); a PUBLISH larger than the client's
     Maximum Packet Size is dropped and counted (§3.1.2.11.4).
 12. Once CLOSED nothing more is written (except the CONNACK of a refusal) and input is discarded.
+13. ACLs (``hub.access``, with ``security.auth = required``), as Mosquitto applies them: a CONNECT whose
+    will topic may not be published to is refused (5.0 0x87, 3.1.1 0x05). A PUBLISH the ACLs refuse is
+    not stored nor delivered, and logged (rate-limited) and counted by the authorizer: QoS 0 is dropped;
+    QoS 1/2 are answered in arrival order with the others' acks: 5.0 PUBACK / PUBREC 0x87, 3.1.1 (no
+    negative acks) a plain PUBACK / PUBREC, as Mosquitto does. SUBSCRIBE: ``subscribe.py``.
 """
 
 from __future__ import annotations
@@ -104,7 +109,7 @@ from ingest.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from ingest.mqtt.ports import Accepted, Link
+from ingest.mqtt.ports import REFUSED, Accepted, Link
 from ingest.mqtt.session_state import SessionState
 from ingest.mqtt.subscribe import apply_subscribe
 
@@ -460,6 +465,11 @@ class ConnectionMachine:
             else:
                 self._refuse(terms.code, terms.level)
             return
+        will = packet.will
+        if will is not None and hub.access is not None and not hub.access.may_publish(
+                terms.username, self._peer_host(), will.topic):  # rule 13
+            self._refuse(Reason.NOT_AUTHORIZED if packet.protocol_level == MQTT_5 else 0x05, packet.protocol_level)
+            return
         self.version = level = packet.protocol_level
         props = packet.properties
         self.client_id = client_id = terms.client_id
@@ -522,16 +532,29 @@ class ConnectionMachine:
                 self._protocol_error(ProtocolError("Receive Maximum exceeded", Reason.RECEIVE_MAXIMUM_EXCEEDED))
                 return
             pending_in[pid] = None  # PacketIds.add, without the method call (per message)
+        arrival = self._arrival_ms
+        access = self.hub.access
+        if access is not None and not access.may_publish(self.username, self._peer_host(), topic):  # rule 13
+            if not qos:
+                return
+            arrival = REFUSED
         if topic is not packet.topic:  # resolved from a topic alias
             packet = Publish(topic, packet.payload, qos, packet.retain, packet.dup, packet.packet_id, props)
         batch = self._batch
         if batch is None:
             batch = self._batch = []
-        batch.append((packet, pid, self._arrival_ms))
+        batch.append((packet, pid, arrival))
+
+    def _peer_host(self) -> str:
+        peer = self.endpoint.peername()
+        return str(peer[0]) if isinstance(peer, tuple | list) and peer else str(peer)
 
     def _on_subscribe(self, packet: Subscribe, session: SessionState) -> None:
         try:
-            ack, retained, sub_id = apply_subscribe(self.hub, session, packet, self.version == MQTT_5)
+            access = self.hub.access
+            may = None if access is None else (
+                lambda topic_filter: access.may_subscribe(self.username, self._peer_host(), topic_filter))
+            ack, retained, sub_id = apply_subscribe(self.hub, session, packet, self.version == MQTT_5, may)
         except ProtocolError as exc:  # filters before the bad one stay subscribed; the connection ends
             self._protocol_error(exc)
             return
@@ -590,11 +613,18 @@ class ConnectionMachine:
         session = self.session
         assert session is not None
         self._queued -= len(batch)
-        acks = []
+        acks: list[Any] = []
         pending_in = session.pending_in
-        for msg, pid, _ in batch:
+        refused = False
+        for msg, pid, arrival in batch:
             if pid:
                 pending_in.pop(pid, None)  # PacketIds.discard, without the method call (per message)
+                if arrival == REFUSED:  # rule 13: 5.0 PUBACK/PUBREC 0x87 (remaining length 3), in order
+                    refused = True
+                    if self.version == MQTT_5:
+                        acks.append(bytes((0x40 if msg.qos == 1 else 0x50, 3, pid >> 8, pid & 0xFF,
+                                           Reason.NOT_AUTHORIZED)))
+                        continue
                 if msg.qos == 1:
                     acks.append(_PUBACK | pid)
                 else:
@@ -602,12 +632,13 @@ class ConnectionMachine:
                     acks.append(_PUBREC | pid)
         conn = session.connection
         if acks and conn is not None:
-            data = struct.pack(f">{len(acks)}I", *acks)  # 4-byte PUBACK/PUBREC each
+            data = (b"".join(a if isinstance(a, bytes) else a.to_bytes(4, "big") for a in acks) if refused
+                    else struct.pack(f">{len(acks)}I", *acks))  # 4-byte PUBACK/PUBREC each
             if conn is self.endpoint:
                 self._send_acks(data)
             else:  # the session moved to a newer connection of the client: the acks go there
                 conn.send_acks(data)
-        self.hub.deliver(self.client_id, batch)
+        self.hub.deliver(self.client_id, [m for m in batch if m[2] != REFUSED] if refused else batch)
         self._maybe_resume()
 
     def _append_failed(self, batch: list[Accepted], exc: BaseException) -> None:
@@ -624,10 +655,11 @@ class ConnectionMachine:
         if self.version == MQTT_5 and self.state == CONNECTED:
             self._queued -= len(batch)
             # the batch was not stored: PUBACK/PUBREC 0x80 for each QoS 1/2 message, so the client knows now
-            for msg, pid, _ in batch:
+            for msg, pid, arrival in batch:
                 if pid:
                     session.pending_in.discard(pid)
-                    self._send((Puback if msg.qos == 1 else Pubrec)(pid, Reason.UNSPECIFIED_ERROR))
+                    reason = Reason.NOT_AUTHORIZED if arrival == REFUSED else Reason.UNSPECIFIED_ERROR
+                    self._send((Puback if msg.qos == 1 else Pubrec)(pid, reason))
             self._maybe_resume()
             return
         # 3.1.1 has no negative ack: nothing waiting is acknowledged, the client resends after reconnecting

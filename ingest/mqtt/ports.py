@@ -2,6 +2,7 @@
 
 * ``IngestPort``: the durable append (and source health), implemented by the assembly over the ingest sink.
 * ``Authenticator``: the user database check, passed by the assembly.
+* ``TopicAccess``: the ACL check of topics (``security.auth = required``), passed by the assembly.
 * ``Link``: one connected client as the hub and its session see it. The connection adapter
   (``session.MqttConnection``) implements it over any byte transport (TCP, TLS, WebSocket); the hub
   and ``SessionState`` only ever go through it, so neither imports the adapter or the state machine.
@@ -14,16 +15,27 @@ from typing import Literal, Protocol
 
 from ingest.mqtt.packets import Packet, Publish
 
-__all__ = ["Accepted", "Authenticator", "IngestPort", "Link", "Refusal"]
+__all__ = ["REFUSED", "Accepted", "Authenticator", "IngestPort", "Link", "Refusal", "TopicAccess"]
 
 # A PUBLISH accepted from a device: (the packet with its topic resolved, its packet id or 0, arrival ms).
 Accepted = tuple[Publish, int, int]
+# The arrival ms of a QoS 1/2 PUBLISH the ACLs refused: it rides in its batch only so that its answer
+# leaves in arrival order with the others' acks; nothing stores or delivers it (machine.py rule 13).
+REFUSED = -1
 
 # (client_id, username, password) -> accepted?
 Authenticator = Callable[[str, str | None, bytes | None], bool]
 # Why a CONNECT was refused: no credentials while anonymous clients are not allowed; credentials while there
 # is no user database to check them against; credentials the user database does not accept.
 Refusal = Literal["anonymous", "no-users", "bad-credentials"]
+
+
+class TopicAccess(Protocol):
+    """May this client (its user name, from its address) publish to a topic name / subscribe to a filter?"""
+
+    def may_publish(self, username: str | None, peer: str, topic: str) -> bool: ...
+
+    def may_subscribe(self, username: str | None, peer: str, topic_filter: str) -> bool: ...
 
 
 class IngestPort(Protocol):

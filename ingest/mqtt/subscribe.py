@@ -6,13 +6,15 @@ Rules
    error (DISCONNECT 0x82). It applies to every filter of the packet.
 2. Per filter: ``$share/<group>/<filter>`` joins a shared subscription (``shared.py``; malformed: 0x8F,
    No Local on it: protocol error 0x82, §3.8.3.1); any other filter must be valid (else 0x8F; 3.1.1:
-   0x80); a granted filter gets its requested QoS. The SUBACK lists the codes in order.
+   0x80); one the ACLs refuse (``may_subscribe``) gets 0x87 (3.1.1: 0x80), as Mosquitto answers; a
+   granted filter gets its requested QoS. The SUBACK lists the codes in order.
 3. Retain Handling (§3.3.1.3): 0 sends the matching retained messages after the SUBACK, 1 only when the
    subscription is new, 2 never; shared subscriptions never get them (§4.8.2).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ingest.mqtt.errors import ProtocolError
@@ -29,9 +31,8 @@ __all__ = ["apply_subscribe"]
 _MAX_SUBSCRIPTION_ID = 268_435_455
 
 
-def apply_subscribe(hub: Hub, session: SessionState, packet: Subscribe, v5: bool) -> tuple[
-    Suback, list[Subscription], int
-]:
+def apply_subscribe(hub: Hub, session: SessionState, packet: Subscribe, v5: bool,
+                    may_subscribe: Callable[[str], bool] | None = None) -> tuple[Suback, list[Subscription], int]:
     """Subscribe ``session`` per the rules; returns the SUBACK, the subscriptions that get retained
     messages after it, and the subscription identifier (0: none). Raises ``ProtocolError`` (rules 1, 2)."""
     ids = packet.properties.subscription_identifier
@@ -52,6 +53,9 @@ def apply_subscribe(hub: Hub, session: SessionState, packet: Subscribe, v5: bool
                 raise ProtocolError("No Local on a shared subscription", Reason.PROTOCOL_ERROR)
         elif not valid_filter(topic_filter):
             codes.append(invalid)
+            continue
+        if may_subscribe is not None and not may_subscribe(topic_filter):
+            codes.append(Reason.NOT_AUTHORIZED if v5 else 0x80)
             continue
         new = hub.subscribe(session, sub, sub_id)
         codes.append(sub.qos)

@@ -30,7 +30,8 @@ from ingest.mqtt.retained_store import DurableRetainedStore
 from ingest.mqtt.session_store import RETAINED_TOPIC, SESSIONS_TOPIC, SessionStore
 from ingest.routing import SourceRef
 from sluice.components.ingest_core import ingest_core
-from sluice.components.security import authenticator
+from sluice.components.mqtt_access import MqttAccess
+from sluice.components.security import authenticator, authorizer
 from sluice.components.tls import handshake_timeout, server_context
 from sluice.config import MqttSettings
 from sluice.front_metrics import BridgeCollector, MqttCollector, publish_collector
@@ -104,6 +105,9 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
         connection_limits=ConnectionLimits(settings.max_connections, settings.max_connections_per_address),
     )
     hub = Hub(SinkPort(core.sink, MQTT_SOURCE), config, check)
+    authz = authorizer(runtime)
+    if authz is not None:  # the ACLs of the log topics the routes lead to (mqtt_access.py)
+        hub.access = MqttAccess(authz, core.router, MQTT_SOURCE)
     if settings.durable:  # restored here, before the listener accepts anyone
         retained = DurableRetainedStore(Journal(runtime.store, RETAINED_TOPIC))
         retained.restore()

@@ -50,7 +50,9 @@ def sasl_ssl_server(tmp_path_factory: pytest.TempPathFactory, certs: DevCertific
     """TLS with client certificates and auth required: SASL_SSL, and SSL for clients with a certificate."""
     data = tmp_path_factory.mktemp("sasl-ssl") / "data"
     UserStore(data).add("alice", PASSWORD)
-    proc = SluiceProcess(data, env={**tls_env(certs, client_ca=True), "SLUICE_SECURITY__AUTH": "required"})
+    # both logins may do everything (ACLs are test_acl_kafka.py's subject)
+    proc = SluiceProcess(data, env={**tls_env(certs, client_ca=True), "SLUICE_SECURITY__AUTH": "required",
+                                    "SLUICE_SECURITY__SUPER_USERS": '["alice", "User:CN=device-1,O=Sluice dev"]'})
     proc.start()
     yield proc
     proc.stop()

@@ -47,7 +47,8 @@ def open_server(tmp_path_factory: pytest.TempPathFactory, certs: DevCertificates
 def auth_server(tmp_path_factory: pytest.TempPathFactory, certs: DevCertificates) -> Iterator[SluiceProcess]:
     data = tmp_path_factory.mktemp("mqtt-auth") / "data"
     UserStore(data).add("dev", PASSWORD)
-    proc = SluiceProcess(data, env={**tls_env(certs, client_ca=True), **PORTS, "SLUICE_SECURITY__AUTH": "required"})
+    proc = SluiceProcess(data, env={**tls_env(certs, client_ca=True), **PORTS, "SLUICE_SECURITY__AUTH": "required",
+                                    "SLUICE_SECURITY__SUPER_USERS": '["dev", "sensor-9"]'})  # ACLs: test_mqtt_acl
     proc.start()
     yield proc
     proc.stop()
