@@ -1,0 +1,111 @@
+"""CPU per message of Sluice's MQTT ingest alone: the load of ``bench_mqtt`` without the Mosquitto runs.
+
+    python -m bench.bench_mqtt_cpu QOS FLUSH [--gc serving|default]
+
+4 ``mosquitto_pub -l -V mqttv5 -M 1000`` processes send 25,000 100-byte messages each at QoS ``QOS`` to the
+MQTT listener in this process (uvloop, segment store, flush ``FLUSH``: always or os). Printed: the rate,
+this process's CPU time per message (user + system, from starting the publishers until every message is
+durably appended), and how many socket reads and appends carried them. CPU time is what a shared
+machine's other load disturbs least, so this is the figure to compare two trees with: it runs on any
+tree since 2026-11-30 (``cd <tree> && PYTHONPATH=. python -m bench.bench_mqtt_cpu 0 os``; bring this
+file along for trees that lack it). ``--gc serving`` applies ``sluice serve``'s GC settings
+(``sluice.gc_tuning``; an older tree run with ``PYTHONPATH=.`` from a checkout whose package is installed
+in editable mode finds the module there), ``--gc default`` keeps CPython's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.bench_mqtt import make_lines, publishers, raise_fd_limit
+from sluice.config import load_settings
+from sluice.runtime import Runtime
+from sluice.serve import open_store
+
+PUBLISHERS, MESSAGES = 4, 25_000
+
+
+def mqtt_listener(runtime: Runtime) -> Any:
+    for module in ("sluice.components.mqtt", "sluice.mqtt_wiring"):  # renamed on 2026-12-01
+        try:
+            return importlib.import_module(module).mqtt_listener(runtime)
+        except ImportError:
+            continue
+    raise ImportError("no mqtt_listener")
+
+
+async def run(qos: int, flush: str, gc_serving: bool) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-mqtt-cpu-"))
+    files = []
+    for i in range(PUBLISHERS):
+        f = tmp / f"lines-{i}.txt"
+        make_lines(f, MESSAGES, i)
+        files.append(f)
+    (tmp / "data").mkdir()
+    settings = load_settings(None, data_dir=tmp / "data", mqtt={"port": 0},
+                             storage={"backend": "segment", "flush": flush})
+    store = open_store(settings)
+    await store.start()
+    runtime = Runtime(settings, store)
+    listener = mqtt_listener(runtime)
+    await listener.start()
+    sink = runtime.registries["ingest_sink"]
+    hub = listener.hub
+    counts = {"reads": 0, "bytes": 0, "appends": 0}
+    port = hub.port
+
+    class CountingPort:  # the hub's IngestPort, counting append calls
+        def __getattr__(self, name: str) -> Any:
+            return getattr(port, name)
+
+        async def ingest(self, client_id: str, messages: Any) -> None:
+            counts["appends"] += 1
+            await port.ingest(client_id, messages)
+
+    hub.port = CountingPort()
+    connection_class = type(hub).__module__.replace(".hub", ".session")
+    protocol = importlib.import_module(connection_class).MqttConnection
+    received = protocol.data_received
+
+    def counting_read(self: Any, data: bytes) -> None:
+        counts["reads"] += 1
+        counts["bytes"] += len(data)
+        received(self, data)
+
+    protocol.data_received = counting_read
+    if gc_serving:
+        importlib.import_module("sluice.gc_tuning").tune_for_serving()
+    total = PUBLISHERS * MESSAGES
+    try:
+        cpu, start = time.process_time(), time.perf_counter()
+        procs = publishers(listener.port, qos, files)
+        while sink.messages_written < total:
+            await asyncio.sleep(0.002)
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        for p in procs:
+            await asyncio.to_thread(p.wait)
+    finally:
+        protocol.data_received = received
+        await listener.stop()
+        await store.close()
+    print(f"QoS {qos} flush={flush}: {total / elapsed:,.0f} msg/s, CPU {cpu / total * 1e6:.2f} us/msg,"
+          f" {counts['reads']} reads (avg {counts['bytes'] / max(counts['reads'], 1):,.0f} B),"
+          f" {counts['appends']} appends (avg {total / max(counts['appends'], 1):,.0f} messages)", flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("qos", type=int, choices=(0, 1))
+    parser.add_argument("flush", choices=("always", "os"))
+    parser.add_argument("--gc", choices=("serving", "default"), default="serving")
+    ns = parser.parse_args()
+    raise_fd_limit()
+    import uvloop
+
+    uvloop.run(run(ns.qos, ns.flush, ns.gc == "serving"))
