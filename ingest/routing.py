@@ -403,6 +403,8 @@ class Router:
 # ingest sink's hot path (no dataclass per message; the record goes to encode_record_tuples as is).
 RoutedTuple = tuple[str, str | None, RecordTuple]
 _CACHE_MAX = 100_000  # entries per cache; cleared when full (devices and MQTT topics repeat)
+_UNPLANNED: Any = object()  # SourceRoutes._plans: not looked at yet (None: no plan, route each message)
+_RAW_PARSED = parse_payload("raw", b"")  # what every raw payload parses to
 
 
 class SourceRoutes:
@@ -414,7 +416,7 @@ class SourceRoutes:
     source and those keys, and the ``Router`` builds a fresh ``SourceRoutes`` when rules change.
     """
 
-    __slots__ = ("_by_subject", "_clock", "_defaults", "_headers", "_mqtt", "_rules", "_source_header",
+    __slots__ = ("_by_subject", "_clock", "_defaults", "_headers", "_mqtt", "_plans", "_rules", "_source_header",
                  "_topics", "source")
 
     def __init__(
@@ -437,6 +439,8 @@ class SourceRoutes:
         self._by_subject: dict[str | None, tuple[tuple[RouteRule, ...], tuple[RouteRule, ...]]] = {}
         self._topics: dict[tuple[str, str | None], str] = {}
         self._headers: dict[tuple[str | None, str | None], Headers] = {}
+        # (subject, device) -> (log topic, key, headers) when one raw-payload rule decides it all (``_plan``)
+        self._plans: dict[tuple[str | None, str | None], tuple[str, bytes | None, Headers] | None] = {}
 
     def rules_for(self, subject: str | None) -> tuple[tuple[RouteRule, ...], tuple[RouteRule, ...]]:
         """(configured, default) rules that may apply, in order, each list up to its first rule that
@@ -450,6 +454,48 @@ class SourceRoutes:
         return found
 
     def route(self, message: RawMessage) -> list[RoutedTuple | Rejected]:
+        cache_key = (message.subject, message.device)
+        plan = self._plans.get(cache_key, _UNPLANNED)
+        if plan is _UNPLANNED:
+            plan = self._plan(message)
+            if len(self._plans) >= _CACHE_MAX:
+                self._plans.clear()
+            self._plans[cache_key] = plan
+        if plan is None:
+            return self.route_each(message)
+        topic, key, headers = plan
+        if message.headers:
+            headers += message.headers
+        arrival = message.arrival_ms if message.arrival_ms >= 0 else int(self._clock() * 1000)
+        return [(topic, message.device, (message.payload, key, headers, arrival))]
+
+    def _plan(self, message: RawMessage) -> tuple[str, bytes | None, Headers] | None:
+        """What ``route_each`` gives every message with this subject and device, when that depends on
+        nothing else: the one rule that applies (not fan-out, no ``when_field``) takes the payload as raw
+        bytes (so nothing is parsed), the device from the message, a key that is not read from the payload
+        and the arrival time. None otherwise, or when the rule rejects the message (``route_each`` then
+        routes each message itself)."""
+        configured, defaults = self.rules_for(message.subject)
+        chain = configured or defaults
+        if len(chain) != 1:
+            return None
+        rule = chain[0]
+        if (
+            rule.fan_out or rule.when_field is not None or rule.device is not None
+            or (rule.format or self.source.format or "raw") != "raw"
+            or rule.key.kind not in ("default", "none", "topic", "level", "device")
+            or rule.time.field not in ("arrival", "default")
+        ):
+            return None
+        try:  # as route_each routes it, without the message's own headers (added per message)
+            topic, _, (_, key, headers, _) = self._apply(
+                rule, RawMessage(message.payload, message.subject, message.device), _RAW_PARSED, 0)
+        except Exception:
+            return None
+        return topic, key, headers
+
+    def route_each(self, message: RawMessage) -> list[RoutedTuple | Rejected]:
+        """Every rule that applies, tried in order on this message (``route`` without its plans)."""
         arrival = message.arrival_ms if message.arrival_ms >= 0 else int(self._clock() * 1000)
         out: list[RoutedTuple | Rejected] = []
         parsed_by_format: dict[str, Parsed | PayloadError] = {}
