@@ -271,9 +271,12 @@ class IngestSink:
 
         placements: list[list[Placement]] | None = [[] for _ in given] if outcomes is not None else None
         if groups:
-            failures = await asyncio.gather(
-                *(self._append_group(group, placements) for group in groups.values())
-            )
+            if len(groups) == 1:  # the common case (one device, one partition): no task, no extra loop turns
+                failures = [await self._append_group(next(iter(groups.values())), placements)]
+            else:
+                failures = await asyncio.gather(
+                    *(self._append_group(group, placements) for group in groups.values())
+                )
             for group, failure in zip(groups.values(), failures, strict=True):
                 if isinstance(failure, StorageError):
                     raise self._storage_failed(source, group.topic, failure) from failure
