@@ -251,12 +251,32 @@ class KafkaSink:
         await self.producer.stop()
 
     async def write(self, records: list[OutRecord]) -> None:
+        """Records with a partition (a repartition topic's) go in batches built here, one future per
+        batch: ``send`` costs a future and a partitioner call per record, the shuffle's largest cost."""
         try:
             await self._begin()
+            producer = self.producer
+            batches: dict[tuple[str, int], Any] = {}
             for r in records:
-                self._pending.append(await self.producer.send(
-                    r.topic, r.value, key=r.key, partition=r.partition, headers=list(r.headers),
-                    timestamp_ms=r.timestamp))
+                if r.partition is None:
+                    self._pending.append(await producer.send(
+                        r.topic, r.value, key=r.key, headers=list(r.headers), timestamp_ms=r.timestamp))
+                    continue
+                where = (r.topic, r.partition)
+                batch = batches.get(where)
+                if batch is None:
+                    batch = batches[where] = producer.create_batch()
+                if batch.append(key=r.key, value=r.value, timestamp=r.timestamp, headers=list(r.headers)) is None:
+                    if batch.record_count():  # full: send it, start the next
+                        self._pending.append(await producer.send_batch(batch, r.topic, partition=r.partition))
+                        batch = batches[where] = producer.create_batch()
+                    if batch.append(key=r.key, value=r.value, timestamp=r.timestamp, headers=list(r.headers)) is None:
+                        self._pending.append(await producer.send(  # larger than a batch on its own
+                            r.topic, r.value, key=r.key, partition=r.partition, headers=list(r.headers),
+                            timestamp_ms=r.timestamp))
+            for (topic, partition), batch in batches.items():
+                if batch.record_count():
+                    self._pending.append(await producer.send_batch(batch, topic, partition=partition))
             if len(self._pending) > 10_000:
                 await self.flush()
         except KafkaError as exc:

@@ -80,6 +80,10 @@ HEADER_SHUFFLE_SEQ = "sluice-shuffle-seq"
 HEADER_SHUFFLE_MARK = "sluice-shuffle-mark"
 MARK_MIN_INTERVAL_MS = 100  # marks on watermark moves, at most this often
 MARK_REFRESH_MS = 1_000  # and at least this often (ticks), or after an ownership change
+# one encoder for every record (json.dumps builds one per call when given options); no fallback: a
+# value JSON cannot carry is dead-lettered rather than turned into something else
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner json.loads uses
 _STATELESS = ("map", "filter", "flat_map")
 
 
@@ -93,6 +97,15 @@ def encode_key(key: Any) -> bytes:
 
 def decode_key(raw: bytes | None) -> Hashable:
     return _hashable(json.loads(raw)) if raw is not None else None
+
+
+def _decode_value(raw: bytes) -> Any:
+    text = raw.decode()
+    try:
+        value, end = _SCAN(text, 0)
+    except StopIteration:
+        end = -1
+    return value if end == len(text) else json.loads(text)  # json.loads for the error message
 
 
 def _hashable(value: Any) -> Any:
@@ -232,9 +245,10 @@ class _RepartitionNode(_Node):
         for ts, value in items:
             try:
                 raw_key, p = self._place(fn(value))
-                raw_value = to_json(value)
+                raw_value = _ENCODE(value).encode()
             except Exception as exc:
-                ex.dead_letter(value, ts, f"key_by failed: {exc!r}")
+                ex.dead_letter(value, ts, f"key_by failed (the key, or a value a repartition topic cannot carry as "
+                                          f"JSON): {exc!r}")
                 continue
             seq = counters[p]
             counters[p] = seq + 1
@@ -363,6 +377,7 @@ class ShuffleReader(Executor):
         self.inputs = _ShuffleInputs()
         self.extensions.append(self.inputs)
         self.duplicates = 0
+        self._keys: dict[bytes, Hashable] = {}  # encoded key -> key: few keys, many records
 
     def process(self, tp: TopicPartition, records: Sequence[RecordLike], now: int) -> None:
         self.now = now
@@ -370,6 +385,7 @@ class ShuffleReader(Executor):
         seqs = part.seqs
         items: list[tuple[int, Hashable, Any]] = []
         loads = json.loads
+        keys = self._keys
         for r in records:
             headers = r.headers
             seq_header = None
@@ -394,8 +410,13 @@ class ShuffleReader(Executor):
                 if seq <= seqs.get(origin, -1):
                     self.duplicates += 1  # written again by a replaying upstream instance
                     continue
-                value = None if r.value is None else loads(r.value)
-                items.append((r.timestamp, decode_key(r.key), value))
+                raw_key = r.key or b"null"
+                key = keys.get(raw_key)
+                if key is None:
+                    if len(keys) >= 100_000:
+                        keys.clear()
+                    key = keys[raw_key] = decode_key(raw_key)
+                items.append((r.timestamp, key, None if r.value is None else _decode_value(r.value)))
                 seqs[origin] = seq
             except Exception as exc:
                 self._undecodable(tp, r, exc)
