@@ -175,7 +175,12 @@ async def test_instances_of_a_repartitioned_pipeline_killed_and_restarted_give_e
         await asyncio.sleep(rng.uniform(0, 0.5))
         instances[victim].kill9()
         await feeding
+        started_before = instances[victim].log.read_text().count("processor started")
         instances[victim] = start(victim)  # the same instance id: it fences its predecessor's transactions
+
+        async def victim_back() -> bool:  # both stages of the restarted instance run (and handle SIGTERM)
+            return instances[victim].log.read_text().count("processor started") >= started_before + 2
+        await wait_for(victim_back, instances)
         await punctuate(bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
 
         async def all_windows() -> bool:
