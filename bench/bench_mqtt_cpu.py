@@ -5,7 +5,8 @@
 4 ``mosquitto_pub -l -V mqttv5 -M 1000`` processes send 25,000 100-byte messages each at QoS ``QOS`` to the
 MQTT listener in this process (uvloop, segment store, flush ``FLUSH``: always or os). Printed: the rate,
 this process's CPU time per message (user + system, from starting the publishers until every message is
-durably appended), and how many socket reads and appends carried them. CPU time is what a shared
+durably appended), how many socket reads and appends carried them, how long the appends took
+(median, 90th percentile), and the CPU the ``mosquitto_pub`` processes used per message. CPU time is what a shared
 machine's other load disturbs least, so this is the figure to compare two trees with: it runs on any
 tree since 2026-11-30 (``cd <tree> && PYTHONPATH=. python -m bench.bench_mqtt_cpu 0 os``; bring this
 file along for trees that lack it). ``--gc serving`` applies ``sluice serve``'s GC settings
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -58,15 +60,18 @@ async def run(qos: int, flush: str, gc_serving: bool) -> None:
     sink = runtime.registries["ingest_sink"]
     hub = listener.hub
     counts = {"reads": 0, "bytes": 0, "appends": 0}
+    append_s: list[float] = []  # how long each append took, from the call to the durable return
     port = hub.port
 
-    class CountingPort:  # the hub's IngestPort, counting append calls
+    class CountingPort:  # the hub's IngestPort, counting and timing append calls
         def __getattr__(self, name: str) -> Any:
             return getattr(port, name)
 
         async def ingest(self, client_id: str, messages: Any) -> None:
             counts["appends"] += 1
+            began = time.perf_counter()
             await port.ingest(client_id, messages)
+            append_s.append(time.perf_counter() - began)
 
     hub.port = CountingPort()
     connection_class = type(hub).__module__.replace(".hub", ".session")
@@ -83,6 +88,7 @@ async def run(qos: int, flush: str, gc_serving: bool) -> None:
         importlib.import_module("sluice.gc_tuning").tune_for_serving()
     total = PUBLISHERS * MESSAGES
     try:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu, start = time.process_time(), time.perf_counter()
         procs = publishers(listener.port, qos, files)
         while sink.messages_written < total:
@@ -90,13 +96,18 @@ async def run(qos: int, flush: str, gc_serving: bool) -> None:
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         for p in procs:
             await asyncio.to_thread(p.wait)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        publishers_cpu = after.ru_utime - children.ru_utime + after.ru_stime - children.ru_stime
     finally:
         protocol.data_received = received
         await listener.stop()
         await store.close()
+    append_s.sort()
     print(f"QoS {qos} flush={flush}: {total / elapsed:,.0f} msg/s, CPU {cpu / total * 1e6:.2f} us/msg,"
           f" {counts['reads']} reads (avg {counts['bytes'] / max(counts['reads'], 1):,.0f} B),"
-          f" {counts['appends']} appends (avg {total / max(counts['appends'], 1):,.0f} messages)", flush=True)
+          f" {counts['appends']} appends (avg {total / max(counts['appends'], 1):,.0f} messages,"
+          f" median {append_s[len(append_s) // 2] * 1e3:.2f} ms, p90 {append_s[len(append_s) * 9 // 10] * 1e3:.2f} ms);"
+          f" the publishers' CPU {publishers_cpu / total * 1e6:.2f} us/msg", flush=True)
 
 
 if __name__ == "__main__":
