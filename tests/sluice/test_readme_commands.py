@@ -11,13 +11,17 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 
+from sluice.cli import app
 from tests.sluice.test_compose import parse_sluice_args
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_NAME_ONLY = re.compile(r"^sluice ([a-z]+)$")  # a command named in prose, not run
 _ENTRY = re.compile(r"(?:^|[|;]\s*|&&\s*)(?:\.venv/bin/)?sluice\s+(.*)$")
 
 
@@ -32,9 +36,19 @@ def _shell_commands(text: str) -> list[str]:
     prose = re.sub(r"```.*?```", "", text, flags=re.S)
     for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", prose):
         span = " ".join(span.split())
-        if span.startswith("sluice ") and "<" not in span:
+        if span.startswith("sluice ") and "<" not in span and not _NAME_ONLY.match(span):
             found.append(span.removeprefix("sluice "))
     return found
+
+
+def named_commands() -> list[str]:
+    """Commands prose names without arguments (```sluice process` exits 1 …``): they must exist."""
+    names: list[str] = []
+    for page in PAGES:
+        prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        names += [m.group(1) for m in (_NAME_ONLY.match(" ".join(span.split()))
+                                      for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", prose)) if m]
+    return names
 
 
 def _variants(rest: str) -> list[list[str]]:
@@ -63,6 +77,15 @@ def test_the_docs_show_the_main_commands() -> None:
                      ("topics", "delete"), ("produce",), ("consume",), ("groups", "list"), ("groups", "describe"),
                      ("simulate",), ("sources",), ("process",), ("demo",)]:
         assert expected in shown, expected
+
+
+def test_commands_named_in_prose_exist() -> None:
+    names = named_commands()
+    assert "process" in names
+    group: Any = typer.main.get_command(app)
+    known = set(group.list_commands(group.context_class(group)))
+    for name in names:
+        assert name in known, f"`sluice {name}` is not a sluice command"
 
 
 @pytest.mark.parametrize("args", commands(), ids=lambda a: " ".join(a))
