@@ -51,6 +51,7 @@ partition moving downstream keeps its time.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +86,7 @@ MARK_REFRESH_MS = 1_000  # and at least this often (ticks), or after an ownershi
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner json.loads uses
 _STATELESS = ("map", "filter", "flat_map")
+log = logging.getLogger("processors.repartition")
 
 
 def repartition_topic(group: str, node_id: int) -> str:
@@ -386,6 +388,7 @@ class ShuffleReader(Executor):
         items: list[tuple[int, Hashable, Any]] = []
         loads = json.loads
         keys = self._keys
+        duplicates_before = self.duplicates
         for r in records:
             headers = r.headers
             seq_header = None
@@ -420,6 +423,10 @@ class ShuffleReader(Executor):
                 seqs[origin] = seq
             except Exception as exc:
                 self._undecodable(tp, r, exc)
+        if self.duplicates != duplicates_before:
+            log.info("dropped records a replaying upstream instance wrote again",
+                     extra={"partition": f"{tp[0]}/{tp[1]}", "dropped": self.duplicates - duplicates_before,
+                            "dropped_total": self.duplicates})
         self.records_in += len(items)
         if items:
             self.current_tp = tp

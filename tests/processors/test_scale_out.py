@@ -151,6 +151,15 @@ async def wait_for(condition: Any, instances: list[Instance], timeout: float = 6
         await asyncio.sleep(0.1)
 
 
+async def all_own_partitions(instances: list[Instance], env: dict[str, str]) -> None:
+    """Every instance owns input and repartition partitions: a kill now lands on a working member."""
+    topic = f"{env['SENSORS_GROUP']}.repartition.0"
+
+    async def owning() -> bool:
+        return all(i.owned(env["SENSORS_INPUT"]) and i.owned(topic) for i in instances)
+    await wait_for(owning, instances)
+
+
 @pytest.mark.parametrize("count", [2, 3])
 async def test_instances_of_a_repartitioned_pipeline_killed_and_restarted_give_each_window_once(
         bootstrap: str, tmp_path: Path, count: int) -> None:
@@ -168,6 +177,7 @@ async def test_instances_of_a_repartitioned_pipeline_killed_and_restarted_give_e
     instances = [start(n) for n in range(count)]
     victim = rng.randrange(count)
     try:
+        await all_own_partitions(instances, env)
         async def some_windows() -> bool:  # written by now (committed or not): the kill lands mid-stream
             return len(await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_uncommitted")) >= 10
         await wait_for(some_windows, instances)
@@ -198,6 +208,50 @@ async def test_instances_of_a_repartitioned_pipeline_killed_and_restarted_give_e
     # the keyed stage ran in several instances, each owning part of the repartition topic
     topic = f"{env['SENSORS_GROUP']}.repartition.0"
     assert sum(1 for i in instances if i.owned(topic)) >= 2, [i.log.read_text()[-2000:] for i in instances]
+
+
+async def test_at_least_once_a_killed_instances_replayed_shuffle_writes_count_once(
+        bootstrap: str, tmp_path: Path) -> None:
+    """At-least-once, two instances, one killed with -9 mid-stream and restarted: its input partitions
+    are replayed from their checkpoints and written to the repartition topic again; the downstream
+    drops them by sequence number, so every window emission (re-emissions of the keyed stage's own
+    replay included) is the batch value, never a window that counted a record twice."""
+    readings = sensor_readings(60)
+    expected = batch_window_means(readings, 10_000)
+    env = topics("alo-kill")
+    await create_topics(bootstrap, env["SENSORS_INPUT"], env["SENSORS_OUTPUT"])
+    half = len(readings) // 2
+    await produce_round_robin(bootstrap, env["SENSORS_INPUT"], readings[:half], 0)
+    # checkpoints only at rebalances and stops: the killed instance's input partitions are surely replayed
+    rare = ("--checkpoint-interval", "30")
+    instances = [Instance(bootstrap, env, tmp_path / f"{n}.log", *rare) for n in range(2)]
+    try:
+        await all_own_partitions(instances, env)
+        async def some_windows() -> bool:
+            return len(await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_uncommitted")) >= 10
+        await wait_for(some_windows, instances)
+        await produce_round_robin(bootstrap, env["SENSORS_INPUT"], readings[half:], half)
+        instances[0].kill9()
+        started_before = instances[0].log.read_text().count("processor started")
+        instances[0] = Instance(bootstrap, env, tmp_path / "0.log", *rare)
+
+        async def back() -> bool:
+            return instances[0].log.read_text().count("processor started") >= started_before + 2
+        await wait_for(back, instances)
+        await punctuate(bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
+
+        async def all_windows() -> bool:
+            return len(finals(await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_uncommitted"))) >= len(expected)
+        await wait_for(all_windows, instances, timeout=90)
+    finally:
+        codes = [i.stop() for i in instances]
+    logs = [i.log.read_text() for i in instances]
+    assert codes == [0, 0], [text[-3000:] for text in logs]
+    rows = await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_uncommitted")
+    assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
+    for r in rows:
+        assert r["value"] == pytest.approx(expected[tuple(r["_key"])]), r
+    assert any("dropped records a replaying upstream instance wrote again" in text for text in logs)
 
 
 async def test_an_instance_joining_mid_stream_takes_repartitioned_keys_with_their_state(
