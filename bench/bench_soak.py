@@ -13,7 +13,8 @@ What it does, in one run:
 3. samples the broker every ``--sample-s`` seconds: RSS (``VmRSS``), open descriptors, bytes of log on
    disk;
 4. stops the fleet, restarts Sluice (fresh RSS once started and idle), reads every topic back from the
-   start with a Kafka consumer (confluent-kafka), and samples RSS again.
+   start with a Kafka consumer (confluent-kafka), and samples RSS again (``--read-back DATA_DIR`` does
+   only this, on a data directory kept with ``--keep``).
 
 It prints the samples as a table and two verdicts: the plateau (median RSS of the last quarter of the
 samples over that of the second quarter; 1.00 means flat) and the read-back ratio (RSS after reading
@@ -42,6 +43,7 @@ __all__ = ["Sample", "main", "rss_mib"]
 
 PROCESSOR = "processors.examples.sensors:pipeline"
 MiB = 1 << 20
+STOP_GRACE_S = 60.0  # past --duration, a fleet still draining its last acks is stopped
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,52 @@ def quarter_median(samples: list[Sample], q: int) -> float:
     return statistics.median(s.rss_mib for s in part)
 
 
+def drive(broker: Broker, args: argparse.Namespace) -> list[Sample]:
+    """Run the fleet for ``--duration`` seconds, sampling the broker; returns the samples."""
+    started = time.monotonic()
+    samples = [broker.sample(started)]
+    load = fleet(broker, args.devices, args.duration)
+    print("| elapsed s | RSS MiB | fds | log MiB |\n|---:|---:|---:|---:|", flush=True)
+    next_sample = started + args.sample_s
+    stop_at = started + args.duration + STOP_GRACE_S  # then the fleet is told to stop (SIGTERM)
+    while any(p.poll() is None for p in load):
+        time.sleep(max(0.1, min(next_sample, stop_at) - time.monotonic()))
+        now = time.monotonic()
+        if now >= next_sample:
+            next_sample += args.sample_s
+            s = broker.sample(started)
+            samples.append(s)
+            print(f"| {s.elapsed_s:.0f} | {s.rss_mib:.1f} | {s.fds} | {s.log_mib:.1f} |", flush=True)
+        if now >= stop_at:
+            for p in load:
+                if p.poll() is None:
+                    p.terminate()
+            stop_at = float("inf")
+    for p in load:
+        _, err = p.communicate()
+        if p.returncode != 0:  # reported, not fatal: the broker's figures are what this run is for
+            transport = "mqtt" if p is load[0] else "kafka"
+            print(f"note: the {transport} fleet (sluice simulate) exited {p.returncode}: "
+                  f"{err.decode(errors='replace').strip().splitlines()[-1:]}", flush=True)
+    return samples
+
+
+def read_back(data_dir: Path, settle_s: float) -> None:
+    """Restart on ``data_dir``, then read the whole log back; prints RSS before and after."""
+    broker = Broker(data_dir).start()
+    try:
+        time.sleep(settle_s)
+        fresh = rss_mib(broker.pid)
+        t0 = time.monotonic()
+        records = read_everything(broker.bootstrap)
+        read_s = time.monotonic() - t0
+        after = rss_mib(broker.pid)
+    finally:
+        broker.stop()
+    print(f"read back: {records} records ({dir_mib(data_dir / 'logs'):.0f} MiB of log) in {read_s:.1f} s; "
+          f"RSS fresh {fresh:.1f} MiB, after {after:.1f} MiB: ratio {after / fresh:.2f} (target <= 1.2)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=3600.0, help="seconds the fleet runs")
@@ -167,48 +215,28 @@ def main() -> None:
     parser.add_argument("--sample-s", type=float, default=60.0, help="seconds between samples")
     parser.add_argument("--dir", type=Path, default=None, help="where the data directory goes (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the data directory and the broker's log")
+    parser.add_argument("--read-back", type=Path, default=None, metavar="DATA_DIR",
+                        help="skip the fleet: restart on an existing data directory and read it back")
     args = parser.parse_args()
+    if args.read_back is not None:
+        read_back(args.read_back, min(5.0, args.sample_s))
+        return
 
     work = Path(tempfile.mkdtemp(prefix="sluice-soak-", dir=args.dir))
     data_dir = work / "data"
     data_dir.mkdir()
-    broker = Broker(data_dir).start()
-    started = time.monotonic()
-    samples = [broker.sample(started)]
-    load = fleet(broker, args.devices, args.duration)
     print(f"soak: {args.devices} devices for {args.duration:.0f} s, sample every {args.sample_s:.0f} s; "
           f"data in {work}", flush=True)
-    print("| elapsed s | RSS MiB | fds | log MiB |\n|---:|---:|---:|---:|", flush=True)
-    while any(p.poll() is None for p in load):
-        time.sleep(min(args.sample_s, max(0.1, args.duration + 30 - (time.monotonic() - started))))
-        s = broker.sample(started)
-        samples.append(s)
-        print(f"| {s.elapsed_s:.0f} | {s.rss_mib:.1f} | {s.fds} | {s.log_mib:.1f} |", flush=True)
-        if time.monotonic() - started > args.duration + 120:
-            for p in load:
-                p.kill()
-    for p in load:
-        _, err = p.communicate()
-        if p.returncode != 0:
-            raise SystemExit(f"simulate exited {p.returncode}: {err.decode()[-2000:]}")
-    broker.stop()
-
     broker = Broker(data_dir).start()
-    time.sleep(min(5.0, args.sample_s))
-    fresh = rss_mib(broker.pid)
-    t0 = time.monotonic()
-    records = read_everything(broker.bootstrap)
-    read_s = time.monotonic() - t0
-    after = rss_mib(broker.pid)
-    log_mib = dir_mib(data_dir / "logs")
-    broker.stop()
-
+    try:
+        samples = drive(broker, args)
+    finally:
+        broker.stop()
     plateau = quarter_median(samples, 3) / quarter_median(samples, 1)
     print(f"\nplateau: median RSS of the last quarter / second quarter = {plateau:.2f} "
           f"({quarter_median(samples, 1):.1f} -> {quarter_median(samples, 3):.1f} MiB); "
-          f"fds {samples[1].fds if len(samples) > 1 else samples[0].fds} -> {samples[-1].fds}")
-    print(f"read back: {records} records ({log_mib:.0f} MiB of log) in {read_s:.1f} s; RSS fresh {fresh:.1f} MiB, "
-          f"after {after:.1f} MiB: ratio {after / fresh:.2f} (target <= 1.2)")
+          f"fds {samples[1].fds if len(samples) > 1 else samples[0].fds} -> {samples[-1].fds}", flush=True)
+    read_back(data_dir, min(5.0, args.sample_s))
     if not args.keep:
         shutil.rmtree(work)
 

@@ -87,7 +87,11 @@ class MqttDevice(BufferedDevice):
             if disconnected is None:
                 await publish
                 continue
-            await asyncio.wait([publish, disconnected], return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait([publish, disconnected], return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # the device is stopping: the publish goes with it, not on alone
+                publish.cancel()
+                raise
             if not publish.done():
                 publish.cancel()
                 with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):

@@ -216,3 +216,32 @@ async def test_mqtt_device_buffers_across_a_broker_restart(mosquitto: Mosquitto)
                     break
     assert sorted(set(got)) == list(range(5))
     assert dev.stats.connects >= 2
+
+
+async def test_closing_an_mqtt_device_leaves_no_publish_waiting_for_its_ack() -> None:
+    # A broker that accepts the connection and never acknowledges a QoS 1 publish: closing the device
+    # must take the pending publish with it (it used to wait alone for its timeout and then end in
+    # "Task exception was never retrieved").
+    received = asyncio.Event()
+
+    async def never_acks(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1024)  # CONNECT
+        writer.write(b"\x20\x02\x00\x00")  # CONNACK, accepted
+        while data := await reader.read(1024):
+            if data[0] >> 4 == 3:  # PUBLISH
+                received.set()
+        writer.close()
+
+    server = await asyncio.start_server(never_acks, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    dev = MqttDevice("127.0.0.1", port, topic="sensors/s3", client_id="s3", timeout=60)
+    await dev.start()
+    await dev.send({"n": 1})
+    await asyncio.wait_for(received.wait(), 5)
+    await dev.close(timeout=0.1)
+    await asyncio.sleep(0)
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    publishing = [t for t in others if "publish" in repr(t.get_coro())]
+    assert publishing == []
+    server.close()
+    await server.wait_closed()
