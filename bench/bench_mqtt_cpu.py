@@ -112,8 +112,8 @@ async def run(qos: int, flush: str, gc_serving: bool) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("qos", type=int, choices=(0, 1))
-    parser.add_argument("flush", choices=("always", "os"))
+    parser.add_argument("qos", type=int, choices=(0, 1), nargs="?", default=1)
+    parser.add_argument("flush", choices=("always", "os"), nargs="?", default="os")
     parser.add_argument("--gc", choices=("serving", "default"), default="serving")
     ns = parser.parse_args()
     raise_fd_limit()
