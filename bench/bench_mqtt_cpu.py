@@ -1,9 +1,10 @@
 """CPU per message of Sluice's MQTT ingest alone: the load of ``bench_mqtt`` without the Mosquitto runs.
 
-    python -m bench.bench_mqtt_cpu QOS FLUSH [--gc serving|default]
+    python -m bench.bench_mqtt_cpu [QOS FLUSH] [--gc serving|default] [--messages 25000]
 
-4 ``mosquitto_pub -l -V mqttv5 -M 1000`` processes send 25,000 100-byte messages each at QoS ``QOS`` to the
-MQTT listener in this process (uvloop, segment store, flush ``FLUSH``: always or os). Printed: the rate,
+4 ``mosquitto_pub -l -V mqttv5 -M 1000`` processes send ``--messages`` 100-byte messages each at QoS ``QOS``
+to the MQTT listener in this process (uvloop, segment store, flush ``FLUSH``: always or os; without
+them, each of QoS 0 and 1 with each flush policy). Printed: the rate,
 this process's CPU time per message (user + system, from starting the publishers until every message is
 durably appended), how many socket reads and appends carried them, how long the appends took
 (median, 90th percentile), and the CPU the ``mosquitto_pub`` processes used per message. CPU time is what a shared
@@ -30,7 +31,7 @@ from sluice.config import load_settings
 from sluice.runtime import Runtime
 from sluice.serve import open_store
 
-PUBLISHERS, MESSAGES = 4, 25_000
+PUBLISHERS = 4
 
 
 def mqtt_listener(runtime: Runtime) -> Any:
@@ -42,12 +43,12 @@ def mqtt_listener(runtime: Runtime) -> Any:
     raise ImportError("no mqtt_listener")
 
 
-async def run(qos: int, flush: str, gc_serving: bool) -> None:
+async def run(qos: int, flush: str, gc_serving: bool, messages: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-mqtt-cpu-"))
     files = []
     for i in range(PUBLISHERS):
         f = tmp / f"lines-{i}.txt"
-        make_lines(f, MESSAGES, i)
+        make_lines(f, messages, i)
         files.append(f)
     (tmp / "data").mkdir()
     settings = load_settings(None, data_dir=tmp / "data", mqtt={"port": 0},
@@ -86,7 +87,7 @@ async def run(qos: int, flush: str, gc_serving: bool) -> None:
     protocol.data_received = counting_read
     if gc_serving:
         importlib.import_module("sluice.gc_tuning").tune_for_serving()
-    total = PUBLISHERS * MESSAGES
+    total = PUBLISHERS * messages
     try:
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu, start = time.process_time(), time.perf_counter()
@@ -112,11 +113,15 @@ async def run(qos: int, flush: str, gc_serving: bool) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("qos", type=int, choices=(0, 1), nargs="?", default=1)
-    parser.add_argument("flush", choices=("always", "os"), nargs="?", default="os")
+    parser.add_argument("qos", type=int, choices=(0, 1), nargs="?")
+    parser.add_argument("flush", choices=("always", "os"), nargs="?")
     parser.add_argument("--gc", choices=("serving", "default"), default="serving")
+    parser.add_argument("--messages", type=int, default=25_000, help="per publisher")
     ns = parser.parse_args()
     raise_fd_limit()
     import uvloop
 
-    uvloop.run(run(ns.qos, ns.flush, ns.gc == "serving"))
+    cases = [(ns.qos, ns.flush)] if ns.qos is not None and ns.flush is not None else [
+        (qos, flush) for qos in (0, 1) for flush in ("always", "os")]
+    for qos, flush in cases:  # one event loop each, as separate invocations would have
+        uvloop.run(run(qos, flush, ns.gc == "serving", ns.messages))

@@ -68,7 +68,7 @@ QUICK_ARGS: dict[str, tuple[str, ...]] = {
     "bench_processors": ("--records", "20000"),
     "bench_tcp": ("--lines", "10000"),
     "bench_mqtt": ("--messages", "2000", "--runs", "1", "--publishers", "2", "--connections", "200"),
-    "bench_mqtt_cpu": ("0", "os"),
+    "bench_mqtt_cpu": ("0", "os", "--messages", "2000"),
     "bench_mqtt_durable": ("--messages", "1000", "--runs", "1", "--publishers", "2"),
     "bench_kafka": ("--quick",),
     "bench_kafka_tail": ("--seconds", "2", "--runs", "1"),
