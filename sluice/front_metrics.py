@@ -47,12 +47,14 @@ if TYPE_CHECKING:
     from ingest.admission import Admission
     from ingest.bridge import MqttBridge
     from ingest.mqtt.hub import Hub
+    from ingest.mqtt.websocket import WebSocketStats
 
 __all__ = [
     "AdmissionCollector",
     "BridgeCollector",
     "KafkaCollector",
     "MqttCollector",
+    "WebSocketCollector",
     "bridge_statuses",
     "mqtt_status",
     "publish_collector",
@@ -199,6 +201,24 @@ class AdmissionCollector(Collector):
         for reason in ("max_connections", "max_connections_per_address"):
             refused.add_metric([reason], self.admission.refused.get(reason, 0))
         yield refused
+
+
+class WebSocketCollector(Collector):
+    """MQTT over WebSockets (``ingest.mqtt.websocket``): handshakes and connections refused or failed."""
+
+    def __init__(self, stats: WebSocketStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats
+        for name, value, text in (
+            ("handshakes", s.handshakes, "WebSocket handshakes completed on the ws/wss MQTT ports"),
+            ("handshake_refusals", s.handshake_refusals, "WebSocket handshakes refused (not an upgrade, wrong "
+                                                         "subprotocol, too slow)"),
+            ("text_frames", s.text_frames, "MQTT WebSocket connections closed for a text frame (1003)"),
+            ("protocol_errors", s.protocol_errors, "MQTT WebSocket connections failed for bad framing (1002, 1009)"),
+        ):
+            yield CounterMetricFamily(f"sluice_mqtt_websocket_{name}", text, value=value)
 
 
 class MqttCollector(Collector):

@@ -34,7 +34,7 @@ from sluice.components.mqtt_access import MqttAccess
 from sluice.components.security import authenticator, authorizer
 from sluice.components.tls import handshake_timeout, server_context
 from sluice.config import MqttSettings
-from sluice.front_metrics import BridgeCollector, MqttCollector, publish_collector
+from sluice.front_metrics import BridgeCollector, MqttCollector, WebSocketCollector, publish_collector
 from sluice.runtime import Component, Runtime
 
 __all__ = ["MQTT_SOURCE", "BridgesComponent", "mqtt_bridges", "mqtt_doors", "mqtt_listener"]
@@ -121,8 +121,12 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
     if not doors:
         raise ValueError("mqtt: no listener left (mqtt.plaintext = false and no security.tls_cert): set one, "
                          "or mqtt.enabled = false")
-    return MqttListener(hub, runtime.settings.host, settings.port, announce=runtime.announce, backlog=settings.backlog,
-                        follower=follower, doors=doors, tls_handshake_timeout_s=handshake_timeout(runtime))
+    listener = MqttListener(hub, runtime.settings.host, settings.port, announce=runtime.announce,
+                            backlog=settings.backlog, follower=follower, doors=doors,
+                            tls_handshake_timeout_s=handshake_timeout(runtime))
+    if settings.websockets:
+        publish_collector(runtime, WebSocketCollector(listener.websocket_stats))
+    return listener
 
 
 def mqtt_doors(settings: MqttSettings, tls: ssl.SSLContext | None) -> list[MqttDoor]:

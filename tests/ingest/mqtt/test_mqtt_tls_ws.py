@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from websockets.sync.client import connect as ws_connect
 from broker.security import UserStore
 from sluice.dev_certs import DevCertificates
 from tests.sluice_server import SluiceProcess
-from tests.tls_certs import make_certs, tls_env
+from tests.tls_certs import client_context, make_certs, tls_env
 
 PASSWORD = "device secret"
 mosquitto = pytest.mark.skipif(shutil.which("mosquitto_pub") is None, reason="mosquitto clients not installed")
@@ -182,7 +183,17 @@ def test_websocket_subprotocol_rules(open_server: SluiceProcess) -> None:
     assert status.value.response.status_code == 400
 
 
-def test_text_frame_closes_with_1003_and_the_door_keeps_serving(open_server: SluiceProcess) -> None:
+def websocket_counters(server: SluiceProcess, certs: DevCertificates) -> dict[str, float]:
+    url = f"https://localhost:{port(server, 'http')}/metrics"
+    with urllib.request.urlopen(url, context=client_context(certs), timeout=15) as answer:
+        text = answer.read().decode()
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line.startswith("sluice_mqtt_websocket_")}
+
+
+def test_text_frame_closes_with_1003_and_the_door_keeps_serving(open_server: SluiceProcess,
+                                                                certs: DevCertificates) -> None:
+    before = websocket_counters(open_server, certs)
     ws_port = port(open_server, "mqtt-ws")
     with ws_connect(f"ws://127.0.0.1:{ws_port}/mqtt", subprotocols=["mqtt"], open_timeout=10) as ws:  # type: ignore[list-item]
         assert ws.subprotocol == "mqtt"
@@ -197,6 +208,10 @@ def test_text_frame_closes_with_1003_and_the_door_keeps_serving(open_server: Slu
             pass
     client = Paho("after-text", transport="websockets").connect(ws_port)
     client.stop()
+    after = websocket_counters(open_server, certs)
+    text, refused = "sluice_mqtt_websocket_text_frames_total", "sluice_mqtt_websocket_handshake_refusals_total"
+    assert after[text] == before[text] + 1
+    assert after[refused] == before[refused] + 1  # the raw MQTT CONNECT sent where an HTTP upgrade belongs
     log = open_server.log.read_text()
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
 
