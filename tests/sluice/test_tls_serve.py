@@ -37,7 +37,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, certs: DevCertificates) -> 
     shutil.copy(certs.key, live / "server-key.pem")
     env = {"SLUICE_SECURITY__TLS_CERT": str(live / "server.pem"),
            "SLUICE_SECURITY__TLS_KEY": str(live / "server-key.pem"),
-           "SLUICE_TCP__ACK": "true", "SLUICE_MQTT__TLS_PORT": "0"}
+           "SLUICE_TCP__ACK": "true", "SLUICE_MQTT__TLS_PORT": "0", "SLUICE_MQTT__WEBSOCKETS": "true",
+           "SLUICE_MQTT__WS_PORT": "0", "SLUICE_MQTT__WSS_PORT": "0"}
     proc = SluiceProcess(tmp_path_factory.mktemp("serve") / "data", env=env)
     proc.start()
     yield proc
@@ -74,7 +75,7 @@ def test_tcp_lines_over_tls_are_acknowledged(server: SluiceProcess, certs: DevCe
 
 
 def test_hostile_bytes_on_tls_ports_leave_no_traceback(server: SluiceProcess, certs: DevCertificates) -> None:
-    for name in ("http", "tcp", "mqtt-tls", "kafka"):
+    for name in ("http", "tcp", "mqtt-tls", "mqtt-wss", "mqtt-ws", "kafka"):
         for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x16\x03\x01\x02\x00" + bytes(512), bytes(range(256))):
             with socket.create_connection(("127.0.0.1", port(server, name)), timeout=15) as sock:
                 sock.sendall(junk)
