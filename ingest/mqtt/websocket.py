@@ -29,11 +29,11 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from websockets.exceptions import NegotiationError
 from websockets.frames import CloseCode, Frame, Opcode
-from websockets.http11 import Request
+from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
@@ -154,8 +154,7 @@ class MqttOverWebSocket(asyncio.Protocol):
 
     # -- asyncio.Protocol, towards the socket -------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport) or hasattr(transport, "write")
-        self._raw = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        self._raw = cast(asyncio.Transport, transport)  # a stream transport (uvloop's are not subclasses)
         self._timer = asyncio.get_running_loop().call_later(self._handshake_timeout_s, self._handshake_expired)
 
     def data_received(self, data: bytes) -> None:
@@ -201,7 +200,7 @@ class MqttOverWebSocket(asyncio.Protocol):
             self._raw.close()  # written data (our close frame) goes out first
 
     # -- the rules ----------------------------------------------------------------------------
-    def _handle(self, events: Sequence[Request | Any]) -> None:
+    def _handle(self, events: Sequence[Request | Response | Frame]) -> None:
         for event in events:
             if isinstance(event, Request):
                 self._on_request(event)
