@@ -1,6 +1,6 @@
 """TCP line ingest into the durable log, side by side with Redis Streams, in one run.
 
-    python -m bench.bench_tcp [--lines 200000] [--partitions 4]
+    python -m bench.bench_tcp [--lines 200000] [--partitions 4] [--devices 100 --interval-ms 10 --device-seconds 5]
 
 Sluice: the TCP line listener (NDJSON, then InfluxDB line protocol) runs in this process on the
 store ``sluice serve`` would open (``open_store``: segment files when that backend is present) with
@@ -10,6 +10,15 @@ Time = from nc's start until the sink reports every line durably appended.
 Peer: redis-server started on a free port with AOF on (``appendfsync always`` / ``no``, the same
 durability promises), fed the same lines as ``XADD tcp * line <line>`` by ``redis-cli --pipe`` (C).
 Time = until redis-cli has every reply. Prints a table and the ratios (Sluice / Redis).
+
+Devices row (``--devices 100``, 0 to skip): the realistic shape instead of one bulk pipe —
+``--devices`` connections, each sending one line every ``--interval-ms`` (10 ms: 10,000 lines/s in
+all) for ``--device-seconds``, from a separate Python process (``--drive``, asyncio). Both sides get
+the same lines (Redis as one ``XADD`` per line, replies read); flush=os against appendfsync no.
+Reported: lines/s the driver reached (the offered rate when the server and the driver keep up;
+for Redis, replies included), for Sluice the time from the driver's exit to the last line stored,
+and the server's CPU per line (Sluice: this process's CPU time; Redis: redis-server's, from /proc).
+Ratio = Redis CPU per line / Sluice CPU per line (> 1: Sluice spends less).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import random
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -80,6 +90,106 @@ async def run_sluice(lines_file: Path, fmt: str, count: int, flush: str, partiti
     return {"store": type(store).__name__, "seconds": elapsed, "rate": count / elapsed}
 
 
+def _drive_command(port: int, lines_file: Path, args: argparse.Namespace, resp: bool) -> list[str]:
+    return [sys.executable, "-m", "bench.bench_tcp", "--drive", str(port), "--drive-file", str(lines_file),
+            "--devices", str(args.devices), "--interval-ms", str(args.interval_ms),
+            "--device-seconds", str(args.device_seconds)] + (["--resp"] if resp else [])
+
+
+def _device_lines(args: argparse.Namespace) -> int:
+    return args.devices * round(args.device_seconds * 1000 / args.interval_ms)
+
+
+async def run_sluice_devices(lines_file: Path, fmt: str, args: argparse.Namespace, data_dir: Path) -> dict:
+    """The devices row, Sluice side: flush=os, the driver in its own process."""
+    count = _device_lines(args)
+    settings = load_settings(
+        None, data_dir=data_dir,
+        storage={"backend": "segment", "flush": "os", "default_partitions": args.partitions},
+    )
+    data_dir.mkdir(parents=True, exist_ok=True)
+    store = open_store(settings)
+    await store.start()
+    sink = IngestSink(store, build_router(settings.ingest), HealthRegistry(),
+                      max_pending_bytes=settings.ingest.max_pending_bytes)
+    listener = TcpLineListener(TcpListenerConfig(port=0, format=fmt, backlog=4096), sink, HealthRegistry())
+    await listener.start()
+    try:
+        cpu = time.process_time()
+        start = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(*_drive_command(listener.port, lines_file, args, resp=False),
+                                                    stdout=asyncio.subprocess.PIPE)
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError("the device driver failed")
+        sent = time.perf_counter()
+        while sink.messages_written < count:
+            await asyncio.sleep(0.01)
+        elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu
+        assert sink.dead_lettered == 0, "bench lines must all be valid"
+    finally:
+        await listener.stop()
+        await store.flush()
+        await store.close()
+    return {"rate": float(out), "lag": start + elapsed - sent, "cpu_us": cpu / count * 1e6}
+
+
+def run_redis_devices(lines_file: Path, args: argparse.Namespace, work: Path) -> dict:
+    count = _device_lines(args)
+    port = _free_port()
+    work.mkdir(parents=True, exist_ok=True)
+    server = _start_redis(port, work, "no")
+    try:
+        cpu = _proc_cpu(server.pid)
+        out = subprocess.run(_drive_command(port, lines_file, args, resp=True), check=True,
+                             capture_output=True).stdout
+        cpu = _proc_cpu(server.pid) - cpu
+        length = subprocess.run(["redis-cli", "-p", str(port), "xlen", "tcp"], capture_output=True).stdout
+        assert int(length) == count, length
+    finally:
+        server.terminate()
+        server.wait(10)
+    return {"rate": float(out), "cpu_us": cpu / count * 1e6}
+
+
+def _proc_cpu(pid: int) -> float:
+    """user + system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def drive(port: int, lines: list[bytes], devices: int, interval: float, seconds: float, resp: bool) -> None:
+    """``devices`` connections, each writing one line every ``interval`` s (device d sends lines d,
+    d + devices, …); with ``resp`` each line is an XADD and every reply is read before returning."""
+    per_device = round(seconds / interval)
+
+    async def device(d: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        loop = asyncio.get_running_loop()
+        start = loop.time() + d * interval / devices  # spread the devices over the interval
+        for k in range(per_device):
+            delay = start + k * interval - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            line = lines[(k * devices + d) % len(lines)]
+            writer.write(resp_xadd(line) if resp else line + b"\n")
+        await writer.drain()
+        if resp:  # an XADD reply is one bulk string: two CRLFs (a stream id holds none)
+            crlfs = 0
+            while crlfs < 2 * per_device:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    raise RuntimeError("redis closed the connection")
+                crlfs += chunk.count(b"\r\n")
+        writer.close()
+        await writer.wait_closed()
+
+    first = time.time()
+    await asyncio.gather(*(device(d) for d in range(devices)))
+    print(f"{devices * per_device / (time.time() - first):.0f}")  # lines/s the driver reached, replies included
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,20 +203,26 @@ def resp_xadd(lines: bytes) -> bytes:
     return b"".join(parts)
 
 
+def _start_redis(port: int, work: Path, fsync: str) -> subprocess.Popen[bytes]:
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(work), "--save", "",
+         "--appendonly", "yes", "--appendfsync", fsync, "--protected-mode", "no", "--maxclients", "1000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG":
+        if time.monotonic() > deadline:
+            server.terminate()
+            raise RuntimeError("redis-server did not start")
+        time.sleep(0.05)
+    return server
+
+
 def run_redis(resp_file: Path, count: int, fsync: str, work: Path) -> dict:
     port = _free_port()
     work.mkdir(parents=True, exist_ok=True)
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(work), "--save", "",
-         "--appendonly", "yes", "--appendfsync", fsync, "--protected-mode", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    server = _start_redis(port, work, fsync)
     try:
-        deadline = time.monotonic() + 10
-        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG":
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
         start = time.perf_counter()
         with resp_file.open("rb") as stdin:
             done = subprocess.run(["redis-cli", "-p", str(port), "--pipe"], stdin=stdin, capture_output=True)
@@ -125,14 +241,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--devices", type=int, default=100, help="connections of the devices row (0: no row)")
+    parser.add_argument("--interval-ms", type=float, default=10.0, help="devices row: ms between a device's lines")
+    parser.add_argument("--device-seconds", type=float, default=5.0, help="devices row: how long each device sends")
+    parser.add_argument("--drive", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the driver process
+    parser.add_argument("--drive-file", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--resp", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.drive is not None:
+        asyncio.run(drive(args.drive, args.drive_file.read_bytes().splitlines(), args.devices,
+                          args.interval_ms / 1000, args.device_seconds, args.resp))
+        return
     for tool in ("nc", "redis-server", "redis-cli"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is missing: run scripts/install-system-deps.sh")
     use_uvloop = importlib.util.find_spec("uvloop") is not None
+    if use_uvloop:
+        import uvloop
     print(f"lines={args.lines} partitions={args.partitions} loop={'uvloop' if use_uvloop else 'asyncio'} "
           f"cpus={os.cpu_count()}")
     rows = []
+    devices: list[tuple[str, dict, dict]] = []
     with tempfile.TemporaryDirectory(prefix="bench-tcp-") as tmp:
         root = Path(tmp)
         for fmt in ("ndjson", "influx"):
@@ -144,21 +273,30 @@ def main() -> None:
             for flush, fsync in (("always", "always"), ("os", "no")):
                 data_dir = root / f"sluice-{fmt}-{flush}"
                 coro = run_sluice(lines_file, fmt, args.lines, flush, args.partitions, data_dir)
-                if use_uvloop:
-                    import uvloop
-
-                    sluice = uvloop.run(coro)
-                else:
-                    sluice = asyncio.run(coro)
+                sluice = uvloop.run(coro) if use_uvloop else asyncio.run(coro)
                 redis = run_redis(resp_file, args.lines, fsync, root / f"redis-{fmt}-{flush}")
                 rows.append((fmt, flush, sluice, redis, fsync))
                 with contextlib.suppress(OSError):
                     shutil.rmtree(data_dir)
+            if args.devices:
+                coro_devices = run_sluice_devices(lines_file, fmt, args, root / f"sluice-{fmt}-devices")
+                sluice_devices = uvloop.run(coro_devices) if use_uvloop else asyncio.run(coro_devices)
+                devices.append((fmt, sluice_devices, run_redis_devices(lines_file, args, root / f"redis-{fmt}-dev")))
     print("| format | durability | Sluice store | Sluice lines/s | Redis Streams lines/s (appendfsync) | ratio |")
     print("| --- | --- | --- | ---: | ---: | ---: |")
     for fmt, flush, sluice, redis, fsync in rows:
         print(f"| {fmt} | flush={flush} | {sluice['store']} | {sluice['rate']:,.0f} | "
               f"{redis['rate']:,.0f} ({fsync}) | {sluice['rate'] / redis['rate']:.2f}x |")
+
+    if devices:
+        print(f"\n{args.devices} connections x 1 line every {args.interval_ms:g} ms for {args.device_seconds:g} s "
+              f"({_device_lines(args):,} lines; flush=os / appendfsync no)")
+        print("| format | Sluice lines/s sent | Sluice driver exit -> all stored | Sluice CPU µs/line | "
+              "Redis lines/s sent | Redis CPU µs/line | CPU ratio (Redis / Sluice) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for fmt, sl, rd in devices:
+            print(f"| {fmt} | {sl['rate']:,.0f} | {sl['lag'] * 1000:.0f} ms | {sl['cpu_us']:.1f} | {rd['rate']:,.0f} | "
+                  f"{rd['cpu_us']:.1f} | {rd['cpu_us'] / sl['cpu_us']:.2f}x |")
 
 
 if __name__ == "__main__":
