@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Producer
 
+from broker.security import UserStore
 from tests.broker.server.conftest import SluiceProcess
 
 QUOTA = 100_000  # bytes/s
@@ -44,3 +45,36 @@ def test_confluent_kafka_producer_over_quota_is_throttled(server: SluiceProcess)
     # At the quota this takes about sent / QUOTA = 4 s (less the first half-second window); unthrottled,
     # a fraction of a second. Assert at most twice the quota's rate.
     assert sent / elapsed <= 2 * QUOTA, f"{sent / elapsed:.0f} B/s against a quota of {QUOTA} B/s"
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProcess]:
+    data = tmp_path_factory.mktemp("quota-sasl") / "data"
+    for user in ("meter", "bulk"):
+        UserStore(data).add(user, f"{user} pw")
+    proc = SluiceProcess(data, env={
+        "SLUICE_SECURITY__AUTH": "required", "SLUICE_SECURITY__SUPER_USERS": '["meter", "bulk"]',
+        "SLUICE_SECURITY__PRODUCE_QUOTA_BYTES_PER_S": str(QUOTA),
+        "SLUICE_SECURITY__PRODUCE_QUOTA_OVERRIDES": '{"bulk": 0}',  # bulk: unlimited
+        "SLUICE_SECURITY__QUOTA_WINDOW_NUM": "2", "SLUICE_SECURITY__QUOTA_WINDOW_SIZE_S": "0.5"})
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def produce_as(server: SluiceProcess, user: str) -> list[int]:
+    throttles: list[int] = []
+    producer = Producer({"bootstrap.servers": server.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                         "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": user, "sasl.password": f"{user} pw",
+                         "linger.ms": 5, "batch.size": 16_384,
+                         "throttle_cb": lambda event: throttles.append(int(event.throttle_time * 1000))})
+    for i in range(MESSAGES):
+        producer.produce(f"quota-{user}", b"x" * SIZE, key=b"%d" % i)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    return throttles
+
+
+def test_the_quota_is_per_principal_with_overrides(secured: SluiceProcess) -> None:
+    assert not any(produce_as(secured, "bulk"))  # override 0: never throttled
+    assert max(produce_as(secured, "meter")) > 0  # the default quota applies to the SASL principal
