@@ -303,6 +303,13 @@ class Settings(BaseSettings):
     security: SecuritySettings = Field(default_factory=SecuritySettings)
     processors: list[str] = Field(default_factory=list)  # "module:attribute" pipelines run in-process
 
+    @model_validator(mode="after")
+    def _an_mqtt_listener_is_left(self) -> Settings:
+        if self.mqtt.enabled and not self.mqtt.plaintext and not self.security.tls_enabled:
+            raise ValueError("mqtt.plaintext = false leaves no MQTT listener without security.tls_cert and "
+                             "security.tls_key: set them, or mqtt.enabled = false")
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,

@@ -117,10 +117,7 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
     runtime.registries["mqtt"] = hub
     publish_collector(runtime, MqttCollector(hub))
     follower = LogToMqtt(hub, runtime.store, settings.deliver_from_topics) if settings.deliver_from_topics else None
-    doors = mqtt_doors(settings, server_context(runtime))
-    if not doors:
-        raise ValueError("mqtt: no listener left (mqtt.plaintext = false and no security.tls_cert): set one, "
-                         "or mqtt.enabled = false")
+    doors = mqtt_doors(settings, server_context(runtime))  # never empty: Settings refuses plaintext=false without TLS
     listener = MqttListener(hub, runtime.settings.host, settings.port, announce=runtime.announce,
                             backlog=settings.backlog, follower=follower, doors=doors,
                             tls_handshake_timeout_s=handshake_timeout(runtime))

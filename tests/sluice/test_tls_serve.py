@@ -146,7 +146,9 @@ def test_start_up_errors_name_the_file(tmp_path: Path, certs: DevCertificates) -
     assert mismatched.returncode == 1 and "is not the key of security.tls_cert" in mismatched.stderr
     half = _serve_fails(tmp_path, {"SLUICE_SECURITY__TLS_CERT": str(certs.cert)})
     assert half.returncode == 2 and "security.tls_cert and security.tls_key are set together" in half.stderr
-    for result in (missing, mismatched, half):
+    no_mqtt_left = _serve_fails(tmp_path, {"SLUICE_MQTT__PLAINTEXT": "false"})
+    assert no_mqtt_left.returncode == 2 and "mqtt.plaintext = false leaves no MQTT listener" in no_mqtt_left.stderr
+    for result in (missing, mismatched, half, no_mqtt_left):
         assert "Traceback" not in result.stderr, result.stderr
 
 
