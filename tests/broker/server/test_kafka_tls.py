@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError as AioKafkaError
 from confluent_kafka import Consumer, KafkaError, Producer
 
 from broker.groups.coordinator import GroupCoordinator
@@ -235,3 +236,28 @@ def _produce_one(config: dict[str, Any]) -> None:
     producer.produce("principals", b"x", on_delivery=lambda err, _msg: delivered.append(err))
     assert producer.flush(30) == 0 and delivered == [None]
 
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+async def test_aiokafka_sasl_ssl(sasl_ssl_server: SluiceProcess, certs: DevCertificates, mechanism: str) -> None:
+    common: dict[str, Any] = {"bootstrap_servers": sasl_ssl_server.bootstrap, "security_protocol": "SASL_SSL",
+                              "ssl_context": client_context(certs), "sasl_mechanism": mechanism,
+                              "sasl_plain_username": "alice"}
+    topic = f"aio-sasl-ssl-{mechanism.lower()}"
+    producer = AIOKafkaProducer(**common, sasl_plain_password=PASSWORD)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"aio over sasl_ssl")
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(topic, **common, sasl_plain_password=PASSWORD, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        message = await asyncio.wait_for(consumer.getone(), 30)
+        assert message.value == b"aio over sasl_ssl"
+    finally:
+        await consumer.stop()
+    refused = AIOKafkaProducer(**common, sasl_plain_password="wrong")
+    with pytest.raises(AioKafkaError):
+        await refused.start()
+    await refused.stop()
