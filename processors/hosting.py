@@ -3,6 +3,8 @@
 * ``AttachedRunner`` reads every partition of the source topics straight from the in-process
   ``LogStore``, appends results through it, and checkpoints to ``_checkpoints.<pipeline>`` in the
   same store (``sluice.components.processors`` holds one per ``--processor`` in ``sluice serve``).
+  With ``guarantee="exactly-once"`` each checkpoint interval is a transaction of the broker's own
+  coordinator (``processors.attached_txn``).
 * ``run_standalone`` (``sluice process module:pipeline --bootstrap host:port``) runs the same
   pipeline as a member of the consumer group ``pipeline.name`` over the Kafka protocol
   (``processors.kafka``); start more instances to split the partitions. With
@@ -22,14 +24,25 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from broker.log.api import LogStore
+from processors.attached_txn import (
+    AttachedTransaction,
+    TxnCheckpointStore,
+    TxnLogSink,
+    TxnLogSource,
+    attached_transactional_id,
+)
 from processors.checkpoint import LogCheckpointStore
 from processors.errors import PipelineDefinitionError
 from processors.pipeline import Pipeline
 from processors.runner import EXACTLY_ONCE, Runner, RunnerConfig
 from processors.sources import LogSink, LogSource
 from processors.time import Clock
+
+if TYPE_CHECKING:
+    from broker.txn.coordinator import TransactionCoordinator
 
 __all__ = ["AttachedRunner", "run_standalone", "transactional_id"]
 
@@ -40,13 +53,21 @@ class AttachedRunner(Runner):
     """A pipeline reading partitions of an in-process store."""
 
     def __init__(self, pipeline: Pipeline, store: LogStore, *, clock: Clock | None = None,
-                 config: RunnerConfig | None = None) -> None:
+                 config: RunnerConfig | None = None, transactions: TransactionCoordinator | None = None) -> None:
+        topics = pipeline.source_config.topics
         if config is not None and config.guarantee == EXACTLY_ONCE:
-            raise PipelineDefinitionError(
-                f"pipeline {pipeline.name!r}: exactly-once is not available for attached processors yet; "
-                "run it standalone (sluice process --guarantee exactly-once)")
-        source = LogSource(store, pipeline.source_config.topics)
-        super().__init__(pipeline, source, LogSink(store), LogCheckpointStore(store, pipeline.name),
+            if transactions is None:
+                raise PipelineDefinitionError(
+                    f"pipeline {pipeline.name!r}: exactly-once for attached processors needs the broker's "
+                    "transaction coordinator (the Kafka listener enabled)")
+            # a transaction outliving a few intervals is a stuck runner: the coordinator aborts it
+            timeout_ms = max(60_000, 6 * config.checkpoint_interval_ms)
+            txn = AttachedTransaction(store, transactions, attached_transactional_id(pipeline.name),
+                                      timeout_ms=timeout_ms)
+            super().__init__(pipeline, TxnLogSource(store, topics, txn), TxnLogSink(txn),
+                             TxnCheckpointStore(txn, pipeline.name), clock=clock, config=config)
+            return
+        super().__init__(pipeline, LogSource(store, topics), LogSink(store), LogCheckpointStore(store, pipeline.name),
                          clock=clock, config=config)
 
 

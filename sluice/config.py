@@ -302,6 +302,10 @@ class Settings(BaseSettings):
     ingest: IngestSettings = Field(default_factory=IngestSettings)
     security: SecuritySettings = Field(default_factory=SecuritySettings)
     processors: list[str] = Field(default_factory=list)  # "module:attribute" pipelines run in-process
+    # attached processors: at-least-once, or exactly-once (each checkpoint interval one transaction of
+    # the broker's coordinator; needs the Kafka listener; readers use read_committed)
+    processor_guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
+    processor_checkpoint_interval_ms: int = 10_000
 
     @model_validator(mode="after")
     def _an_mqtt_listener_is_left(self) -> Settings:

@@ -42,6 +42,8 @@ _NOTES = {
     "log_format": "`json` for log collectors",
     "event_loop": "`auto` uses uvloop when installed",
     "processors": "`module:attribute` pipelines run inside the broker",
+    "processor_guarantee": "attached processors; `exactly-once` needs the Kafka listener, readers use read_committed",
+    "processor_checkpoint_interval_ms": "attached processors' checkpoint (and, exactly-once, commit) interval",
     "storage.backend": "`segment` files or `memory`",
     "storage.flush": "`always` fsyncs before acknowledging (group commit), `interval`, `os`",
     "storage.flush_interval_ms": "with `flush = interval`",

@@ -77,6 +77,8 @@ class KafkaComponent:
             tls_handshake_timeout_s=handshake_timeout(runtime),
         )
         self.server.ctx.producer_ids = self.producer_ids
+        # attached exactly-once processors write their transactions through this coordinator
+        runtime.registries["transactions"] = self.server.ctx.transactions
         security = settings.security
         quotas = ProduceQuotas(security.produce_quota_bytes_per_s, security.produce_quota_overrides,
                                samples=security.quota_window_num, window_s=security.quota_window_size_s)

@@ -11,6 +11,7 @@ import importlib
 from typing import Any
 
 from broker.log.api import LogStore
+from broker.txn.coordinator import TransactionCoordinator
 from processors.errors import PipelineDefinitionError
 from processors.hosting import AttachedRunner
 from processors.pipeline import Pipeline, Stream
@@ -54,8 +55,9 @@ class AttachedProcessors:
     name = "processors"
 
     def __init__(self, store: LogStore, refs: list[str], *, clock: Clock | None = None,
-                 config: RunnerConfig | None = None) -> None:
+                 config: RunnerConfig | None = None, transactions: TransactionCoordinator | None = None) -> None:
         self.store = store
+        self.transactions = transactions
         self.refs = refs
         self.clock = clock
         self.config = config
@@ -63,7 +65,8 @@ class AttachedProcessors:
 
     async def start(self) -> None:
         for ref in self.refs:
-            runner = AttachedRunner(load_pipeline(ref), self.store, clock=self.clock, config=self.config)
+            runner = AttachedRunner(load_pipeline(ref), self.store, clock=self.clock, config=self.config,
+                                    transactions=self.transactions)
             await runner.start()
             self.runners.append(runner)
 
@@ -80,6 +83,10 @@ def processors_component(runtime: Runtime) -> AttachedProcessors | None:
     refs = runtime.settings.processors
     if not refs:
         return None
-    component = AttachedProcessors(runtime.store, list(refs))
+    settings = runtime.settings
+    config = RunnerConfig(guarantee=settings.processor_guarantee,
+                          checkpoint_interval_ms=settings.processor_checkpoint_interval_ms)
+    transactions = runtime.registries.get("transactions")  # published by the Kafka component, built before
+    component = AttachedProcessors(runtime.store, list(refs), config=config, transactions=transactions)
     runtime.registries["processors"] = component
     return component

@@ -136,17 +136,6 @@ def test_an_unknown_guarantee_is_refused_before_connecting(capsys: pytest.Captur
     assert "--guarantee must be one of at-least-once, exactly-once" in capsys.readouterr().err
 
 
-def test_attached_processors_refuse_exactly_once_rather_than_run_at_least_once() -> None:
-    from broker.log.memory import MemoryLogStore
-    from processors.errors import PipelineDefinitionError
-    from processors.examples.sensors import build
-    from processors.hosting import AttachedRunner
-    from processors.runner import RunnerConfig
-
-    with pytest.raises(PipelineDefinitionError, match="exactly-once is not available for attached"):
-        AttachedRunner(build({}), MemoryLogStore(), config=RunnerConfig(guarantee="exactly-once"))
-
-
 async def test_a_rebalance_commits_the_revoked_partitions_interval_and_the_new_owner_restores_it(
         sluice: SluiceProcess, tmp_path: Path) -> None:
     """A runs alone over half the data (windows half full, inside an open transaction); B joins: A's

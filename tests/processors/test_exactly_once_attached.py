@@ -1,0 +1,96 @@
+"""Issue 17, item 1 for attached processors: ``sluice serve --processor`` with
+``SLUICE_PROCESSOR_GUARANTEE=exactly-once``. Each checkpoint interval (outputs, the state checkpoint
+with the input positions) is one transaction of the broker's coordinator; kill -9 of the broker (and
+so of the processor inside it) at seeded random points, and a read_committed reader sees every
+(window, key) result and every alert exactly once, equal to the batch computation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.log.memory import MemoryLogStore
+from processors.errors import PipelineDefinitionError
+from processors.examples.sensors import build
+from processors.hosting import AttachedRunner
+from processors.runner import RunnerConfig
+from tests.broker.server.conftest import SluiceProcess
+from tests.processors.test_exactly_once import batch_jump_alerts
+from tests.processors.test_exactly_once_broker_kill import free_port, kill9_and_restart
+from tests.processors.test_standalone import PARTITIONS, finals, heartbeat_all, produce, read_all, topics
+from tests.processors.workloads import batch_window_means, sensor_readings
+
+pytestmark = pytest.mark.slow
+
+ENV = topics("eos-att")
+
+
+@pytest.fixture
+def attached_sluice(tmp_path: Path) -> Iterator[SluiceProcess]:
+    server = SluiceProcess(tmp_path / "data", partitions=PARTITIONS, env={
+        **ENV, "SLUICE_KAFKA__PORT": str(free_port()), "SLUICE_STORAGE__FLUSH": "always",
+        "SLUICE_PROCESSORS": json.dumps(["processors.examples.sensors:pipeline"]),
+        "SLUICE_PROCESSOR_GUARANTEE": "exactly-once", "SLUICE_PROCESSOR_CHECKPOINT_INTERVAL_MS": "1000"})
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_kill_9_of_serve_with_an_attached_processor_read_committed_sees_every_window_exactly_once(
+        attached_sluice: SluiceProcess) -> None:
+    sluice = attached_sluice
+    seed = int(os.environ.get("SLUICE_TEST_SEED", "31"))
+    rng = random.Random(seed)
+    readings = sensor_readings(90)
+    expected = batch_window_means(readings, 10_000)
+    chunks = [readings[i : i + 1_000] for i in range(0, len(readings), 1_000)]
+    open_at_kill: list[bool] = []  # results written in the open transaction when it died
+
+    async def open_alerts() -> int:
+        written = len(await read_all(sluice.bootstrap, ENV["SENSORS_ALERTS"]))
+        return written - len(await read_all(sluice.bootstrap, ENV["SENSORS_ALERTS"], "read_committed"))
+
+    for i, chunk in enumerate(chunks):
+        await produce(sluice.bootstrap, ENV["SENSORS_INPUT"], chunk)  # acked = durable (flush=always)
+        if i % 3 != 1:
+            continue
+        before = await open_alerts()
+        if rng.random() < 0.5:
+            await asyncio.sleep(rng.uniform(0.0, 2.0))  # anywhere in the interval
+        else:  # right after results were written in the open transaction
+            until = time.monotonic() + 5
+            while await open_alerts() <= before and time.monotonic() < until:
+                await asyncio.sleep(rng.uniform(0, 0.05))
+        open_at_kill.append(await open_alerts() > before)
+        kill9_and_restart(sluice)
+    await heartbeat_all(sluice.bootstrap, ENV["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
+    deadline = time.monotonic() + 120
+    while len(finals(await read_all(sluice.bootstrap, ENV["SENSORS_OUTPUT"], "read_committed"))) < len(expected):
+        assert time.monotonic() < deadline, sluice.log_text()[-4000:]
+        await asyncio.sleep(0.3)
+    rows = await read_all(sluice.bootstrap, ENV["SENSORS_OUTPUT"], "read_committed")
+    alerts = [(a["sensor"], a["ts"], a["temp"]) for a in
+              await read_all(sluice.bootstrap, ENV["SENSORS_ALERTS"], "read_committed")]
+    written = await read_all(sluice.bootstrap, ENV["SENSORS_ALERTS"])
+    print(f"seed {seed}: read_committed {len(rows)} rows for {len(expected)} windows; alerts {len(alerts)} "
+          f"committed, {len(written)} written; new results open at each kill: {open_at_kill}")
+    counts = Counter(tuple(r["_key"]) for r in rows)
+    assert [k for k, n in counts.items() if n > 1] == []
+    assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
+    assert sorted(alerts) == batch_jump_alerts(readings)
+    assert any(open_at_kill), open_at_kill  # some kills cut an interval whose results were written
+    assert len(written) > len(alerts)  # ... and those were aborted, then written again
+    assert "Traceback" not in sluice.log_text()
+
+
+def test_attached_exactly_once_refuses_to_run_without_the_transaction_coordinator() -> None:
+    with pytest.raises(PipelineDefinitionError, match="needs the broker's transaction coordinator"):
+        AttachedRunner(build({}), MemoryLogStore(), config=RunnerConfig(guarantee="exactly-once"))
