@@ -13,6 +13,8 @@ Rules:
   template is resolved when every level it uses is a literal in ``f``; otherwise the log topic is not
   known in advance and ``None`` stands for "any topic" (the caller then needs a grant on every topic).
 - A shared subscription (``$share/<group>/<filter>``) is judged by its filter.
+- A TCP line has no topic name: the rules without a filter apply (``publish_topics(routes, None)``), and a
+  line may go to any of them (``when_field`` depends on the payload).
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ __all__ = ["filters_overlap", "publish_topics", "subscribe_topics"]
 _FIELD = re.compile(r"\{(\d+)\}")
 
 
-def publish_topics(routes: SourceRoutes, topic: str) -> set[str]:
-    """The log topics a PUBLISH to ``topic`` may be written to (a template that cannot be resolved is left
-    out: such a message goes to the dead letters, not to a topic)."""
+def publish_topics(routes: SourceRoutes, topic: str | None) -> set[str]:
+    """The log topics a PUBLISH to ``topic`` (None: a line of a source without topics, TCP) may be written
+    to (a template that cannot be resolved is left out: such a message goes to the dead letters)."""
     configured, defaults = routes.rules_for(topic)
     chosen = list(configured)
     if not configured or not _always(configured[-1]):
         chosen += defaults
-    levels = topic.split("/")
+    levels = (topic or "").split("/")
     out = set()
     for rule in chosen:
         name = _resolve(rule.topic, levels)

@@ -22,9 +22,10 @@ from typing import Protocol
 
 from broker.security import Principal
 
-__all__ = ["AUTH_FAILED", "AuthLine", "LineAuthenticator", "parse_auth_line"]
+__all__ = ["AUTH_FAILED", "NOT_AUTHORIZED", "AuthLine", "LineAuthenticator", "parse_auth_line"]
 
 AUTH_FAILED = b"FATAL authentication failed\n"
+NOT_AUTHORIZED = b"FATAL not authorized\n"  # logged in, but the ACLs refuse this source's log topics
 DOOR = "tcp"
 
 

@@ -17,7 +17,9 @@ after the last ``ACK`` were not stored. Without ack mode the server never writes
 
 With an authenticator (``security.auth = "required"``) the first line must be ``AUTH <user> <password>``
 (``ingest/tcp/auth.py``: answered ``ACK 1`` in ack mode; refused with ``FATAL authentication failed`` and
-closed).
+closed). With the ACLs (``may_write``), a login that may not write the log topics this listener's lines
+are routed to gets ``FATAL not authorized`` (also in plain mode) and is closed, nothing stored: checked
+once, at login.
 
 With a server TLS context (``security.tls_cert``) the listener speaks TLS on its port; a failed handshake
 closes the socket before any line is read (logged by asyncio at DEBUG only). A client whose certificate was
@@ -42,13 +44,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from broker.security.tls import peer_principal
+from broker.security import Principal
+from broker.security.tls import peer_common_name, peer_principal
 from ingest.admission import Admission
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
 from ingest.routing import SourceRef
 from ingest.sink import IngestSink, WriteOutcome
-from ingest.tcp.auth import AUTH_FAILED, DOOR, LineAuthenticator, parse_auth_line
+from ingest.tcp.auth import AUTH_FAILED, DOOR, NOT_AUTHORIZED, LineAuthenticator, parse_auth_line
 from ingest.tcp.framing import LineFramer, LineTooLong
 from ingest.tcp.lines import LineStream, payload_format
 
@@ -113,9 +116,11 @@ class TcpLineListener:
         authenticator: LineAuthenticator | None = None,
         tls: ssl.SSLContext | None = None,
         tls_handshake_timeout_s: float = 10.0,
+        may_write: Callable[[Principal, str], bool] | None = None,
     ) -> None:
         self.config = config
         self.authenticator = authenticator  # set: each connection logs in with a first AUTH line
+        self.may_write = may_write  # the ACLs (with an authenticator): may this login write this source's lines?
         self.sink = sink
         self.health = health
         self.admission = admission if admission is not None else Admission("TCP", log=log)  # may be shared
@@ -223,15 +228,25 @@ class TcpLineListener:
         framer = LineFramer(config.max_line_bytes)
         stream = LineStream(config.format)
         idle = config.idle_timeout_s if config.idle_timeout_s > 0 else None
-        if self.authenticator is not None and peer_principal(writer.get_extra_info("ssl_object")) is not None:
+        early: list[bytes | LineTooLong] = []
+        ssl_object = writer.get_extra_info("ssl_object")
+        if self.authenticator is not None and peer_principal(ssl_object) is not None:
             self.authenticator.succeeded(DOOR)  # a verified TLS client certificate is the login: no AUTH line
-        elif self.authenticator is not None:
-            early = await self._login(self.authenticator, reader, writer, framer)
-            if early is None:
+            if not await self._may_write(Principal(peer_common_name(ssl_object) or ""), writer):
                 return
+        elif self.authenticator is not None:
+            login = await self._login(self.authenticator, reader, writer, framer)
+            if login is None:
+                return
+            early, principal = login
             stream.line_no = 1  # the AUTH line
-            if early:
-                await self._ingest(early, stream, writer)
+            if not await self._may_write(principal, writer):
+                return
+            if config.ack:
+                writer.write(b"ACK 1\n")
+                await writer.drain()
+        if early:
+            await self._ingest(early, stream, writer)
         while True:
             if sink.saturated:
                 # Backpressure from other writers: stop reading until the log catches up.
@@ -260,9 +275,23 @@ class TcpLineListener:
         else:
             await sink.ingest(self.source, messages)  # no per-line outcomes needed
 
+    async def _may_write(self, principal: Principal, writer: asyncio.StreamWriter) -> bool:
+        """The ACLs' word on this login (checked once, at login): refused, ``FATAL not authorized`` and the
+        connection closed before any line is stored (the refusal is audited by the authorizer)."""
+        if self.may_write is None:
+            return True
+        peer = writer.get_extra_info("peername")
+        if self.may_write(principal, str(peer[0]) if isinstance(peer, tuple) and peer else "?"):
+            return True
+        with contextlib.suppress(ConnectionError, OSError, TimeoutError):
+            writer.write(NOT_AUTHORIZED)
+            await asyncio.wait_for(writer.drain(), 1.0)
+        return False
+
     async def _login(self, auth: LineAuthenticator, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     framer: LineFramer) -> list[bytes | LineTooLong] | None:
-        """Read and check the AUTH line; the lines that came behind it, or None when refused (then closed)."""
+                     framer: LineFramer) -> tuple[list[bytes | LineTooLong], Principal] | None:
+        """Read and check the AUTH line; the lines that came behind it and the principal, or None when refused
+        (then closed)."""
         peer = writer.get_extra_info("peername")
         host = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         loop = asyncio.get_running_loop()
@@ -288,17 +317,15 @@ class TcpLineListener:
                 raise ValueError("the first line is longer than the line limit")
             credentials = parse_auth_line(first)
             user = credentials.user
-            if auth.check_password(credentials.user, credentials.password) is None:
+            principal = auth.check_password(credentials.user, credentials.password)
+            if principal is None:
                 raise ValueError("invalid user name or password")
         except ValueError as exc:
             auth.failed(DOOR, host, user, str(exc))
             await self._refuse_login(writer)
             return None
         auth.succeeded(DOOR)
-        if self.config.ack:
-            writer.write(b"ACK 1\n")
-            await writer.drain()
-        return rest
+        return rest, principal  # ACK 1 follows once the ACLs agreed (_serve)
 
     @staticmethod
     async def _refuse_login(writer: asyncio.StreamWriter) -> None:

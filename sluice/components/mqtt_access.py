@@ -1,4 +1,4 @@
-"""The ACLs on the MQTT front door: a device's topic is judged by the log topics the ingest routes send it to.
+"""The ACLs on the device doors (MQTT, TCP lines): judged by the log topics the ingest routes send data to.
 
 With ``security.auth = required`` the MQTT hub asks this object (``ingest.mqtt.hub.TopicAccess``):
 - a PUBLISH (and a CONNECT's will) needs WRITE on every log topic its MQTT topic may be routed to
@@ -9,15 +9,20 @@ With ``security.auth = required`` the MQTT hub asks this object (``ingest.mqtt.h
 as the principal ``User:<user name>`` (the CONNECT's, or the certificate's Common Name), from the client's
 address. Refusals are audited as front door "mqtt". The routes are read at each check: a route added
 at runtime applies at once.
+
+A TCP line listener asks ``tcp_writer_check`` once per login: WRITE on every log topic its lines may be
+routed to (the rules without a filter; audited as "tcp").
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from broker.security import ANONYMOUS, Authorizer, Operation, Principal, ResourceType
 from ingest.route_topics import publish_topics, subscribe_topics
 from ingest.routing import Router, SourceRef
 
-__all__ = ["MqttAccess"]
+__all__ = ["MqttAccess", "tcp_writer_check"]
 
 _DOOR = "mqtt"
 
@@ -44,3 +49,18 @@ class MqttAccess:
         return all(self.authorizer.check(_DOOR, principal, peer, Operation.READ, ResourceType.TOPIC,
                                          "*" if name is None else name)
                    for name in sorted(targets, key=lambda n: n or ""))
+
+
+def tcp_writer_check(authorizer: Authorizer, router: Router, source: SourceRef) -> Callable[[Principal, str], bool]:
+    """May ``principal`` (logged in from ``peer``) send lines to ``source``: WRITE on every log topic they may
+    be routed to."""
+
+    def may_write(principal: Principal, peer: str) -> bool:
+        targets = publish_topics(router.for_source(source), None)
+        if not targets:
+            authorizer.denied("tcp", principal, peer, Operation.WRITE, ResourceType.TOPIC, "(no log topic)")
+            return False
+        return all(authorizer.check("tcp", principal, peer, Operation.WRITE, ResourceType.TOPIC, name)
+                   for name in sorted(targets))
+
+    return may_write

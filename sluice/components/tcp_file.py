@@ -15,7 +15,8 @@ from ingest.file.source import FileSource, FileSourceConfig, PositionStore
 from ingest.routing import KeySpec, RouteRule, TimeSpec
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
 from sluice.components.ingest_core import ingest_core
-from sluice.components.security import authenticator
+from sluice.components.mqtt_access import tcp_writer_check
+from sluice.components.security import authenticator, authorizer
 from sluice.components.tls import handshake_timeout, server_context
 from sluice.front_metrics import AdmissionCollector, publish_collector
 from sluice.runtime import Runtime
@@ -53,9 +54,13 @@ class TcpIngestComponent:
                                    logging.getLogger("ingest.tcp"))
         auth = authenticator(runtime)  # security.auth = required: a first AUTH line (ingest/tcp/auth.py)
         tls = server_context(runtime)
+        authz = authorizer(runtime)
         self.listeners = [TcpLineListener(c, core.sink, core.health, admission=self.admission, authenticator=auth,
                                           tls=tls, tls_handshake_timeout_s=handshake_timeout(runtime))
                           for c in configs]
+        for listener in self.listeners:  # the ACLs: checked once per login (mqtt_access.tcp_writer_check)
+            if authz is not None:
+                listener.may_write = tcp_writer_check(authz, core.router, listener.source)
         publish_collector(runtime, AdmissionCollector("tcp", self.admission))
 
     async def start(self) -> None:

@@ -156,7 +156,8 @@ def test_tcp_client_certificate_replaces_the_auth_line(tmp_path: Path, certs: De
     """With auth = required, a verified client certificate logs a TCP device in: its first line is data."""
     proc = SluiceProcess(tmp_path / "data", env={**tls_env(certs, client_ca=True), "SLUICE_SECURITY__AUTH": "required",
                                                  "SLUICE_TCP__ACK": "true", "SLUICE_MQTT__TLS_PORT": "0",
-                                                 "SLUICE_SECURITY__OPEN_METRICS": "true"})
+                                                 "SLUICE_SECURITY__OPEN_METRICS": "true",
+                                                 "SLUICE_SECURITY__SUPER_USERS": '["gateway-1"]'})  # its CN
     proc.start()
     try:
         with socket.create_connection(("127.0.0.1", port(proc, "tcp")), timeout=15) as raw, \
