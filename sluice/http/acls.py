@@ -13,7 +13,16 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
-from broker.security import AclBinding, AclFilter, Authorizer, Operation, PatternType, Permission, ResourceType
+from broker.security import (
+    AclBinding,
+    AclFilter,
+    Authorizer,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+    normalize_principal,
+)
 from sluice.http.auth import Caller, allow
 from sluice.http.context import ApiContext, Ctx
 from sluice.http.problems import PROBLEM_RESPONSES, ProblemError
@@ -38,8 +47,6 @@ class AclIn(BaseModel):
     permission: str = "allow"
 
     def binding(self) -> AclBinding:
-        from broker.security import normalize_principal
-
         return AclBinding(ResourceType.parse(self.resource_type), self.resource_name,
                           PatternType.parse(self.pattern_type), normalize_principal(self.principal), self.host,
                           Operation.parse(self.operation), Permission.parse(self.permission))
@@ -59,8 +66,6 @@ def _authorizer(ctx: ApiContext) -> Authorizer:
 
 def _filter(resource_type: str | None, resource_name: str | None, pattern_type: str | None, principal: str | None,
             host: str | None, operation: str | None, permission: str | None) -> AclFilter:
-    from broker.security import normalize_principal
-
     try:
         return AclFilter(ResourceType.parse(resource_type or "any"), resource_name,
                          PatternType.parse(pattern_type or ("match" if resource_name else "any")),
