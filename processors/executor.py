@@ -11,21 +11,23 @@ be checkpointed, restored and handed over per partition.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from processors.errors import PipelineDefinitionError
-from processors.logic import KeyedRuntime
+from processors.logic import KeyedRuntime, Logic
 from processors.pipeline import NodeSpec, Pipeline
 from processors.serde import HEADER_ERROR, HEADER_SOURCE, HEADER_WATERMARK, default_serialize, to_json
 from processors.time import NO_TIME
 from processors.triggers import EarlyEvery
 from processors.watermarks import WatermarkTracker
 
-__all__ = ["Executor", "OutRecord", "PartitionExtension", "RecordLike", "TopicPartition"]
+__all__ = ["Executor", "KeyedStateFactory", "OutRecord", "PartitionExtension", "RecordLike", "TopicPartition"]
 
 TopicPartition = tuple[str, int]
+# (operator id, the operator's logic builder) -> the map holding its per-key logics
+KeyedStateFactory = Callable[[str, Callable[[Any], Logic]], MutableMapping[Hashable, Logic]]
 
 
 class RecordLike(Protocol):
@@ -129,7 +131,8 @@ class _Keyed(_Node):
     def __init__(self, spec: NodeSpec, ex: Executor) -> None:
         super().__init__(spec, ex)
         self.kind = spec.kind
-        self.rt = KeyedRuntime(spec.config)
+        factory = ex.keyed_state
+        self.rt = KeyedRuntime(spec.config, None if factory is None else factory(str(spec.id), spec.config.build))
         self.late_topic = spec.late_topic
         trigger = getattr(spec.config, "trigger", None)
         self.early_ms = trigger.interval_ms if isinstance(trigger, EarlyEvery) else 0
@@ -202,9 +205,10 @@ class _Sink(_Node):
 
 
 class Executor:
-    def __init__(self, pipeline: Pipeline, now: int = 0) -> None:
+    def __init__(self, pipeline: Pipeline, now: int = 0, *, keyed_state: KeyedStateFactory | None = None) -> None:
         pipeline.validate()
         self.pipeline = pipeline
+        self.keyed_state = keyed_state  # None: every key's state in a dict (processors.state_store spills)
         src = pipeline.source_config
         self.tracker = WatermarkTracker(src.watermarks, src.all_idle, src.alignment)
         self.event_time = src.event_time
@@ -225,6 +229,13 @@ class Executor:
             node = self._build(spec)
             built[spec.id] = node
             built[spec.parent].children.append(node)
+
+    def close(self) -> None:
+        """Release what keyed state stores hold (a spill store's files and lock)."""
+        for node in self.keyed.values():
+            close = getattr(node.rt.logics, "close", None)
+            if close is not None:
+                close()
 
     def _build(self, spec: NodeSpec) -> _Node:
         if spec.kind in ("map", "filter", "flat_map", "key_by"):

@@ -19,7 +19,7 @@ being processed at the time.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, MutableMapping
 from typing import Any, Protocol
 
 from processors.time import NO_TIME
@@ -71,9 +71,10 @@ class LogicConfig(Protocol):
 class KeyedRuntime:
     """Per-key logics of one keyed operator, their timers, and which source partition owns each key."""
 
-    def __init__(self, config: LogicConfig) -> None:
+    def __init__(self, config: LogicConfig, logics: MutableMapping[Hashable, Logic] | None = None) -> None:
         self.config = config
-        self.logics: dict[Hashable, Logic] = {}
+        # a dict, or a store bounding how many live in memory (processors.state_store)
+        self.logics: MutableMapping[Hashable, Logic] = {} if logics is None else logics
         self.owner: dict[Hashable, Hashable] = {}  # key -> source partition whose records created it
         self.event_timers: list[tuple[int, int, Hashable]] = []
         self.proc_timers: list[tuple[int, int, Hashable]] = []

@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from processors.checkpoint import (
@@ -32,7 +34,7 @@ from processors.checkpoint import (
     take_checkpoint,
 )
 from processors.errors import ProcessorError
-from processors.executor import Executor, RecordLike, TopicPartition
+from processors.executor import Executor, KeyedStateFactory, RecordLike, TopicPartition
 from processors.pipeline import Pipeline
 from processors.sources import Sink, Source
 from processors.time import NO_TIME, Clock, SystemClock
@@ -59,6 +61,10 @@ class RunnerConfig:
     checkpoint_interval_ms: int = 10_000
     fetch_timeout_s: float = 0.5
     stop_timeout_s: float = 30.0  # how long stop() waits for the final checkpoint
+    # at most this many keys' state live in memory per keyed operator, the rest spilled to RocksDB
+    # under state_dir (processors.state_store); None: all in memory
+    state_max_keys: int | None = None
+    state_dir: str | None = None
 
 
 class Runner:
@@ -82,7 +88,7 @@ class Runner:
         self.config = config or RunnerConfig()
         self.name = name or f"processor:{pipeline.name}"
         # a given executor: a subclass for one stage of a repartitioned pipeline (processors.repartition)
-        self.executor = executor or Executor(pipeline, self.clock.now_ms())
+        self.executor = executor or Executor(pipeline, self.clock.now_ms(), keyed_state=self._keyed_state())
         self.positions: dict[TopicPartition, int] = {}
         self.in_q: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.config.queue_batches)
         self.out_q: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.config.queue_batches)
@@ -109,6 +115,15 @@ class Runner:
         self.max_out_q = 0
         self.failed: BaseException | None = None
         self.stopped = asyncio.Event()
+
+    def _keyed_state(self) -> KeyedStateFactory | None:
+        cfg = self.config
+        if cfg.state_max_keys is None:
+            return None
+        from processors.state_store import spilling_factory  # rocksdict only when asked for
+
+        base = Path(cfg.state_dir) if cfg.state_dir else Path(tempfile.gettempdir()) / "sluice-state"
+        return spilling_factory(cfg.state_max_keys, base / self.pipeline.name)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -147,6 +162,7 @@ class Runner:
             if not waiting.done():
                 waiting.set_result(None)
         await self.source.stop()
+        self.executor.close()
         self.stopped.set()
         log.info("processor stopped", extra={"pipeline": self.pipeline.name})
 

@@ -119,6 +119,11 @@ def process(
     instance_id: Annotated[str | None, typer.Option(
         help="exactly-once: this instance's name in its transactional.id <pipeline>-<instance id> (default: the "
              "host name). Keep it across restarts; two instances on one host need different ids.")] = None,
+    state_max_keys: Annotated[int | None, typer.Option(
+        help="Keys whose state each keyed operator keeps in memory; the rest spill to RocksDB (default: no bound).")
+    ] = None,
+    state_dir: Annotated[str | None, typer.Option(
+        help="Where spilled state goes (scratch, emptied at start; default <tmp>/sluice-state).")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR.")] = "INFO",
 ) -> None:
     """Run a stream processor standalone, as a member of its consumer group (start more to scale out)."""
@@ -126,7 +131,8 @@ def process(
 
     configure_logging(log_level, "text")
     raise typer.Exit(run_process(pipeline, bootstrap, checkpoint_interval, session_timeout_ms,
-                                 guarantee=guarantee, instance_id=instance_id))
+                                 guarantee=guarantee, instance_id=instance_id, state_max_keys=state_max_keys,
+                                 state_dir=state_dir))
 
 
 def _register_client_commands() -> None:

@@ -14,7 +14,8 @@ __all__ = ["run_process"]
 
 
 def run_process(ref: str, bootstrap: str, checkpoint_interval_s: float, session_timeout_ms: int = 10_000, *,
-                guarantee: str = "at-least-once", instance_id: str | None = None) -> int:
+                guarantee: str = "at-least-once", instance_id: str | None = None,
+                state_max_keys: int | None = None, state_dir: str | None = None) -> int:
     """Exit code: 0 after a clean stop, 1 when the processor failed, 2 for a bad pipeline reference
     or option."""
     chosen = next((g for g in GUARANTEES if g == guarantee), None)
@@ -28,7 +29,8 @@ def run_process(ref: str, bootstrap: str, checkpoint_interval_s: float, session_
     except ProcessorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    config = RunnerConfig(guarantee=chosen, checkpoint_interval_ms=round(checkpoint_interval_s * 1000))
+    config = RunnerConfig(guarantee=chosen, checkpoint_interval_ms=round(checkpoint_interval_s * 1000),
+                          state_max_keys=state_max_keys, state_dir=state_dir)
     try:
         runners = asyncio.run(run_standalone(pipeline, bootstrap, config=config, session_timeout_ms=session_timeout_ms,
                                             instance_id=instance_id))

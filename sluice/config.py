@@ -306,6 +306,9 @@ class Settings(BaseSettings):
     # the broker's coordinator; needs the Kafka listener; readers use read_committed)
     processor_guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once"
     processor_checkpoint_interval_ms: int = 10_000
+    # at most this many keys' state live in memory per keyed operator; the rest spill to RocksDB under
+    # <data_dir>/processor-state (scratch, emptied at start). None: no bound
+    processor_state_max_keys: int | None = None
 
     @model_validator(mode="after")
     def _an_mqtt_listener_is_left(self) -> Settings:

@@ -43,6 +43,7 @@ _NOTES = {
     "event_loop": "`auto` uses uvloop when installed",
     "processors": "`module:attribute` pipelines run inside the broker",
     "processor_guarantee": "attached processors; `exactly-once` needs the Kafka listener, readers use read_committed",
+    "processor_state_max_keys": "keys whose state an attached operator keeps in memory; the rest spill to RocksDB",
     "processor_checkpoint_interval_ms": "attached processors' checkpoint (and, exactly-once, commit) interval",
     "storage.backend": "`segment` files or `memory`",
     "storage.flush": "`always` fsyncs before acknowledging (group commit), `interval`, `os`",

@@ -85,7 +85,9 @@ def processors_component(runtime: Runtime) -> AttachedProcessors | None:
         return None
     settings = runtime.settings
     config = RunnerConfig(guarantee=settings.processor_guarantee,
-                          checkpoint_interval_ms=settings.processor_checkpoint_interval_ms)
+                          checkpoint_interval_ms=settings.processor_checkpoint_interval_ms,
+                          state_max_keys=settings.processor_state_max_keys,
+                          state_dir=str(settings.data_dir / "processor-state"))
     transactions = runtime.registries.get("transactions")  # published by the Kafka component, built before
     component = AttachedProcessors(runtime.store, list(refs), config=config, transactions=transactions)
     runtime.registries["processors"] = component
