@@ -45,3 +45,24 @@ def test_oversized_length_is_rejected_before_buffering() -> None:
     with pytest.raises(FrameError, match="exceeds the maximum request size 1000"):
         decoder.feed(struct.pack(">i", 1001))
     assert FrameDecoder(max_frame_bytes=1000).feed(encode_frame(b"x" * 1000)) == [b"x" * 1000]
+
+
+def test_any_chunking_gives_the_same_frames() -> None:
+    """Frames spread over many chunks, prefixes cut anywhere, several frames in one chunk."""
+    import random
+
+    rng = random.Random(7)
+    payloads = [bytes([i % 251]) * rng.choice((0, 1, 3, 700, 70_000)) for i in range(60)]
+    data = b"".join(encode_frame(p) for p in payloads)
+    for _ in range(20):
+        decoder = FrameDecoder()
+        frames: list[bytes] = []
+        pos = 0
+        while pos < len(data):
+            step = rng.choice((1, 2, 3, 5, 4096, 65_536, 300_000))
+            frames += decoder.feed(memoryview(data)[pos : pos + step] if step == 5 else data[pos : pos + step])
+            pos += step
+            assert decoder.pending_bytes <= 70_004
+        assert frames == payloads
+        assert all(type(f) is bytes for f in frames)
+        assert decoder.pending_bytes == 0
