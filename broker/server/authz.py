@@ -41,7 +41,7 @@ from broker.protocol.kafka_codes import ErrorCode
 from broker.security import CLUSTER_NAME, Operation, ResourceType
 from broker.server.handlers_common import BrokerContext, ConnectionInfo
 
-__all__ = ["allowed", "gate"]
+__all__ = ["allowed", "authorized_operations", "gate"]
 
 DOOR = "kafka"
 _TOPIC, _GROUP, _TXN, _CLUSTER = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID, \
@@ -60,6 +60,24 @@ def allowed(ctx: BrokerContext, conn: ConnectionInfo, operation: Operation, reso
     if audit:
         return authz.check(DOOR, conn.principal, conn.peer_host, operation, resource_type, name)
     return authz.allowed(conn.principal, conn.peer_host, operation, resource_type, name)
+
+
+# Kafka's AclEntry.supportedOperations: what ``authorized_operations`` reports on, per resource type.
+_SUPPORTED: dict[ResourceType, tuple[Operation, ...]] = {
+    ResourceType.TOPIC: (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DESCRIBE, Operation.DELETE,
+                         Operation.ALTER, Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS),
+    ResourceType.GROUP: (Operation.READ, Operation.DESCRIBE, Operation.DELETE),
+    ResourceType.CLUSTER: (Operation.CREATE, Operation.CLUSTER_ACTION, Operation.DESCRIBE_CONFIGS,
+                           Operation.ALTER_CONFIGS, Operation.IDEMPOTENT_WRITE, Operation.ALTER, Operation.DESCRIBE),
+}
+
+
+def authorized_operations(ctx: BrokerContext, conn: ConnectionInfo, resource_type: ResourceType,
+                          name: str = CLUSTER_NAME) -> int:
+    """Kafka's ``authorizedOperations`` bit field (bit n: operation code n) of what the principal may do on the
+    resource (Metadata and DescribeGroups when asked); every supported operation without an authorizer."""
+    ops = _SUPPORTED[resource_type]
+    return sum(1 << int(op) for op in ops if allowed(ctx, conn, op, resource_type, name, audit=False))
 
 
 Run = Callable[[Any], Awaitable[Any]]

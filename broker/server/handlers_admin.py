@@ -13,7 +13,7 @@ from broker.errors import BrokerError
 from broker.protocol.kafka import api_versions_body
 from broker.protocol.kafka_codes import ErrorCode
 from broker.security import Operation, ResourceType
-from broker.server.authz import allowed
+from broker.server.authz import allowed, authorized_operations
 from broker.server.handlers_common import NODE_ID, BrokerContext, ConnectionInfo, error_code_for
 from broker.server.handlers_configs import created_topic_configs
 
@@ -75,6 +75,13 @@ async def handle_metadata(ctx: BrokerContext, body: Any, conn: ConnectionInfo, v
     else:
         create = bool(getattr(body, "allow_auto_topic_creation", True)) and ctx.store.auto_create_topics
         topics = [_requested_metadata(ctx, conn, str(t.name), create) for t in requested]
+    if getattr(body, "include_topic_authorized_operations", False):  # v8+: what the principal may do
+        for entry in topics:
+            if entry["error_code"] == ErrorCode.NONE:
+                entry["topic_authorized_operations"] = authorized_operations(ctx, conn, ResourceType.TOPIC,
+                                                                             entry["name"])
+    cluster_ops = (authorized_operations(ctx, conn, ResourceType.CLUSTER)
+                   if getattr(body, "include_cluster_authorized_operations", False) else _NO_AUTHORIZED_OPERATIONS)
     host, port = ctx.advertised_for(conn)
     return {
         "throttle_time": 0,
@@ -82,7 +89,7 @@ async def handle_metadata(ctx: BrokerContext, body: Any, conn: ConnectionInfo, v
         "cluster_id": ctx.cluster_id,
         "controller_id": NODE_ID,
         "topics": topics,
-        "cluster_authorized_operations": _NO_AUTHORIZED_OPERATIONS,
+        "cluster_authorized_operations": cluster_ops,
     }
 
 

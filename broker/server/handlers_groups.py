@@ -13,6 +13,8 @@ from typing import Any
 
 from broker.errors import UnknownTopicError
 from broker.protocol.kafka_codes import ErrorCode
+from broker.security import ResourceType
+from broker.server.authz import authorized_operations
 from broker.server.handlers_common import NODE_ID, BrokerContext, ConnectionInfo, millis
 
 __all__ = [
@@ -176,7 +178,8 @@ async def handle_describe_groups(ctx: BrokerContext, body: Any, conn: Connection
                  "member_assignment": m.assignment or b""}
                 for m in desc.members
             ],
-            "authorized_operations": -(2**31),
+            "authorized_operations": (authorized_operations(ctx, conn, ResourceType.GROUP, desc.group_id)
+                                      if getattr(body, "include_authorized_operations", False) else -(2**31)),
         })
     return {"throttle_time": 0, "groups": groups}
 

@@ -196,3 +196,10 @@ def test_acls_survive_a_restart(tmp_path: Path) -> None:
         assert admin.describe_acls(ANY_FILTER).result() == [binding]
     finally:
         second.stop()
+
+
+def test_group_authorized_operations(server: SluiceProcess) -> None:
+    alice = AdminClient(conf(server, "alice"))
+    found = alice.describe_consumer_groups(["g-alice", "g-other"], include_authorized_operations=True)
+    assert set(found["g-alice"].result().authorized_operations) == {AclOperation.READ, AclOperation.DESCRIBE}
+    assert error_of(found["g-other"]) == KafkaError.GROUP_AUTHORIZATION_FAILED
