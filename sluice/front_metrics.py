@@ -22,7 +22,8 @@ Series (``_total`` is added to counters by the exposition format):
   ``sluice_mqtt_refused_logins``, ``sluice_mqtt_queue_drops``, ``sluice_mqtt_sessions_expired``,
   ``sluice_mqtt_connections_refused{reason}`` (and ``sluice_tcp_connections_refused{reason}``: connection
   caps, ``reason`` = ``max_connections`` | ``max_connections_per_address``),
-  ``sluice_mqtt_append_errors``, ``sluice_mqtt_wills_published``, ``sluice_mqtt_read_pauses``.
+  ``sluice_mqtt_append_errors``, ``sluice_mqtt_wills_published``, ``sluice_mqtt_read_pauses``,
+  ``sluice_mqtt_journal_records``, ``sluice_mqtt_journal_errors`` (durable sessions, ``session_store.py``).
 - ``sluice_bridge_connected{bridge,broker}`` (gauge 0/1), ``sluice_bridge_last_message_age_seconds``
   (gauge, absent before the first message), counters ``sluice_bridge_messages``, ``sluice_bridge_bytes``,
   ``sluice_bridge_acked``, ``sluice_bridge_connects``.
@@ -41,6 +42,7 @@ from prometheus_client.registry import Collector
 from broker.protocol.kafka import ApiKey
 from broker.protocol.kafka_codes import ErrorCode
 from broker.server.stats import KafkaStats
+from ingest.mqtt.session_store import SessionStore
 from sluice.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -157,7 +159,15 @@ def mqtt_status(hub: Hub, endpoint: str | None = None) -> dict[str, Any]:
         "retained_messages": len(hub.retained),
         "connections_refused": sum(hub.admission.refused.values()),
         **asdict(hub.stats),
+        **_journal_counts(hub),
     }
+
+
+def _journal_counts(hub: Hub) -> dict[str, int]:
+    store = hub.store
+    if not isinstance(store, SessionStore):  # mqtt.durable = false
+        return {"journal_records": 0, "journal_errors": 0}
+    return {"journal_records": store.records_written, "journal_errors": store.write_errors}
 
 
 _MQTT_COUNTERS = (
@@ -182,6 +192,10 @@ _MQTT_COUNTERS = (
      "Records others wrote to deliver_from_topics sent to MQTT subscribers"),
     ("log_records_skipped", "sluice_mqtt_log_records_skipped",
      "Records of deliver_from_topics without a valid mqtt_topic header"),
+    ("journal_records", "sluice_mqtt_journal_records",
+     "Records written to the durable session and retained-message journals (__mqtt_sessions, __mqtt_retained)"),
+    ("journal_errors", "sluice_mqtt_journal_errors",
+     "Journal appends that failed (what they protect was not acknowledged)"),
 )
 
 

@@ -119,6 +119,16 @@ class SessionStore:
             return None
         return waits[0] if len(waits) == 1 else asyncio.gather(*waits)
 
+    @property
+    def records_written(self) -> int:
+        """Journal records written (sessions and retained messages), for /metrics."""
+        return self.journal.records_written + sum(j.records_written for j in self._also)
+
+    @property
+    def write_errors(self) -> int:
+        """Journal appends that failed (``journal.py`` rule 3), for /metrics."""
+        return self.journal.errors + sum(j.errors for j in self._also)
+
     def then(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once everything journaled so far is durable (at once when it already is)."""
         self.journal.then(callback)

@@ -18,6 +18,7 @@ from ingest.mqtt.packets import (
     Subscription,
 )
 from ingest.mqtt.session_store import RETAINED_TOPIC, SESSIONS_TOPIC, SessionStore
+from sluice.front_metrics import mqtt_status
 from tests.ingest.mqtt.conftest import RawClient, StartServer, wait_until
 
 
@@ -104,3 +105,5 @@ async def test_the_internal_topics_are_compacted_and_hidden(start_server: StartS
     assert SESSIONS_TOPIC not in listed and RETAINED_TOPIC not in listed
     assert internal[SESSIONS_TOPIC].internal
     assert internal[SESSIONS_TOPIC].config.cleanup_policy == "compact"
+    status = mqtt_status(server.hub)
+    assert status["journal_records"] >= 1 and status["journal_errors"] == 0  # on /mqtt and /metrics
