@@ -16,7 +16,8 @@ Sluice runs in this process (uvloop) on the segment store, ``--flush`` (always o
 lifted (0) so nothing is dropped, once with ``mqtt.durable = true`` and once with ``false`` (sessions in
 memory only). Mosquitto runs with ``persistence true`` (it writes its database at shutdown and every
 ``autosave_interval``, 1800 s by default: not before a PUBACK) and ``max_queued_messages 0``.
-Reported: messages per second and the ratios durable/in-memory and durable/Mosquitto.
+Reported: messages per second and the ratios durable/in-memory and durable/Mosquitto; for ``offline``,
+also how long opening the durable case's data directory again takes to restore its queued messages.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 from bench.bench_mqtt import make_lines, publishers, raise_fd_limit, start_mosquitto
 from broker.log.api import LogStore
 from ingest.mqtt.listener import MqttListener
+from ingest.mqtt.session_store import SessionStore
 from sluice.components.mqtt import mqtt_listener
 from sluice.config import load_settings
 from sluice.runtime import Runtime
@@ -93,6 +95,24 @@ async def sluice_case(files: list[Path], total: int, case: str, durable: bool, f
         await store.close()
 
 
+async def restore_seconds(total: int, flush: str, data_dir: Path) -> float:
+    """Open the ``offline`` case's data directory again: seconds to restore its queued messages."""
+    settings = load_settings(None, data_dir=data_dir, storage={"backend": "segment", "flush": flush},
+                             mqtt={"port": 0, "max_queued_messages": 0, "max_queued_bytes": 0,
+                                   "max_queued_bytes_total": 0})
+    store: LogStore = open_store(settings)
+    await store.start()
+    try:
+        start = time.perf_counter()
+        listener = mqtt_listener(Runtime(settings, store))  # the restore happens here
+        elapsed = time.perf_counter() - start
+        assert isinstance(listener, MqttListener) and isinstance(listener.hub.store, SessionStore)
+        assert listener.hub.store.restored.messages == total, listener.hub.store.restored
+        return elapsed
+    finally:
+        await store.close()
+
+
 def mosquitto_case(files: list[Path], total: int, case: str, directory: Path) -> float:
     proc, port = start_mosquitto(directory)
     try:
@@ -124,6 +144,9 @@ async def main(args: argparse.Namespace) -> None:
                 print(f"{case:8s} run {run + 1}: Sluice durable {total / on:,.0f} msg/s, in-memory sessions "
                       f"{total / off:,.0f} msg/s, Mosquitto (persistence on) {total / mosq:,.0f} msg/s; "
                       f"durable/in-memory {off / on:.2f}x, durable/Mosquitto {mosq / on:.2f}x", flush=True)
+                if case == "offline":
+                    took = await restore_seconds(total, args.flush, tmp / f"on-{case}-{run}")
+                    print(f"         restart: {total} queued messages restored in {took:.2f} s", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
