@@ -134,7 +134,7 @@ async def main(args: argparse.Namespace) -> None:
             files.append(f)
         print(f"{args.publishers} x mosquitto_pub -l -q 1, {args.messages} msgs each ({total} total), "
               f"Sluice flush={args.flush}")
-        for case in CASES:
+        for case in args.cases.split(","):
             for run in range(args.runs):
                 on = await sluice_case(files, total, case, True, args.flush, tmp / f"on-{case}-{run}")
                 off = await sluice_case(files, total, case, False, args.flush, tmp / f"off-{case}-{run}")
@@ -157,6 +157,7 @@ if __name__ == "__main__":
     parser.add_argument("--messages", type=int, default=15_000)  # a persistent session holds < 65,536 messages
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--flush", choices=("always", "os"), default="always")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
     ns = parser.parse_args()
     try:
         import uvloop
