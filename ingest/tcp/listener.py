@@ -163,14 +163,17 @@ class TcpLineListener:
             self._server.close()
         for writer, reader in list(self._writers.items()):
             # End the read side: a handler mid-write finishes its durable append, then sees EOF.
-            if writer.get_extra_info("sslcontext") is not None:
-                cast(asyncio.Transport, writer.transport).pause_reading()  # no half-shut under the TLS layer
-                reader.feed_eof()
-                continue
-            with contextlib.suppress(OSError):
-                sock = writer.get_extra_info("socket")
-                if sock is not None:
+            sock = writer.get_extra_info("socket")
+            if writer.get_extra_info("sslcontext") is None and sock is not None:
+                try:
                     sock.shutdown(socket.SHUT_RD)
+                    continue
+                except OSError:
+                    continue
+                except TypeError:  # uvloop's transport sockets have no shutdown(): end reading as under TLS
+                    pass
+            cast(asyncio.Transport, writer.transport).pause_reading()  # no half-shut under the TLS layer
+            reader.feed_eof()
         if self._connections:
             _, pending = await asyncio.wait(set(self._connections), timeout=timeout)
             for task in pending:

@@ -241,6 +241,28 @@ async def test_stop_finishes_in_flight_writes(start_listener: Start) -> None:
     writer.close()
 
 
+def test_stop_with_open_connections_under_uvloop() -> None:
+    """uvloop (what ``sluice serve`` runs on) hands out transport sockets without ``shutdown()``:
+    stop() raised TypeError there with a connection still open, and its in-flight writes were not
+    waited for."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> None:
+        store = MemoryLogStore(default_partitions=4)
+        sink = IngestSink(store, Router([], RouteDefaults()), HealthRegistry())
+        listener = TcpLineListener(TcpListenerConfig(port=0), sink, sink.health)
+        await listener.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+        writer.write(b'{"device_id": "x"}\n' * 100)
+        await writer.drain()
+        await wait_for_records(store, "tcp", 100)
+        await listener.stop()
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+    uvloop.run(scenario())
+
+
 async def test_acked_lines_survive_a_restart_of_the_segment_store(tmp_path: Path) -> None:
     """Ack mode on the file store with flush=always: what was ACKed is there after reopening."""
     from broker.log.config import FlushPolicy, TopicConfig
