@@ -1,10 +1,10 @@
 """``python -m bench.fuzz <target> --inputs N [--seed S]``: one fuzz campaign against a live ``sluice serve``.
 
-Targets: kafka, mqtt, tcp, http. Prints progress every 30 s and a report at the end; reproducers (the
-bytes each offending connection sent) and the broker log go to ``bench/out/fuzz-<target>-<UTC time>/``
-(``--out`` to change). Exit code 0 when nothing was found, 1 on any finding (crash, hang, traceback or
-ERROR line in the broker log, leaked sockets/fds, RSS growth beyond the limit, a real client failing
-afterwards), 2 for a usage error.
+Targets: kafka, mqtt, mqtt-tls (the MQTT inputs inside TLS), tcp, http. Prints progress every 30 s and a
+report at the end; reproducers (the bytes each offending connection sent) and the broker log go to
+``bench/out/fuzz-<target>-<UTC time>/`` (``--out`` to change). Exit code 0 when nothing was found, 1 on any
+finding (crash, hang, traceback or ERROR line in the broker log, leaked sockets/fds, RSS growth beyond the
+limit, a real client failing afterwards), 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from bench.fuzz.harness import Campaign, Target
 
 __all__ = ["build_target", "main"]
 
-TARGETS = ("kafka", "mqtt", "tcp", "http")
+TARGETS = ("kafka", "mqtt", "mqtt-tls", "tcp", "http")
 
 
 def build_target(name: str, deadline: float, kafka_seeds_per_version: int = 12) -> Target:
@@ -32,6 +32,10 @@ def build_target(name: str, deadline: float, kafka_seeds_per_version: int = 12) 
         from bench.fuzz.mqtt import MqttTarget
 
         return MqttTarget(deadline)
+    if name == "mqtt-tls":
+        from bench.fuzz.mqtt_tls import MqttTlsTarget
+
+        return MqttTlsTarget(deadline)
     if name == "tcp":
         from bench.fuzz.tcp import TcpTarget
 

@@ -237,8 +237,7 @@ class MqttTarget(SocketTarget):
         if self.sock is None or self.conn_budget <= 0:
             self._drop()
             assert self.broker is not None
-            self.sock = socket.create_connection(self.broker.endpoints["mqtt"], timeout=self.deadline)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock = self._open()
             self.conn_budget = rng.choice((1, 10, 100, 1000))
             data = self._connect_input(rng)
         else:
@@ -263,6 +262,13 @@ class MqttTarget(SocketTarget):
             return
         if not self._await_pingresp(self.deadline):
             raise Hang(f"no PINGRESP and no close within {self.deadline:.1f} s ({state} input)")
+
+    def _open(self) -> socket.socket:
+        """A new fuzzing connection (plain MQTT here; ``mqtt_tls.py`` opens it through TLS)."""
+        assert self.broker is not None
+        sock = socket.create_connection(self.broker.endpoints["mqtt"], timeout=self.deadline)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
 
     def _await_pingresp(self, limit: float) -> bool:
         assert self.sock is not None
