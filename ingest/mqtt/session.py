@@ -132,10 +132,14 @@ class MqttConnection(asyncio.BufferedProtocol):
         if transport is None:
             return
         for action in actions:
-            if type(action) is bytes:
-                transport.write(action)
-            elif action is Do.START_APPENDING:
+            if action is Do.START_APPENDING:  # accepted publishes are stored even when the client is gone
                 self.machine.hub.spawn(self._append_loop())
+            elif transport.is_closing():
+                # Closed before connection_lost was delivered (uvloop closes a reset socket at once and reports
+                # it on a later turn): what is left for this socket has nowhere to go, and uvloop raises on it.
+                continue
+            elif type(action) is bytes:
+                transport.write(action)
             elif action is Do.CLOSE:
                 transport.close()
             elif action is Do.PAUSE_READING:
