@@ -129,6 +129,11 @@ class KafkaCollector(Collector):
             "Kafka connections closed for a malformed frame or request",
             value=s.closed_bad_input,
         )
+        yield CounterMetricFamily(
+            "sluice_kafka_connections_closed_acks_zero",
+            "Kafka connections closed because an acks=0 produce failed (Kafka's way of telling the producer)",
+            value=s.acks_zero_closed,
+        )
         refused = CounterMetricFamily(
             "sluice_kafka_connections_refused", "Kafka connections refused by a connection limit", labels=["reason"]
         )

@@ -3,9 +3,10 @@
 Produce runs in two steps so that pipelined requests keep their order and still share fsyncs:
 ``handle_produce`` validates and appends synchronously (offsets assigned in request order, no await),
 then returns an awaitable that waits for the flush policy's durability and builds the response.
-acks=0 gets no response at all. Each partition's records pass Kafka's checks first
-(``broker.protocol.batch_validation``); a refusal is answered with Kafka's code, ``error_message`` and,
-for Produce v8, ``record_errors`` naming the records at fault.
+acks=0 gets no response at all; when a partition failed, the listener closes the connection instead,
+as Kafka does, so the producer learns something went wrong and refreshes its metadata. Each partition's
+records pass Kafka's checks first (``broker.protocol.batch_validation``); a refusal is answered with
+Kafka's code, ``error_message`` and, for Produce v8, ``record_errors`` naming the records at fault.
 """
 
 from __future__ import annotations
@@ -24,9 +25,13 @@ from broker.protocol.records import BatchHeader
 from broker.server.handlers_common import BrokerContext, ConnectionInfo, error_code_for
 from broker.server.handlers_txn import handle_init_transactional_producer
 
-__all__ = ["handle_init_producer_id", "handle_produce"]
+__all__ = ["handle_init_producer_id", "handle_produce", "has_errors"]
 
 log = logging.getLogger("broker.server.kafka")
+
+
+def has_errors(response: ProduceResponse) -> bool:
+    return any(p.error_code != ErrorCode.NONE for t in response.topics for p in t.partitions)
 
 
 async def _durable(marks: list[tuple[PartitionLog, int]]) -> dict[tuple[str, int], StorageError]:
@@ -163,7 +168,7 @@ def handle_produce(
     async def finish() -> ProduceResponse | None:
         if acks == 0:
             ctx.stats.count_response(response)  # nobody hears about these errors but the metrics
-            return None
+            return response if has_errors(response) else None  # with errors the listener closes the socket
         failed = await _durable(marks)
         if not failed:
             return response

@@ -388,9 +388,23 @@ class KafkaServer:
             response = await pending
         except Exception as exc:
             return self._internal_error(header, body, conn, exc)
+        if int(body.acks) == 0:
+            return self._acks_zero_outcome(header, conn, response)
         if throttle_ms and isinstance(response, ProduceResponse):
             response = dataclasses.replace(response, throttle_time_ms=throttle_ms)
         return response
+
+    def _acks_zero_outcome(self, header: RequestHeader, conn: ConnectionInfo, response: Any) -> None:
+        """acks=0 hears nothing; if a partition failed (or the whole request was refused), Kafka closes the
+        connection so the producer notices and refreshes its metadata (KafkaApis.handleProduceRequest)."""
+        if not isinstance(response, ProduceResponse) or not producing.has_errors(response):
+            return None
+        self.stats.acks_zero_closed += 1
+        failed = sorted({(t.name, p.index, ErrorCode(p.error_code).name)
+                         for t in response.topics for p in t.partitions if p.error_code != ErrorCode.NONE})
+        log.info("closing Kafka connection: an acks=0 produce failed", extra={
+            "peer": conn.peer_host, "correlation_id": header.correlation_id, "failed": failed[:10]})
+        raise CloseConnection
 
     # -- produce quotas (broker.security.quotas) ----------------------------------------------
 
@@ -425,5 +439,5 @@ class KafkaServer:
         log.error(f"{api} request failed; answered UNKNOWN_SERVER_ERROR", exc_info=exc, extra=extra)
         if header.api_key == ApiKey.PRODUCE and int(body.acks) == 0:
             self.stats.count_response(response)
-            return None  # acks=0 hears nothing, as for any other error
+            raise CloseConnection from exc  # acks=0 hears nothing: the closed socket tells it, as Kafka does
         return response

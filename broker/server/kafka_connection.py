@@ -178,7 +178,12 @@ class KafkaConnection:
                 return
             header, item = response
             if inspect.isawaitable(item):
-                item = await item
+                try:
+                    item = await item
+                except CloseConnection:  # the answer is a closed socket (a failed acks=0 produce, as Kafka)
+                    self._in_flight -= 1
+                    self._graceful = True  # the answers before it are written; then the socket closes
+                    return
             self._in_flight -= 1
             if item is None:
                 continue  # acks=0

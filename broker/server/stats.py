@@ -12,7 +12,8 @@ time in the assembly (``sluice/front_metrics.py``), so the broker imports no met
 - produce_storage_errors: Produce partitions answered KAFKA_STORAGE_ERROR because a write or its fsync
   failed (the store logs each failure once, with the partition).
 - errors: by Kafka error code, for every non-zero ``error_code`` in a response (per topic, partition or
-  group), plus ``closed_bad_input``: connections closed for a malformed frame or request.
+  group), plus ``closed_bad_input``: connections closed for a malformed frame or request, and
+  ``acks_zero_closed``: connections closed because an acks=0 produce failed (it has no answer to carry it).
 - requests_cancelled: requests still pending when their connection ended (peer gone, idle, refused input).
 """
 
@@ -31,6 +32,7 @@ UNKNOWN_API = -1  # the ``requests`` key of every API key we do not serve (expor
 
 class KafkaStats:
     __slots__ = (
+        "acks_zero_closed",
         "closed_bad_input",
         "closed_idle",
         "connections_open",
@@ -55,6 +57,7 @@ class KafkaStats:
         self.fetch_bytes = 0
         self.errors: dict[int, int] = {}
         self.closed_bad_input = 0
+        self.acks_zero_closed = 0
         self.closed_idle = 0
         self.connections_refused: dict[str, int] = {}
         self.requests_cancelled = 0

@@ -249,3 +249,21 @@ async def test_auto_creation_off_answers_unknown_topic() -> None:
         await client.close()
     finally:
         await srv.stop()
+
+
+async def test_a_failed_acks_zero_produce_closes_the_connection(server: KafkaServer) -> None:
+    # Kafka closes the socket when an acks=0 produce fails (there is no answer to carry the error), so the
+    # producer notices and refreshes its metadata; answers of the requests before it are still written.
+    client = await RawClient.connect(server.port)
+    corr = client.send(ApiKey.METADATA, 8, METADATA_ALL)
+    corrupt = bytearray(records(b"bad crc"))
+    corrupt[-1] ^= 0xFF
+    client.send(ApiKey.PRODUCE, 8, produce_body(bytes(corrupt), acks=0))
+    got, _ = await client.receive(ApiKey.METADATA, 8)
+    assert got == corr
+    assert await asyncio.wait_for(client.reader.read(), 5) == b""  # closed by the broker, nothing more sent
+    assert server.stats.acks_zero_closed == 1
+    await client.close()
+    other = await RawClient.connect(server.port)
+    assert await fetch_values(other) == []  # the corrupt batch was not stored
+    await other.close()
