@@ -15,6 +15,11 @@ event time), a 10 s tumbling-window mean per sensor with 5 s out-of-orderness.
 * Sluice standalone, key_by repartitioned: the at-least-once row with ``key_by(repartition=True)``:
   the records go through ``<group>.repartition.0`` (upstream stage: decode, key, write; downstream
   stage: read, window), as a pipeline keyed other than its input would (the shuffle's cost).
+* Quix Streams (PyPI, ``bench.quix_mean_app``): the same mean as a Quix app (tumbling window with 5 s
+  grace, RocksDB state, changelog topics, at-least-once) in a subprocess, over the topic the standalone
+  rows read on the same ``sluice serve``; timed by itself from its start to its last record.
+* Sluice attached at-least-once vs exactly-once, 1 s checkpoints, timed to the end of the final
+  checkpoint: the cost of a transaction per interval (``processors.attached_txn``).
 * Bytewax (PyPI): ``TestingSource`` over the same (key, value bytes) pairs, ``json.loads``,
   ``EventClock`` + ``TumblingWindower`` + ``fold_window``.
 * Plain Python: one dict pass over the same bytes (a batch job; a floor for per-record overhead).
@@ -115,8 +120,23 @@ def results_from(values: list[bytes]) -> dict[tuple[int, str], float]:
 # ------------------------------------------------------------------------------------- engines
 
 
-async def run_attached(rows: list[Row]) -> tuple[float, dict[tuple[int, str], float]]:
+async def run_attached(rows: list[Row], guarantee: Guarantee | None = None
+                       ) -> tuple[float, dict[tuple[int, str], float]]:
+    """``guarantee`` None: the classic row (10 s checkpoints, timed to the last record processed). Given:
+    1 s checkpoints (each exactly-once interval a transaction of the broker's coordinator), timed to the
+    end of the final checkpoint (stop), so that both guarantees pay for what they write."""
     store = MemoryLogStore()
+    transactions = None
+    if guarantee == EXACTLY_ONCE:
+        from broker.txn.coordinator import TransactionCoordinator
+
+        ids = iter(range(1, 1 << 30))
+
+        async def no_group_offsets(group: str, offsets: Any) -> None:
+            return None
+
+        transactions = TransactionCoordinator(store, lambda: next(ids), no_group_offsets)
+        await transactions.start()
     store.create_topic("bench-in", PARTITIONS)
     per_partition: dict[int, list[RecordSpec]] = defaultdict(list)
     for key, value, ts in rows:
@@ -124,14 +144,20 @@ async def run_attached(rows: list[Row]) -> tuple[float, dict[tuple[int, str], fl
     for p, specs in per_partition.items():
         for i in range(0, len(specs), 2_000):
             store.partition("bench-in", p).append_nowait(encode_batch(specs[i : i + 2_000]))
-    runner = AttachedRunner(pipeline("bench-in", "bench-attached", "bench-out"), store,
-                            config=RunnerConfig(max_batch_records=4_000, checkpoint_interval_ms=10_000))
+    config = RunnerConfig(max_batch_records=4_000, checkpoint_interval_ms=10_000 if guarantee is None else 1_000,
+                          guarantee=guarantee or AT_LEAST_ONCE)
+    runner = AttachedRunner(pipeline("bench-in", "bench-attached", "bench-out"), store, config=config,
+                            transactions=transactions)
     start = time.perf_counter()
     await runner.start()
     while runner.executor.records_in < len(rows) or runner.out_q.qsize() or runner.in_q.qsize():
         await asyncio.sleep(0.005)
     elapsed = time.perf_counter() - start
     await runner.stop()
+    if guarantee is not None:
+        elapsed = time.perf_counter() - start
+    if transactions is not None:
+        await transactions.stop()
     from broker.protocol.records import decode_all
 
     values = [r.value for log in store.partitions("bench-out") for r in decode_all(log.read(0, 1 << 30)) if r.value]
@@ -173,7 +199,7 @@ def produce_confluent(bootstrap: str, topic: str, rows: list[Row]) -> None:
     assert producer.flush(120) == 0
 
 
-async def read_topic(bootstrap: str, topic: str) -> list[bytes]:
+async def read_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> list[bytes]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     # read_committed: the exactly-once row's results count only once committed
@@ -181,7 +207,7 @@ async def read_topic(bootstrap: str, topic: str) -> list[bytes]:
                                 isolation_level="read_committed")
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
@@ -224,6 +250,24 @@ async def run_standalone_bench(rows: list[Row], bootstrap: str, round_: int, gua
     return elapsed, results_from(await read_topic(bootstrap, out_topic))
 
 
+def run_quix(rows: list[Row], bootstrap: str, round_: int, tmp: Path) -> tuple[float, dict[tuple[int, str], float]]:
+    """Quix Streams (``bench.quix_mean_app``) in a subprocess over the topic the standalone rows read;
+    its own timer, from its start (group join included) to its last record processed."""
+    out_topic = f"bench-quix-out-{round_}"
+    proc = subprocess.run([sys.executable, "-m", "bench.quix_mean_app", bootstrap, "bench-sa-in", out_topic,
+                           f"bench-quix-{round_}", str(tmp / f"quix-state-{round_}"), str(len(rows))],
+                          capture_output=True, text=True, timeout=1_800, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the Quix app failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    elapsed = float(proc.stdout.strip().splitlines()[-1])
+    from confluent_kafka.admin import AdminClient
+
+    # Quix creates its output topic with its own partition count
+    partitions = len(AdminClient({"bootstrap.servers": bootstrap}).list_topics(out_topic, timeout=10)
+                     .topics[out_topic].partitions)
+    return elapsed, results_from(asyncio.run(read_topic(bootstrap, out_topic, partitions)))
+
+
 def run_bytewax(rows: list[Row]) -> tuple[float, dict[tuple[int, str], float]]:
     import bytewax.operators as op
     import bytewax.operators.windowing as win
@@ -263,7 +307,7 @@ def run_plain(rows: list[Row]) -> tuple[float, dict[tuple[int, str], float]]:
     return time.perf_counter() - start, got
 
 
-async def main_async(n: int, repeat: int) -> None:
+async def main_async(n: int, repeat: int, with_quix: bool = True) -> None:
     rows = make_input(n)
     expected = batch_job(rows)
     want_closed = closed(expected, rows)
@@ -271,7 +315,8 @@ async def main_async(n: int, repeat: int) -> None:
     gc.freeze()  # the 1M input tuples are not garbage: keep every engine's collections from rescanning them
     names = ["sluice attached", "sluice standalone (Kafka protocol)", f"bytewax {_version('bytewax')}",
              "plain Python batch job", "sluice standalone exactly-once",
-             "sluice standalone, key_by repartitioned"]
+             "sluice standalone, key_by repartitioned", f"quix streams {_version('quixstreams')} (same Sluice)",
+             "sluice attached, 1 s checkpoints", "sluice attached exactly-once, 1 s"]
     rates: dict[str, list[float]] = {name: [] for name in names}
     checks: dict[str, set[str]] = {name: set() for name in names}
 
@@ -293,6 +338,11 @@ async def main_async(n: int, repeat: int) -> None:
                 record(names[4], *await run_standalone_bench(rows, bootstrap, round_, EXACTLY_ONCE), want_closed)
                 # the same at-least-once pipeline with its key_by through a repartition topic (the shuffle's cost)
                 record(names[5], *await run_standalone_bench(rows, bootstrap, round_, repartition=True), want_closed)
+                record(names[7], *await run_attached(rows, AT_LEAST_ONCE), want_closed)
+                record(names[8], *await run_attached(rows, EXACTLY_ONCE), want_closed)
+                if with_quix:
+                    quix_run = await asyncio.to_thread(run_quix, rows, bootstrap, round_, Path(tmp))
+                    record(names[6], *quix_run, want_closed)
                 record(names[2], *run_bytewax(rows), expected)
                 record(names[3], *run_plain(rows), expected)
         finally:
@@ -304,13 +354,20 @@ async def main_async(n: int, repeat: int) -> None:
     print(f"keyed 10 s tumbling mean, {n:,} records, {SENSORS} keys, Python {sys.version.split()[0]}, "
           f"{repeat} interleaved rounds")
     print(f"{'engine':38} {'best rec/s':>11} {'median':>9} {'best vs bytewax':>16} {'median vs':>10}  results")
-    for name in names:
+    for name in [n for n in names if rates[n]]:
         best, median = max(rates[name]), statistics.median(rates[name])
         print(f"{name:38} {best:11,.0f} {median:9,.0f} {best / best_bytewax:15.2f}x "
               f"{median / median_bytewax:9.2f}x  {', '.join(sorted(checks[name]))}")
     alo, eos = rates[names[1]], rates[names[4]]
     print(f"exactly-once / at-least-once (standalone): best {max(eos) / max(alo):.2f}, "
           f"median {statistics.median(eos) / statistics.median(alo):.2f}")
+    alo_att, eos_att = rates[names[7]], rates[names[8]]
+    print(f"exactly-once / at-least-once (attached, 1 s checkpoints): best {max(eos_att) / max(alo_att):.2f}, "
+          f"median {statistics.median(eos_att) / statistics.median(alo_att):.2f}")
+    if with_quix:
+        quix = rates[names[6]]
+        print(f"sluice standalone / quix streams: best {max(alo) / max(quix):.2f}, "
+              f"median {statistics.median(alo) / statistics.median(quix):.2f}")
     shuffled = rates[names[5]]
     print(f"repartitioned / not (standalone at-least-once): best {max(shuffled) / max(alo):.2f}, "
           f"median {statistics.median(shuffled) / statistics.median(alo):.2f}")
@@ -326,8 +383,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds; best and median are shown")
+    parser.add_argument("--no-quix", action="store_true", help="leave out the Quix Streams row")
     args = parser.parse_args()
-    asyncio.run(main_async(args.records, args.repeat))
+    asyncio.run(main_async(args.records, args.repeat, not args.no_quix))
 
 
 if __name__ == "__main__":
