@@ -86,8 +86,9 @@ async def test_kill_9_of_serve_with_an_attached_processor_read_committed_sees_ev
     assert [k for k, n in counts.items() if n > 1] == []
     assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
     assert sorted(alerts) == batch_jump_alerts(readings)
-    assert open_at_kill[1], open_at_kill  # the second kill cut an interval whose results were written
-    assert len(written) > len(alerts)  # ... and those were aborted, then written again
+    # the kills did cut intervals whose results were written: those were aborted, then written again
+    # (open_at_kill is what the polling saw; a commit may land between a poll and the kill)
+    assert len(written) > len(alerts), open_at_kill
     assert "Traceback" not in sluice.log_text()
 
 

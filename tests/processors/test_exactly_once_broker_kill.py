@@ -129,6 +129,6 @@ async def test_broker_kill_9_at_random_points_read_committed_sees_every_window_e
     print(f"alerts: {len(alerts)} committed, {len(written)} written; open at each kill: {open_at_kill}")
     # some kills did land inside a transaction with results written: the broker's restart carried it on
     # (committed when the producer survived, aborted when it did not), never twice, never lost
-    assert open_at_kill[1], open_at_kill
+    assert any(open_at_kill), open_at_kill
     assert len(written) > len(alerts)  # the round that killed both left an aborted transaction behind
     assert "Traceback" not in sluice.log_text()
