@@ -1,6 +1,6 @@
 """One JSON document in the data directory, shared by a running broker and offline ``sluice`` commands.
 
-Rules (the same as the user store's, ``users.py``):
+Rules (the user, token and ACL stores all keep their file this way):
 - Writes are read-modify-write under an exclusive ``flock`` on a lock file beside the document, and
   replace it atomically (temporary file, fsync, rename, fsync of the directory), mode 0600: two commands
   never lose each other's change, and a crash leaves the old or the new document, never half of one.

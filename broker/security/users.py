@@ -12,23 +12,19 @@ Rules:
   stored salt and count and the StoredKeys compared in constant time.
 - Passwords are taken as their UTF-8 bytes, without SASLprep, as Kafka's ScramFormatter and librdkafka do
   (a client that normalised differently would fail against Kafka too).
-- Writes replace the file atomically (temporary file, fsync, rename, fsync of the directory) under an
-  exclusive ``flock`` on a lock file beside it, so an offline ``sluice users`` command and another one
-  never lose each other's change.
-- Readers pick up a changed file on their next lookup (its mtime and size are checked), so users added
-  with ``sluice users add --data-dir`` reach a running broker without a restart. A file that breaks
-  while the broker runs (edited by hand) is logged once at ERROR and the users read before stay in use,
-  so a login never ends in a traceback; a store unreadable at the first read raises ``UserStoreError``.
+- The file is a ``filestore.JsonDocument``: atomic writes under a ``flock`` (an offline ``sluice users``
+  command and another one never lose each other's change), re-read when it changed (users added with
+  ``sluice users add --data-dir`` reach a running broker without a restart). A file that breaks while
+  the broker runs (edited by hand) is logged once at ERROR and the users read before stay in use, so a
+  login never ends in a traceback; a store unreadable at the first read raises ``UserStoreError``.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import hashlib
 import hmac
-import json
 import logging
 import os
 import unicodedata
@@ -38,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.security.errors import InvalidUserError, UnknownUserError, UserStoreError
+from broker.security.filestore import JsonDocument
 
 __all__ = [
     "DEFAULT_ITERATIONS",
@@ -145,28 +142,25 @@ class UserStore:
 
     def __init__(self, data_dir: Path) -> None:
         self.path = Path(data_dir) / USERS_FILE
+        self._doc = JsonDocument(self.path, "users", "the user store", _FORMAT)
         self._users: dict[str, dict[str, ScramCredential]] = {}
-        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the file last read; None: never read
+        self._parsed = -1  # the document version ``_users`` was parsed from
 
     # -- reading ---------------------------------------------------------------------------
 
     def names(self) -> list[str]:
-        self._refresh()
-        return sorted(self._users)
+        return sorted(self._current())
 
     def __contains__(self, name: object) -> bool:
-        self._refresh()
-        return name in self._users
+        return name in self._current()
 
     def credential(self, name: str, mechanism: str) -> ScramCredential | None:
         """The ``mechanism`` credential of ``name``, or None if there is no such user."""
-        self._refresh()
-        return self._users.get(name, {}).get(mechanism)
+        return self._current().get(name, {}).get(mechanism)
 
     def credentials(self, name: str) -> dict[str, ScramCredential]:
         """``name``'s credentials by mechanism (empty when there is no such user)."""
-        self._refresh()
-        return dict(self._users.get(name, {}))
+        return dict(self._current().get(name, {}))
 
     def check_password(self, name: str, password: str) -> bool:
         """True when ``password`` is ``name``'s password (constant-time comparison of the derived keys)."""
@@ -176,38 +170,18 @@ class UserStore:
                 return credentials[mechanism].matches(mechanism, password)
         return False
 
-    def _refresh(self) -> None:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            self._users, self._seen = {}, (0, 0)
-            return
-        except OSError as exc:
-            raise UserStoreError(f"cannot read the user store {self.path}: {exc}") from exc
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp == self._seen:
-            return
-        try:
-            self._users = self._read()
-        except UserStoreError as exc:
-            if self._seen is None:
-                raise  # never read: the caller (start-up, the CLI) reports it
-            log.error(f"{exc}; logins are checked against the users read before until it is fixed")
-        self._seen = stamp
-
-    def _read(self) -> dict[str, dict[str, ScramCredential]]:
-        try:
-            data = json.loads(self.path.read_bytes())
-            if data.get("format") != _FORMAT:
-                raise ValueError(f"unknown format {data.get('format')!r}")
-            return {name: {mech: ScramCredential.from_json(c) for mech, c in creds.items()}
-                    for name, creds in data["users"].items()}
-        except FileNotFoundError:
-            return {}
-        except OSError as exc:
-            raise UserStoreError(f"cannot read the user store {self.path}: {exc}") from exc
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise UserStoreError(f"the user store {self.path} is not valid: {exc}") from exc
+    def _current(self) -> dict[str, dict[str, ScramCredential]]:
+        """The users as of the file now (re-parsed when it changed; a broken change keeps the last good)."""
+        raw = self._doc.read()
+        if self._doc.version != self._parsed:
+            try:
+                self._users = _parse(self.path, raw)
+            except UserStoreError as exc:
+                if self._parsed < 0:
+                    raise  # never read: the caller (start-up, the CLI) reports it
+                log.error(f"{exc}; logins are checked against the users read before until it is fixed")
+            self._parsed = self._doc.version
+        return self._users
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -253,33 +227,15 @@ class UserStore:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, dict[str, ScramCredential]]]:
         """Read-modify-write under the store's lock; the new content is written when the block ends."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            lock = open(self.path.with_suffix(".lock"), "a+b")  # noqa: SIM115 (held across the yield)
-        except OSError as exc:
-            raise UserStoreError(f"cannot open the user store in {self.path.parent}: {exc}") from exc
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            users = self._read()
+        with self._doc.locked() as raw:
+            users = _parse(self.path, raw)
             yield users
-            self._write(users)
-            self._users, self._seen = users, None
+            raw.clear()
+            raw.update({name: {mech: c.to_json() for mech, c in creds.items()} for name, creds in users.items()})
 
-    def _write(self, users: dict[str, dict[str, ScramCredential]]) -> None:
-        stored = {name: {mech: c.to_json() for mech, c in creds.items()} for name, creds in sorted(users.items())}
-        doc = {"format": _FORMAT, "users": stored}
-        tmp = self.path.with_suffix(".json.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(json.dumps(doc, indent=1).encode())
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.path)
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError as exc:
-            raise UserStoreError(f"cannot write the user store {self.path}: {exc}") from exc
+
+def _parse(path: Path, raw: dict[str, Any]) -> dict[str, dict[str, ScramCredential]]:
+    try:
+        return {name: {mech: ScramCredential.from_json(c) for mech, c in creds.items()} for name, creds in raw.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserStoreError(f"the user store {path} is not valid: {exc}") from exc
