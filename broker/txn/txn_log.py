@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from broker.log.api import LogStore, PartitionLog
-from broker.protocol.records import RecordSpec, decode_records, encode_batch, split_complete_batches
+from broker.log.keyed import keyed_records
+from broker.protocol.records import RecordSpec, encode_batch
 from broker.txn.metadata import TxnMetadata
 from broker.txn.partitions import AbortedTxn
 
@@ -27,7 +28,6 @@ __all__ = ["TXN_TOPIC", "LoadedState", "TxnLog"]
 log = logging.getLogger("broker.txn")
 
 TXN_TOPIC = "__transaction_state"
-_READ_CHUNK = 1 << 20
 
 
 @dataclass(slots=True)
@@ -62,21 +62,7 @@ class TxnLog:
         """Replay the whole topic (latest value per key wins); nothing if it was never written."""
         if not self._store.has_topic(TXN_TOPIC):
             return LoadedState({}, [])
-        plog = self._partition()
-        latest: dict[bytes, bytes | None] = {}
-        offset = plog.log_start_offset
-        while offset < plog.high_watermark:
-            data = plog.read(offset, _READ_CHUNK)
-            headers, _ = split_complete_batches(data)
-            if not headers:
-                break
-            view, pos = memoryview(data), 0
-            for header in headers:
-                for record in decode_records(view[pos:pos + header.size], header):
-                    if record.key is not None:
-                        latest[record.key] = record.value
-                pos += header.size
-                offset = header.last_offset + 1
+        latest = dict(keyed_records(self._partition()))
         transactions: dict[str, TxnMetadata] = {}
         aborted: list[tuple[str, int, AbortedTxn]] = []
         for key, value in latest.items():

@@ -30,13 +30,13 @@ from collections.abc import Callable
 
 from broker.log.api import LogStore, PartitionLog
 from broker.log.config import FlushPolicy
-from broker.protocol.records import RecordSpec, decode_records, encode_batch, split_complete_batches
+from broker.log.keyed import keyed_records
+from broker.protocol.records import RecordSpec, encode_batch
 
 __all__ = ["Journal"]
 
 log = logging.getLogger("ingest.mqtt")
 
-_READ_CHUNK = 1 << 20
 _BATCH_BYTES = 1 << 20  # records per appended batch, well below the topic's max.message.bytes
 _RECORD_OVERHEAD = 24
 # Compaction only cleans closed segments: small segments that roll at least hourly let it keep the
@@ -77,26 +77,14 @@ class Journal:
         """The latest value of every key that has one (tombstoned keys left out)."""
         if not self.store.has_topic(self.topic):
             return {}
-        plog = self._partition()
         latest: dict[bytes, bytes | None] = {}
-        offset = plog.log_start_offset
         try:
-            while offset < plog.high_watermark:
-                data = plog.read(offset, _READ_CHUNK)
-                headers, _ = split_complete_batches(data)
-                if not headers:
-                    break
-                view, pos = memoryview(data), 0
-                for header in headers:
-                    if not header.is_control:
-                        for record in decode_records(view[pos:pos + header.size], header):
-                            if record.key is not None:
-                                latest[record.key] = record.value
-                    pos += header.size
-                    offset = header.last_offset + 1
+            for key, value in keyed_records(self._partition()):
+                latest[key] = value
         except Exception as exc:  # a damaged journal must not stop the broker from starting
             log.error("mqtt: the rest of a durable-state journal cannot be read; state after it is lost",
-                      extra={"topic": self.topic, "offset": offset, "error": f"{type(exc).__name__}: {exc}"})
+                      extra={"topic": self.topic, "keys_read": len(latest),
+                             "error": f"{type(exc).__name__}: {exc}"})
         return {key: value for key, value in latest.items() if value is not None}
 
     # ------------------------------------------------------------------ writing (rules 1-3)
