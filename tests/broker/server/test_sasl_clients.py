@@ -99,16 +99,16 @@ def test_confluent_kafka_bad_password_is_an_authentication_error(server: SluiceP
 def test_kcat_lists_metadata_with_good_password_only(server: SluiceProcess, mechanism: str) -> None:
     assert shutil.which("kcat"), "kcat is installed by scripts/install-system-deps.sh"
 
-    def kcat(password: str) -> subprocess.CompletedProcess[str]:
+    def kcat(password: str, wait_s: int = 10) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["kcat", "-b", server.bootstrap, "-L", "-m", "10", "-X", "security.protocol=SASL_PLAINTEXT",
+            ["kcat", "-b", server.bootstrap, "-L", "-m", str(wait_s), "-X", "security.protocol=SASL_PLAINTEXT",
              "-X", f"sasl.mechanisms={mechanism}", "-X", "sasl.username=alice", "-X", f"sasl.password={password}"],
             capture_output=True, text=True, timeout=60, check=False)
 
     good = kcat(PASSWORD)
     assert good.returncode == 0, good.stderr
     assert "1 brokers:" in good.stdout
-    bad = kcat("wrong")
+    bad = kcat("wrong", wait_s=3)  # refused at the first login; kcat would wait out -m before exiting
     assert bad.returncode != 0
     assert "Authentication failed" in bad.stderr or "Authentication failed" in bad.stdout, bad.stderr
 
