@@ -132,6 +132,9 @@ class Hub:
             self._evicting = False
 
     def drop_session(self, session: SessionState) -> None:
+        # Unbound first: a connection taken over by a clean start reports its loss later, and must then
+        # find nothing to detach (it would park this ended session offline and journal it again).
+        session.connection = None
         if self.store is not None:
             self.store.dropped(session)  # first: the unsubscribes below journal nothing then
         for topic_filter in list(session.subscriptions):

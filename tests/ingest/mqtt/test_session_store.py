@@ -4,9 +4,12 @@ ended session leaves only tombstones, and a restore over the same log store (lis
 from __future__ import annotations
 
 from broker.log.memory import MemoryLogStore
+from ingest.mqtt.codec import encode
 from ingest.mqtt.journal import Journal
 from ingest.mqtt.packets import (
     MQTT_5,
+    Connack,
+    Connect,
     Disconnect,
     Pingreq,
     Pingresp,
@@ -107,3 +110,32 @@ async def test_the_internal_topics_are_compacted_and_hidden(start_server: StartS
     assert internal[SESSIONS_TOPIC].config.cleanup_policy == "compact"
     status = mqtt_status(server.hub)
     assert status["journal_records"] >= 1 and status["journal_errors"] == 0  # on /mqtt and /metrics
+
+
+async def test_a_clean_start_taking_over_a_live_connection_leaves_the_new_session_alone(
+    start_server: StartServer,
+) -> None:
+    """A device that reboots and reconnects with clean start while its old TCP connection is still open: the
+    old session ends, and the old connection's close (reported later) must neither journal the old session
+    over the new one nor park it among the offline sessions."""
+    store = MemoryLogStore()
+    server = await start_server(store)
+    old = await subscribed_client(server.port, "j-reboot")  # subscribed to j/# with id 9
+    new = await RawClient.open(server.port, MQTT_5)
+    # CONNECT and SUBSCRIBE in one write: the SUBSCRIBE is handled before the old connection's loss is.
+    new.send_raw(encode(Connect("j-reboot", MQTT_5, clean_start=True,
+                                properties=Properties(session_expiry_interval=3600)), MQTT_5)
+                 + encode(Subscribe(1, (Subscription("fresh/#", 1),)), MQTT_5))
+    assert isinstance(await new.recv(), Connack)
+    assert isinstance(await new.recv(), Suback)
+    await old.read_until_closed()  # DISCONNECT 0x8E, then closed
+    await wait_until(lambda: len(server.hub.connections) == 1, what="old connection gone")
+    new.send(Pingreq())
+    assert isinstance(await new.recv(), Pingresp)
+    assert "j-reboot" not in server.hub.offline
+    assert list(server.hub.sessions["j-reboot"].subscriptions) == ["fresh/#"]
+    await new.close()
+    await wait_until(lambda: "j-reboot" in server.hub.offline, what="new session offline")
+
+    second = await start_server(store)  # restore: the new session, not the old one
+    assert list(second.hub.sessions["j-reboot"].subscriptions) == ["fresh/#"]
