@@ -15,6 +15,9 @@ checkpoints (``load`` follows the markers). Read with ``isolation.level=read_com
 The checkpoint topic keeps no history here: after each commit its log start moves to the first
 offset of the checkpoint just committed (``delete_records``), since the log cleaner keeps
 transactional batches as they are.
+
+The input is read ``read_committed`` (``TxnLogSource``): a transactional producer's records reach the
+pipeline once committed, never when aborted.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from broker.protocol.records import (
     iter_batches,
     unpack_header,
 )
+from broker.txn.committed import read_committed
 from broker.txn.markers import COMMIT, marker_type
 from processors.checkpoint import (
     MAX_CHECKPOINT_BYTES,
@@ -170,12 +174,28 @@ class TxnLogSink:
 
 
 class TxnLogSource(LogSource):
-    """``LogSource`` whose commit ends the interval's transaction (the positions are in the checkpoint
-    written just before, inside it)."""
+    """``LogSource`` that reads ``read_committed`` (up to the last stable offset, without aborted
+    transactions' records and control batches: ``broker.txn.committed``, the broker's own rules), and
+    whose commit ends the interval's transaction (the positions are in the checkpoint written just
+    before, inside it)."""
 
     def __init__(self, store: LogStore, topics: tuple[str, ...], txn: AttachedTransaction) -> None:
         super().__init__(store, topics)
         self.txn = txn
+
+    def _stored(self, log: PartitionLog, offset: int) -> tuple[bytes, int]:
+        read = read_committed(self.txn.coordinator, log, offset, self.max_bytes)
+        return read.data, read.next_offset
+
+    def _wait_at(self, tp: TopicPartition) -> int:
+        position = self.positions[tp]
+        log = self.store.partition(*tp)
+        if position < self.txn.coordinator.last_stable_offset(log):
+            return position
+        return max(position, log.high_watermark)  # held at an open transaction: its marker is an append
+
+    def end_offset(self, tp: TopicPartition) -> int | None:
+        return self.txn.coordinator.last_stable_offset(self.store.partition(*tp))
 
     async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
         await self.txn.init()  # before the checkpoint is loaded: what a crash left open is aborted first

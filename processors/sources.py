@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from broker.errors import BrokerError, OffsetOutOfRangeError
-from broker.log.api import LogStore, wait_for_any
-from broker.protocol.records import RecordSpec
+from broker.log.api import LogStore, PartitionLog, wait_for_any
+from broker.protocol.records import RecordSpec, split_complete_batches
 from processors.errors import SourceError
 from processors.executor import OutRecord, RecordLike, TopicPartition
 from processors.fastdecode import decode_from
@@ -94,13 +94,26 @@ class LogSource:
                            "log_end_offset": log.log_end_offset, "resume_at": log.high_watermark})
             offset = self.positions[tp] = log.high_watermark
         try:
-            data = log.read(offset, self.max_bytes)
+            data, skip_to = self._stored(log, offset)
         except OffsetOutOfRangeError:
-            data = log.read(log.log_start_offset, self.max_bytes)
+            data, skip_to = self._stored(log, log.log_start_offset)
         out = decode_from(data, offset, max_records)
         if out:
             self.positions[tp] = out[-1].offset + 1
+        elif data or skip_to > offset:
+            # nothing for the processor in what was read (control batches, aborted transactions): step
+            # over it, or the wait below would return at once for data that never decodes
+            self.positions[tp] = max(skip_to, _end_of(data, offset))
         return out
+
+    def _stored(self, log: PartitionLog, offset: int) -> tuple[bytes, int]:
+        """The stored batches to decode from ``offset``, and where to go on when none of them gives a
+        record (the offset after every batch looked at, if more than ``data`` covers)."""
+        return log.read(offset, self.max_bytes), offset
+
+    def _wait_at(self, tp: TopicPartition) -> int:
+        """The offset whose arrival means there may be something new to read in ``tp``."""
+        return self.positions[tp]
 
     async def fetch(self, max_records: int, timeout: float, paused: set[TopicPartition]
                     ) -> list[tuple[TopicPartition, list[RecordLike]]]:
@@ -120,8 +133,13 @@ class LogSource:
                 if budget <= 0:
                     break
         if not out:
-            await wait_for_any([(self.store.partition(*tp), self.positions[tp]) for tp in tps], timeout)
+            await wait_for_any([(self.store.partition(*tp), self._wait_at(tp)) for tp in tps], timeout)
         return out
+
+
+def _end_of(data: bytes, offset: int) -> int:
+    headers, _ = split_complete_batches(data)
+    return headers[-1].last_offset + 1 if headers else offset
 
 
 class LogSink:

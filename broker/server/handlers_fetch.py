@@ -26,6 +26,7 @@ from broker.protocol.kafka.fetch import FetchPartitionResponse, FetchResponse, F
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import decode_records, split_complete_batches
 from broker.server.handlers_common import BrokerContext, ConnectionInfo, error_code_for, millis
+from broker.txn.committed import stable_part
 
 __all__ = ["handle_fetch", "handle_list_offsets"]
 
@@ -84,7 +85,7 @@ def _read_all(ctx: BrokerContext, body: Any) -> tuple[FetchResponse, int, bool, 
             lso = ctx.transactions.last_stable_offset(plog)
             aborted: tuple[tuple[int, int], ...] | None = None
             if read_committed:
-                data, aborted = _committed_part(ctx, plog, offset, data, lso)
+                data, aborted = stable_part(ctx.transactions, plog, offset, data, lso)
             if data:
                 at_least_one = False
             total += len(data)
@@ -97,24 +98,6 @@ def _read_all(ctx: BrokerContext, body: Any) -> tuple[FetchResponse, int, bool, 
                                                 aborted_transactions=aborted))
         topics.append(FetchTopicResponse(name, tuple(parts)))
     return FetchResponse(tuple(topics)), total, errors, waitable
-
-
-def _committed_part(ctx: BrokerContext, plog: PartitionLog, offset: int, data: bytes,
-                    lso: int) -> tuple[bytes, tuple[tuple[int, int], ...]]:
-    """For read_committed: the batches below the last stable offset, and the aborted transactions
-    that overlap them (the consumer drops those producers' batches up to their abort markers)."""
-    if not data:
-        return data, ()
-    headers, _ = split_complete_batches(data)
-    end = 0
-    last = offset
-    for header in headers:
-        if header.base_offset >= lso:
-            break
-        end += header.size
-        last = header.last_offset + 1
-    kept = data[:end] if end < len(data) else data
-    return kept, tuple(ctx.transactions.aborted_between(plog, offset, last)) if kept else ()
 
 
 async def handle_fetch(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> FetchResponse:

@@ -135,6 +135,9 @@ class FetchResponse(BaseModel):
     records: list[RecordOut]
     next_offset: int = Field(description="Pass this as `offset` to read on.")
     high_watermark: int
+    last_stable_offset: int = Field(
+        description="Where read_committed reads stop: the first offset of the oldest open transaction "
+        "(the high watermark when none is open)")
     log_start_offset: int
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
 from broker.log.api import LogStore, PartitionLog
 from broker.protocol.records import Record, RecordSpec, decode_records, encode_batch, split_complete_batches
 from broker.security import Operation, ResourceType
+from broker.txn.committed import StableOffsets, read_committed
 from sluice.http.auth import Caller, allow, authorize, may
-from sluice.http.context import Ctx
+from sluice.http.context import ApiContext, Ctx
 from sluice.http.limits import INT32_MAX, INT64_MAX
 from sluice.http.models import (
     FetchResponse,
@@ -27,11 +28,30 @@ from sluice.http.models import (
 )
 from sluice.http.problems import PROBLEM_RESPONSES, ProblemError
 
-__all__ = ["check_offset", "read_records", "router"]
+__all__ = ["ISOLATION_DOC", "Isolation", "check_offset", "read_from", "read_records", "router", "stable_offsets"]
 
 router = APIRouter(prefix="/topics", tags=["records"], responses={500: PROBLEM_RESPONSES[500]})
 
 READ_CHUNK_BYTES = 1024 * 1024
+
+# Kafka consumers' isolation.level, with Kafka's default
+Isolation = Literal["read_uncommitted", "read_committed"]
+ISOLATION_DOC = ("`read_uncommitted` (default, as Kafka's consumers): every record up to the high watermark; "
+                 "`read_committed`: up to the last stable offset, without records of aborted transactions.")
+
+
+def stable_offsets(ctx: ApiContext, isolation: Isolation) -> StableOffsets | None:
+    """The transaction coordinator for ``read_committed`` reads (None for read_uncommitted). It lives in
+    the Kafka component; without it no transaction can be written, and a read_committed read is refused
+    rather than answered with records whose transactions nobody can vouch for."""
+    if isolation == "read_uncommitted":
+        return None
+    coordinator: StableOffsets | None = ctx.runtime.registries.get("transactions")
+    if coordinator is None:
+        raise ProblemError(400, "read-committed-unavailable", "read_committed needs the Kafka listener",
+                           "isolation=read_committed reads need the transaction coordinator, which runs with "
+                           "the Kafka listener (kafka.enabled); read with isolation=read_uncommitted")
+    return coordinator
 
 
 def check_offset(log: PartitionLog, offset: int) -> None:
@@ -46,30 +66,54 @@ def check_offset(log: PartitionLog, offset: int) -> None:
         )
 
 
-def read_records(log: PartitionLog, offset: int, max_records: int) -> list[Record]:
-    """Up to ``max_records`` records from ``offset`` (whole stored batches, trimmed to the range).
+def _last_stable_offset(ctx: ApiContext, log: PartitionLog) -> int:
+    coordinator: StableOffsets | None = ctx.runtime.registries.get("transactions")
+    return log.high_watermark if coordinator is None else coordinator.last_stable_offset(log)
 
-    Batches without visible records (control batches) are stepped over, so a reader never stalls.
+
+def read_records(log: PartitionLog, offset: int, max_records: int) -> list[Record]:
+    """Up to ``max_records`` records from ``offset``, read uncommitted (``read_from``)."""
+    return read_from(log, offset, max_records)[0]
+
+
+def read_from(log: PartitionLog, offset: int, max_records: int,
+              committed: StableOffsets | None = None) -> tuple[list[Record], int]:
+    """Up to ``max_records`` records from ``offset`` (whole stored batches, trimmed to the range) and the
+    offset to read on from.
+
+    Uncommitted (``committed`` None): up to the high watermark. ``read_committed`` (the transaction
+    coordinator given): up to the last stable offset, without aborted transactions' records
+    (``broker.txn.committed``, the rules the broker's Fetch and Kafka's consumers follow). Batches without
+    visible records (control batches, aborted ones) are stepped over, so a reader never stalls.
     """
     out: list[Record] = []
     cursor = offset
-    while len(out) < max_records and cursor < log.high_watermark:
-        data = memoryview(log.read(cursor, READ_CHUNK_BYTES))
-        headers, _ = split_complete_batches(data)
-        if not headers:
+    while len(out) < max_records:
+        if committed is None:
+            if cursor >= log.high_watermark:
+                break
+            data, after = log.read(cursor, READ_CHUNK_BYTES), cursor
+        else:
+            read = read_committed(committed, log, cursor, READ_CHUNK_BYTES)
+            if read.next_offset <= cursor:
+                break  # at the last stable offset
+            data, after = read.data, read.next_offset
+        view = memoryview(data)
+        headers, _ = split_complete_batches(view)
+        if not headers and after <= cursor:
             break
         pos = 0
         for header in headers:
-            batch = data[pos : pos + header.size]
+            batch = view[pos : pos + header.size]
             pos += header.size
             for record in decode_records(batch, header):
                 if record.offset >= cursor and len(out) < max_records:
                     out.append(record)
             if len(out) >= max_records:
-                cursor = out[-1].offset + 1
-                break
+                return out, out[-1].offset + 1
             cursor = max(cursor, header.last_offset + 1)
-    return out
+        cursor = max(cursor, after)  # past batches dropped after the last one kept
+    return out, cursor
 
 
 def _partition_of(store: LogStore, topic: str, count: int, explicit: int | None, key: bytes | None, sticky: int) -> int:
@@ -157,20 +201,26 @@ async def fetch(
         0, ge=0, le=INT32_MAX, description="Long-poll: wait this long for data (capped at 30 s)."
     ),
     format: Annotated[OutFormat, Query(description="How values are shown: auto, json, text or base64.")] = "auto",
+    isolation: Annotated[Isolation, Query(description=ISOLATION_DOC)] = "read_uncommitted",
 ) -> FetchResponse:
     store = ctx.store
     store.topic(topic)
     log = store.partition(topic, partition)
+    committed = stable_offsets(ctx, isolation)
     if timestamp is not None:
         found = log.offset_for_timestamp(timestamp)
         start = log.high_watermark if found is None else found
     else:
         start = log.log_start_offset if offset is None else offset
     check_offset(log, start)
-    wait_ms = min(timeout_ms, ctx.max_wait_ms)
-    if start >= log.high_watermark and wait_ms > 0:
-        await log.wait_for_data(start, wait_ms / 1000)
-    records = read_records(log, start, max)
+    deadline = time.monotonic() + min(timeout_ms, ctx.max_wait_ms) / 1000
+    records, next_offset = read_from(log, start, max, committed)
+    while not records and (left := deadline - time.monotonic()) > 0:
+        # uncommitted: wait for an append at the cursor; read_committed held at an open transaction:
+        # for the next append (its marker is one)
+        wait_at = log.high_watermark if committed is not None and next_offset < log.high_watermark else next_offset
+        await log.wait_for_data(wait_at, left)
+        records, next_offset = read_from(log, next_offset, max, committed)
     try:
         out: list[RecordOut] = [record_out(partition, r, format) for r in records]
     except ValueError as exc:
@@ -181,7 +231,8 @@ async def fetch(
         topic=topic,
         partition=partition,
         records=out,
-        next_offset=out[-1].offset + 1 if out else start,
+        next_offset=next_offset,
         high_watermark=log.high_watermark,
+        last_stable_offset=_last_stable_offset(ctx, log),
         log_start_offset=log.log_start_offset,
     )

@@ -17,12 +17,13 @@ from fastapi.responses import StreamingResponse
 from broker.log.api import PartitionLog, wait_for_any
 from broker.protocol.records import Record
 from broker.security import Operation, ResourceType
+from broker.txn.committed import StableOffsets
 from sluice.http.auth import allow
 from sluice.http.context import ApiContext, Ctx
 from sluice.http.limits import INT32_MAX, INT64_MAX
 from sluice.http.models import OutFormat, record_out
 from sluice.http.problems import PROBLEM_RESPONSES, ProblemError
-from sluice.http.records import check_offset, read_records
+from sluice.http.records import ISOLATION_DOC, Isolation, check_offset, read_from, stable_offsets
 
 __all__ = ["RecordRenderer", "record_events", "router", "sse_event", "start_cursors"]
 
@@ -56,6 +57,7 @@ async def record_events(
     cursors: dict[int, int],
     limit: int | None,
     render: RecordRenderer,
+    committed: StableOffsets | None = None,
 ) -> AsyncIterator[bytes]:
     """``subscribed``, then one ``record`` event per record from ``cursors`` on, until the client leaves,
     ``limit`` records were sent, or the server stops; keepalive comments while nothing arrives."""
@@ -69,11 +71,10 @@ async def record_events(
             progressed = False
             for log in logs:
                 want = BATCH if limit is None else min(BATCH, limit - sent)
-                records = read_records(log, cursors[log.partition], want)
+                records, cursors[log.partition] = read_from(log, cursors[log.partition], want, committed)
                 if not records:
                     continue
                 progressed = True
-                cursors[log.partition] = records[-1].offset + 1
                 chunk = b"".join(
                     sse_event("record", render(log.partition, r), f"{log.partition}:{r.offset}") for r in records
                 )
@@ -84,7 +85,10 @@ async def record_events(
                     return
             if not progressed:
                 before = dict(cursors)
-                await wait_for_any([(log, cursors[log.partition]) for log in logs], ctx.sse_heartbeat_s, ctx.stopping)
+                # read_committed held at an open transaction: wait for the next append (its marker is one)
+                waits = [(log, max(cursors[log.partition], log.high_watermark) if committed else cursors[log.partition])
+                         for log in logs]
+                await wait_for_any(waits, ctx.sse_heartbeat_s, ctx.stopping)
                 if all(log.high_watermark <= before[log.partition] for log in logs):
                     yield b": keepalive\n\n"
     finally:
@@ -126,9 +130,11 @@ async def stream(
     start: Literal["latest", "earliest"] = Query("latest", description="Where to start without an offset."),
     limit: int | None = Query(None, ge=1, description="End the stream after this many records."),
     format: Annotated[OutFormat, Query(description="How values are shown: auto, json, text or base64.")] = "auto",
+    isolation: Annotated[Isolation, Query(description=ISOLATION_DOC)] = "read_uncommitted",
 ) -> StreamingResponse:
     store = ctx.store
     store.topic(topic)
+    committed = stable_offsets(ctx, isolation)
     if offset is not None and partition is None:
         raise ProblemError(
             400,
@@ -139,7 +145,7 @@ async def stream(
     logs = [store.partition(topic, partition)] if partition is not None else store.partitions(topic)
     cursors = start_cursors(logs, offset, start)
     return StreamingResponse(
-        record_events(ctx, topic, logs, cursors, limit, lambda p, r: _render(p, r, format)),
+        record_events(ctx, topic, logs, cursors, limit, lambda p, r: _render(p, r, format), committed),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -9,7 +9,7 @@ from processors.pipeline import Pipeline
 from processors.watermarks import AllIdlePolicy, BoundedOutOfOrderness
 from processors.windows import Tumbling
 
-__all__ = ["quick_idle", "rekeyed"]
+__all__ = ["passthrough", "quick_idle", "rekeyed"]
 
 
 def quick_idle() -> Pipeline:
@@ -33,4 +33,11 @@ def rekeyed() -> Pipeline:
                              all_idle=AllIdlePolicy.HOLD)
     (stream.key_by(lambda v: v["sensor"], repartition=os.environ.get("SENSORS_REPARTITION") != "no")
         .window(Tumbling(10_000)).aggregate(Mean("temp")).sink(os.environ["SENSORS_OUTPUT"]))
+    return stream.pipeline
+
+
+def passthrough() -> Pipeline:
+    """Every input value to the output topic as it is: what the pipeline read, in order."""
+    stream = Pipeline.source(os.environ["PASS_INPUT"], group=os.environ["PASS_GROUP"])
+    stream.map(lambda v: v).sink(os.environ["PASS_OUTPUT"])
     return stream.pipeline

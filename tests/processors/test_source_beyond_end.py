@@ -8,7 +8,8 @@ import logging
 import pytest
 
 from broker.log.memory import MemoryLogStore
-from broker.protocol.records import RecordSpec
+from broker.protocol.records import RecordSpec, encode_batch
+from broker.txn.markers import encode_marker
 from processors.executor import TopicPartition
 from processors.sources import LogSource
 
@@ -33,3 +34,24 @@ async def test_a_position_beyond_the_log_end_is_reported_and_resumes_at_the_high
     [(got_tp, records)] = await source.fetch(100, 0.01, set())  # was: nothing until offset 10, 3..9 skipped
     assert got_tp == tp and [(r.offset, r.value) for r in records] == [(3, b"new")]
     assert "beyond the end of its partition" in caplog.text and source.positions_lost == 1
+
+
+async def test_a_partition_ending_in_a_control_batch_is_stepped_over_not_read_forever() -> None:
+    """Input written by a transactional producer ends in its commit marker, which holds no record for
+    the processor. The source used to stay at the marker: its wait for data there returned at once
+    (the data is there), without yielding to the event loop, and ``sluice serve`` hung."""
+    store = MemoryLogStore()
+    store.create_topic("in", 1)
+    data = encode_batch([RecordSpec(b"a"), RecordSpec(b"b")], producer_id=7, producer_epoch=0)
+    await store.append("in", 0, data)
+    await store.append("in", 0, encode_marker(7, 0, True, timestamp_ms=0))
+    source = LogSource(store, ("in",))
+
+    async def nothing(tps: list[TopicPartition]) -> None:
+        return None
+
+    await source.start(nothing, nothing)
+    [(_, records)] = await source.fetch(100, 0.01, set())
+    assert [r.value for r in records] == [b"a", b"b"]
+    assert await source.fetch(100, 0.01, set()) == []
+    assert source.positions[("in", 0)] == 3  # past the marker: the next wait is for new data

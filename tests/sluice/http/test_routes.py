@@ -189,6 +189,12 @@ async def test_fetch_errors(client: httpx.AsyncClient) -> None:
     assert_problem(await client.get("/topics/f/records", params={"partition": 3}), 404, "unknown-topic", "partition 3")
     assert_problem(await client.get("/topics/f/records", params={"offset": 7}), 416, "offset-out-of-range", "0..1")
     assert_problem(await client.get("/topics/f/records", params={"offset": -1}), 400, "out-of-range", "offset")
+    # read_committed needs the transaction coordinator, which runs with the Kafka listener (off here)
+    for path in ("/topics/f/records", "/topics/f/stream"):
+        assert_problem(await client.get(path, params={"isolation": "read_committed"}), 400,
+                       "read-committed-unavailable", "Kafka listener")
+    assert (await client.get("/topics/f/records", params={"isolation": "read_uncommitted"})).status_code == 200
+    assert (await client.get("/topics/f/records", params={"isolation": "serializable"})).status_code == 422
 
 
 async def test_long_poll_wakes_when_a_record_arrives(client: httpx.AsyncClient, runtime: Runtime) -> None:
