@@ -35,7 +35,12 @@ COPY ingest ./ingest
 COPY clients ./clients
 COPY processors ./processors
 COPY sluice ./sluice
-RUN pip install --no-deps . && sluice --help >/dev/null
+# setup.py compiles native-modules.txt with mypyc (a C compiler only for this step; a failed build
+# falls back to the pure-Python modules, see setup.py); the image keeps the built extensions.
+COPY setup.py native-modules.txt ./
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null \
+    && pip install --no-deps . && sluice --help >/dev/null \
+    && apt-get purge -y -qq --auto-remove gcc libc6-dev >/dev/null && rm -rf /var/lib/apt/lists/*
 
 USER sluice
 VOLUME ["/data"]

@@ -3,7 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint typecheck unit system-deps bench demo clean
+.PHONY: run test lint typecheck unit system-deps bench demo clean native
+# Hot modules compiled with mypyc at install (setup.py; pure Python when that fails): a change to one
+# reinstalls, so the build never lags its source.
+NATIVE_SOURCES := $(shell sed -e 's/\#.*//' native-modules.txt)
 
 run: $(VENV)/.installed
 	$(BIN)/sluice serve
@@ -27,13 +30,21 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); bash scripts/install-system-deps.sh venv && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml $(VENV)/bin/python
+$(VENV)/.installed: pyproject.toml setup.py native-modules.txt $(NATIVE_SOURCES) $(VENV)/bin/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml $(VENV)/bin/python
+$(VENV)/.installed-dev: pyproject.toml setup.py native-modules.txt $(NATIVE_SOURCES) $(VENV)/bin/python
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(VENV)/.installed $@
+
+# Compile native-modules.txt into this tree (a wheel built aside, its extensions unpacked here) without
+# touching which tree the virtualenv's editable install points at: for work trees run with PYTHONPATH.
+native: $(VENV)/bin/python
+	rm -rf build/native
+	$(BIN)/pip wheel -q --no-deps -w build/native .
+	$(BIN)/python -c "import glob, zipfile; z = zipfile.ZipFile(glob.glob('build/native/*.whl')[0]); \
+	  [z.extract(n, '.') for n in z.namelist() if n.endswith(('.so', '.native-sha256'))]"
 
 # The docker-compose stack as local processes (no Docker engine needed); Ctrl-C stops it.
 demo: $(VENV)/.installed
@@ -44,4 +55,5 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.run_all $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build
+	find broker ingest clients processors sluice \( -name '*.so' -o -name '*.native-sha256' \) -delete

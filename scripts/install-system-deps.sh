@@ -4,12 +4,16 @@
 set -euo pipefail
 # `install-system-deps.sh venv` installs only what `python3 -m venv` needs on a bare Debian (make run);
 # `install-system-deps.sh bench` adds what the benchmarks build their C load generator with (make bench).
+# `install-system-deps.sh build` installs what setup.py compiles native-modules.txt with (mypyc's C: a
+# compiler, libc headers, Python's headers); the tests need it (the compiled and pure builds are compared).
 # chromium: the web console's browser tests (tests/sluice/console) drive it headless through Playwright.
-test_packages=(python3-venv kcat mosquitto mosquitto-clients redis-server nats-server docker-compose netcat-openbsd curl
+build_packages=(gcc libc6-dev python3-dev)
+test_packages=("${build_packages[@]}" python3-venv kcat mosquitto mosquitto-clients redis-server nats-server docker-compose netcat-openbsd curl
   chromium)
 case "${1:-}" in
   venv) packages=(python3-venv) ;;
-  bench) packages=("${test_packages[@]}" gcc libc6-dev librdkafka-dev) ;;
+  build) packages=("${build_packages[@]}") ;;
+  bench) packages=("${test_packages[@]}" librdkafka-dev) ;;
   *) packages=("${test_packages[@]}") ;;
 esac
 missing=()

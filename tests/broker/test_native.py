@@ -1,0 +1,49 @@
+"""broker.native: a compiled build runs only when it was built from the source beside it."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import types
+from pathlib import Path
+
+from broker import native
+from broker.protocol import record_walk
+
+SOURCE = Path(record_walk.__file__).parent / "record_walk.py"
+
+
+def _built_module(folder: Path, digest: str | None) -> types.ModuleType:
+    """A module object laid out as setup.py leaves a build: an extension file, the source beside it,
+    and (unless None) the digest the build recorded."""
+    shutil.copy(SOURCE, folder / "record_walk.py")
+    if digest is not None:
+        (folder / ("record_walk" + native.DIGEST_SUFFIX)).write_text(digest + "\n")
+    module = types.ModuleType("broker.protocol.record_walk")
+    module.__file__ = str(folder / "record_walk.cpython-311-x86_64-linux-gnu.so")
+    return module
+
+
+def test_a_build_of_the_current_source_is_kept(tmp_path: Path) -> None:
+    module = _built_module(tmp_path, hashlib.sha256(SOURCE.read_bytes()).hexdigest())
+    assert native.is_compiled(module)
+    assert native.select(module) is module
+
+
+def test_a_build_older_than_its_source_gives_way_to_the_source(tmp_path: Path) -> None:
+    module = _built_module(tmp_path, hashlib.sha256(b"an older version").hexdigest())
+    chosen = native.select(module)
+    assert chosen is not module and not native.is_compiled(chosen)
+    assert chosen.walk_records(bytes(61) + b"\x0c" + bytes(6), 61, 68, 1) == (0, [])
+
+
+def test_a_build_without_its_digest_gives_way_to_the_source(tmp_path: Path) -> None:
+    chosen = native.select(_built_module(tmp_path, None))
+    assert not native.is_compiled(chosen)
+
+
+def test_pure_always_runs_the_source() -> None:
+    module = native.pure("broker.protocol.record_walk")
+    assert Path(str(module.__file__)).name == "record_walk.py"
+    assert native.pure("broker.protocol.record_walk") is module
+    assert not native.is_compiled(native.select(module))
