@@ -6,7 +6,9 @@ kept as wall-clock milliseconds (the hub's monotonic clock does not survive a re
 
 Keys (``__mqtt_sessions``): ``s<client id>`` the session (JSON: expiry, when its client left, its
 subscriptions with options and identifiers); ``m<packet id: 2 bytes><client id>`` a QoS 1/2 message owed
-to the client; ``r<packet id: 2 bytes><client id>`` an inbound QoS 2 packet id awaiting PUBREL.
+to the client; ``r<packet id: 2 bytes><client id>`` an inbound QoS 2 packet id awaiting PUBREL;
+``d<client id>`` the order of the latest message sent to the client from its queue (every message of the
+session up to that order has been sent at least once: the queue goes out in order).
 Keys (``__mqtt_retained``): the topic name.
 """
 
@@ -27,24 +29,30 @@ __all__ = [
     "BadRecord",
     "SessionRecord",
     "StoredMessage",
+    "SENT",
     "awaiting_key",
+    "decode_mark",
     "decode_message",
     "decode_retained",
     "decode_session",
+    "encode_mark",
     "encode_message",
     "encode_retained",
     "encode_session",
     "message_key",
     "parse_key",
+    "sent_key",
     "session_key",
 ]
 
-QUEUED: Final = 0  # not yet acknowledged by the client (sent or not)
+QUEUED: Final = 0  # not yet acknowledged by the client (sent, if the session's mark says so, or not)
 RELEASED: Final = 1  # QoS 2: the client sent PUBREC, we owe it PUBREL only
+SENT: Final = 2  # sent at least once when accepted, not yet acknowledged (sent again with DUP=1)
 _VERSION: Final = 1
 _MESSAGE = struct.Struct(">BBqQ")  # version, state, expiry ms (-1: never), order
 _RETAINED = struct.Struct(">Bq")  # version, expiry ms (-1: never)
 _PID = struct.Struct(">H")
+_MARK = struct.Struct(">Q")
 
 
 class BadRecord(ValueError):
@@ -79,12 +87,26 @@ def awaiting_key(client_id: str, pid: int) -> bytes:
     return b"r" + _PID.pack(pid) + client_id.encode()
 
 
+def sent_key(client_id: str) -> bytes:
+    return b"d" + client_id.encode()
+
+
+def encode_mark(order: int) -> bytes:
+    return _MARK.pack(order)
+
+
+def decode_mark(value: bytes) -> int:
+    if len(value) != _MARK.size:
+        raise BadRecord("sent mark of the wrong size")
+    return int(_MARK.unpack(value)[0])
+
+
 def parse_key(key: bytes) -> tuple[str, str, int]:
-    """(kind ``s``/``m``/``r``, client id, packet id or 0)."""
+    """(kind ``s``/``m``/``r``/``d``, client id, packet id or 0)."""
     kind = key[:1]
     try:
-        if kind == b"s":
-            return "s", key[1:].decode(), 0
+        if kind in (b"s", b"d"):
+            return kind.decode(), key[1:].decode(), 0
         if kind in (b"m", b"r") and len(key) >= 3:
             return kind.decode(), key[3:].decode(), _PID.unpack_from(key, 1)[0]
     except UnicodeDecodeError as exc:
@@ -128,7 +150,7 @@ def decode_message(pid: int, value: bytes) -> StoredMessage:
     if len(value) < _MESSAGE.size:
         raise BadRecord("message record too short")
     version, state, expiry_ms, order = _MESSAGE.unpack_from(value)
-    if version != _VERSION or state not in (QUEUED, RELEASED):
+    if version != _VERSION or state not in (QUEUED, RELEASED, SENT):
         raise BadRecord(f"message record version {version}, state {state}")
     packet = None if state == RELEASED else replace(_publish(value[_MESSAGE.size:]), packet_id=pid)
     return StoredMessage(pid, state, expiry_ms, order, packet)

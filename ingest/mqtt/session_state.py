@@ -98,9 +98,14 @@ class SessionJournal(Protocol):
 
     def unsubscribed(self, session: SessionState, topic_filter: str) -> None: ...
 
-    def accepted(self, session: SessionState, packet: Publish, expiry: float | None) -> Publish | None:
-        """Journal a QoS 1/2 message accepted for ``session``; it comes back with its packet id (None:
-        every packet id is taken)."""
+    def accepted(self, session: SessionState, packet: Publish, expiry: float | None, *,
+                 sent: bool = False) -> Publish | None:
+        """Journal a QoS 1/2 message accepted for ``session`` (``sent``: it goes out now); it comes back with
+        its packet id (None: every packet id is taken)."""
+        ...
+
+    def sent(self, session: SessionState, pid: int) -> None:
+        """Queued messages of ``session`` up to the one with ``pid`` have been sent (DUP=1 if sent again)."""
         ...
 
     def finished(self, session: SessionState, pid: int) -> None:
@@ -201,7 +206,7 @@ class SessionState:
             or not self.budget.fits(size)
         )
         if not full and self.store is not None:  # persistent: journaled with its packet id first
-            given = self.store.accepted(self, packet, expiry)
+            given = self.store.accepted(self, packet, expiry, sent=now)
             full = given is None  # every packet id is taken
             packet = given or packet
         if full:
@@ -229,7 +234,8 @@ class SessionState:
         self._account(size)
 
     def enqueue_restored(self, packet: Publish, expiry: float | None) -> None:
-        """A journaled message put back in the queue at start-up (``session_store.py`` rule 5)."""
+        """A journaled message put back in the queue at start-up (``session_store.py`` rule 5); DUP=1 when
+        it was sent before the restart (rule 7), and it goes out so."""
         if self.queue is None:
             self.queue = deque()
         self.queue.append((packet, expiry, None))
@@ -249,7 +255,7 @@ class SessionState:
         pid = packet.packet_id  # given when journaled (session_store.py rule 3)
         if not pid or pid in self.inflight_out:
             pid = self._alloc_pid()
-        packet = Publish(packet.topic, packet.payload, packet.qos, packet.retain, False, pid, packet.properties)
+        packet = Publish(packet.topic, packet.payload, packet.qos, packet.retain, packet.dup, pid, packet.properties)
         self.inflight_out[pid] = packet
         if group is not None:
             if self.shared_inflight is None:
@@ -298,6 +304,7 @@ class SessionState:
         if conn is None or not queue:
             return
         now = time.monotonic()
+        last = 0
         while queue and len(self.inflight_out) < conn.client_receive_max:
             packet, expiry, group = queue.popleft()
             self._account(-len(packet.payload))
@@ -308,6 +315,9 @@ class SessionState:
                     self.store.finished(self, packet.packet_id)
                 continue
             self._send_new(conn, ready, group)
+            last = ready.packet_id or 0
+        if last and self.store is not None:
+            self.store.sent(self, last)  # one mark for the batch (session_store.py rule 7)
         if not queue:
             self.dropping = False
 

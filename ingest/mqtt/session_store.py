@@ -43,7 +43,11 @@ Rules
    ``max_offline_sessions`` are ended as at any time (away longest first).
 6. Ending a session (expiry, clean start, eviction, a Session Expiry Interval of 0 at DISCONNECT)
    tombstones every record it has, so compaction forgets it.
-7. Not durable: delayed wills (lost with the process), QoS 0 deliveries, the round-robin position of
+7. DUP on resend (§4.4): a message is journaled as SENT when it goes out as it is accepted; one sent
+   later from the queue moves the session's sent mark (one small record per batch sent: the queue goes
+   out in order, so every message up to the mark's order has been sent). After a restart the messages
+   sent before go out again with DUP=1, those never sent with DUP=0.
+8. Not durable: delayed wills (lost with the process), QoS 0 deliveries, the round-robin position of
    shared subscriptions (a member's journaled messages stay that member's after a restart).
 """
 
@@ -53,22 +57,26 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ingest.mqtt.durable_records import (
     QUEUED,
     RELEASED,
+    SENT,
     BadRecord,
     SessionRecord,
     StoredMessage,
     awaiting_key,
+    decode_mark,
     decode_message,
     decode_session,
+    encode_mark,
     encode_message,
     encode_session,
     message_key,
     parse_key,
+    sent_key,
     session_key,
 )
 from ingest.mqtt.journal import Journal
@@ -106,7 +114,9 @@ class SessionStore:
         self._also = also_durable  # e.g. the retained-message journal: Hub.journaled waits for it too
         self._wall_ms = wall_ms
         self._monotonic = monotonic
-        self._held: dict[str, set[int]] = {}  # client id -> packet ids of its journaled messages
+        # client id -> packet id -> order, of its journaled messages; the order of the latest one sent
+        self._held: dict[str, dict[int, int]] = {}
+        self._marks: dict[str, int] = {}
         self._ids: dict[str, dict[str, int]] = {}  # client id -> topic filter -> subscription identifier
         self._order = 0
         self.restored = RestoreStats()
@@ -162,6 +172,8 @@ class SessionStore:
         put = self.journal.put
         for pid in self._held.pop(client_id, ()):
             put(message_key(client_id, pid), None)
+        if self._marks.pop(client_id, None) is not None:
+            put(sent_key(client_id), None)
         for pid in session.awaiting_rel:
             put(awaiting_key(client_id, pid), None)
         self._ids.pop(client_id, None)
@@ -187,12 +199,12 @@ class SessionStore:
 
     def _adopt(self, session: SessionState) -> None:
         """A session becomes persistent: journal what it already holds (its queue gets packet ids)."""
-        held = self._held.setdefault(session.client_id, set())
+        held = self._held.setdefault(session.client_id, {})
         now = self._monotonic()
         for pid, packet in session.inflight_out.items():
-            held.add(pid)
+            order = held[pid] = self._next_order()
             self.journal.put(message_key(session.client_id, pid),
-                             encode_message(packet, pid, QUEUED if packet else RELEASED, -1, self._next_order()))
+                             encode_message(packet, pid, SENT if packet else RELEASED, -1, order))
         if session.queue:
             queue = list(session.queue)
             session.queue.clear()
@@ -205,11 +217,14 @@ class SessionStore:
 
     # ------------------------------------------------------------------ message hooks (session)
     def accepted(self, session: SessionState, packet: Publish, expiry: float | None,
-                 now: float | None = None) -> Publish | None:
-        """A QoS 1/2 message accepted for ``session``: give it a packet id and journal it (rules 1, 3).
-        None when every packet id is taken (the caller drops it as from a full queue)."""
+                 now: float | None = None, *, sent: bool = False) -> Publish | None:
+        """A QoS 1/2 message accepted for ``session``: give it a packet id and journal it (rules 1, 3);
+        ``sent``: it goes out now (rule 7). None when every packet id is taken (the caller drops it as
+        from a full queue)."""
         client_id = session.client_id
-        held = self._held.setdefault(client_id, set())
+        held = self._held.get(client_id)
+        if held is None:
+            held = self._held[client_id] = {}
         inflight = session.inflight_out
         pid = session.next_pid
         for _ in range(_MAX_PID):
@@ -219,17 +234,25 @@ class SessionStore:
         else:
             return None
         session.next_pid = pid % _MAX_PID + 1
-        held.add(pid)
+        order = held[pid] = self._next_order()
         packet = Publish(packet.topic, packet.payload, packet.qos, packet.retain, False, pid, packet.properties)
         self.journal.put(message_key(client_id, pid),
-                         encode_message(packet, pid, QUEUED, self._expiry_ms(expiry, now), self._next_order()))
+                         encode_message(packet, pid, SENT if sent else QUEUED, self._expiry_ms(expiry, now), order))
         return packet
+
+    def sent(self, session: SessionState, pid: int) -> None:
+        """Queued messages up to the one with ``pid`` have been sent (rule 7)."""
+        client_id = session.client_id
+        held = self._held.get(client_id)
+        order = held.get(pid) if held is not None else None
+        if order is not None and order > self._marks.get(client_id, 0):
+            self._marks[client_id] = order
+            self.journal.put(sent_key(client_id), encode_mark(order))
 
     def finished(self, session: SessionState, pid: int) -> None:
         """The message with ``pid`` is no longer owed (acknowledged, expired, moved): rule 1."""
         held = self._held.get(session.client_id)
-        if held is not None and pid in held:
-            held.discard(pid)
+        if held is not None and held.pop(pid, None) is not None:
             self.journal.put(message_key(session.client_id, pid), None)
 
     def released(self, session: SessionState, pid: int, then: Callable[[], None]) -> None:
@@ -276,6 +299,7 @@ class SessionStore:
         sessions: dict[str, SessionRecord] = {}
         messages: dict[str, list[StoredMessage]] = {}
         awaiting: dict[str, set[int]] = {}
+        marks: dict[str, int] = {}
         orphans: list[bytes] = []
         for key, value in self.journal.load().items():
             try:
@@ -284,6 +308,8 @@ class SessionStore:
                     sessions[client_id] = decode_session(value)
                 elif kind == "m":
                     messages.setdefault(client_id, []).append(decode_message(pid, value))
+                elif kind == "d":
+                    marks[client_id] = decode_mark(value)
                 else:
                     awaiting.setdefault(client_id, set()).add(pid)
             except BadRecord as exc:
@@ -296,9 +322,12 @@ class SessionStore:
         for client_id in (messages.keys() | awaiting.keys()) - sessions.keys():  # written after the session ended
             orphans += [message_key(client_id, m.pid) for m in messages.get(client_id, ())]
             orphans += [awaiting_key(client_id, pid) for pid in awaiting.get(client_id, ())]
+        orphans += [sent_key(client_id) for client_id in marks.keys() - sessions.keys()]
         for key in orphans:
             self.journal.put(key, None)
-        self._order = max((m.order for ms in messages.values() for m in ms), default=0)
+        # Orders go on from the highest ever given (a mark may outlive every message it covered).
+        self._order = max(max((m.order for ms in messages.values() for m in ms), default=0),
+                          max(marks.values(), default=0))
         restored: list[SessionState] = []
         for client_id, record in sessions.items():
             ended_ms = now_ms if record.ended_ms is None else record.ended_ms
@@ -306,13 +335,16 @@ class SessionStore:
             session = SessionState(client_id, hub.queue_budget)
             session.expiry_s = record.expiry_s
             session.ended_at = now - away_s
-            held = self._held[client_id] = set()
+            held = self._held[client_id] = {}
+            mark = marks.get(client_id)
+            if mark is not None:
+                self._marks[client_id] = mark
             for pid in awaiting.get(client_id, ()):
                 session.awaiting_rel.add(pid)
             if session.expired(now):
                 stats.sessions_expired += 1
                 for m in messages.get(client_id, ()):
-                    held.add(m.pid)
+                    held[m.pid] = m.order
                 session.store = self
                 self.dropped(session)
                 continue
@@ -320,7 +352,7 @@ class SessionStore:
                 hub.subscribe(session, sub, sub_id)  # before ``store`` is set: nothing is journaled again
             session.store = self
             for m in sorted(messages.get(client_id, ()), key=lambda m: m.order):
-                held.add(m.pid)
+                held[m.pid] = m.order
                 if m.state == RELEASED or m.packet is None:
                     session.inflight_out[m.pid] = None
                 elif 0 <= m.expiry_ms <= now_ms:
@@ -328,7 +360,8 @@ class SessionStore:
                     self.finished(session, m.pid)
                 else:
                     expiry = None if m.expiry_ms < 0 else now + (m.expiry_ms - now_ms) / 1000
-                    session.enqueue_restored(m.packet, expiry)
+                    sent_before = m.state == SENT or (mark is not None and m.order <= mark)  # rule 7
+                    session.enqueue_restored(replace(m.packet, dup=True) if sent_before else m.packet, expiry)
                     stats.messages += 1
                 session.next_pid = m.pid % _MAX_PID + 1
             hub.sessions[client_id] = session

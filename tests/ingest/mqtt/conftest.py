@@ -104,6 +104,7 @@ class RawClient:
         self.version = version
         self.decoder = Decoder(version)
         self._ready: list[Packet] = []
+        self._raw = b""  # bytes read by ``recv_bytes`` beyond the packet it returned
 
     @classmethod
     async def open(cls, port: int, version: int = MQTT_311) -> RawClient:
@@ -129,6 +130,26 @@ class RawClient:
                 raise ConnectionError("closed by server")
             self._ready += self.decoder.feed(data)
         return self._ready.pop(0)
+
+    async def recv_bytes(self, timeout: float = 5.0) -> bytes:
+        """The next packet exactly as the server wrote it (fixed header included); not mixed with ``recv``."""
+        buf = self._raw
+        while True:
+            if len(buf) >= 2:
+                length, shift, pos = 0, 0, 1
+                while pos < len(buf) and pos <= 4:
+                    length |= (buf[pos] & 0x7F) << shift
+                    shift += 7
+                    pos += 1
+                    if not buf[pos - 1] & 0x80:
+                        if len(buf) >= pos + length:
+                            self._raw = buf[pos + length:]
+                            return buf[:pos + length]
+                        break
+            data = await asyncio.wait_for(self.reader.read(65536), timeout)
+            if not data:
+                raise ConnectionError("closed by server")
+            buf += data
 
     async def read_until_closed(self, timeout: float = 5.0) -> bytes:
         """Everything the server sends until it closes the socket."""

@@ -25,6 +25,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from ingest.mqtt.packets import (
     MQTT_5,
     MQTT_311,
+    Connect,
     Disconnect,
     Pingreq,
     Pingresp,
@@ -339,3 +340,36 @@ async def test_an_expired_session_is_gone_after_kill9(sluice: Sluice) -> None:
     sub.send(Pingreq())
     assert isinstance(await sub.recv(), Pingresp)  # and no message of the old session
     await sub.close()
+
+
+async def test_messages_sent_before_a_kill9_go_out_again_with_dup_set_and_never_sent_ones_without(
+    sluice: Sluice,
+) -> None:
+    """§4.4 across kill -9, exact bytes: m1 and m2 are sent as they arrive (Receive Maximum 2), m1 is
+    acknowledged so m3 goes out from the queue, m4 and m5 wait unsent. After the restart m2 and m3 come
+    again with DUP=1 and their packet ids (0x3C QoS 2, 0x3A QoS 1), m4 and m5 with DUP=0 (0x34, 0x32)."""
+    sub = await RawClient.open(sluice.port, MQTT_5)
+    await sub.connect("dup-k", clean_start=True, properties=Properties(session_expiry_interval=3600, receive_maximum=2))
+    sub.send(Subscribe(1, (Subscription("dup/#", 2),)))
+    assert isinstance(await sub.recv(), Suback)
+    for i, qos in enumerate((1, 2, 1, 2, 1), start=1):
+        code, _, err = await run("mosquitto_pub", "-p", str(sluice.port), "-V", "5", "-q", str(qos), "-t", "dup/t",
+                                 "-m", f"m{i}")
+        assert code == 0, err
+    first, second = await sub.recv_bytes(), await sub.recv_bytes()
+    sub.send_raw(bytes((0x40, 2)) + first[9:11])  # PUBACK m1 (topic "dup/t": the packet id is bytes 9-10)
+    third = await sub.recv_bytes()
+    assert [(p[0], p[12:]) for p in (first, second, third)] == [(0x32, b"m1"), (0x34, b"m2"), (0x32, b"m3")]
+    sub.send(Pingreq())  # the PUBACK is handled (and m3's mark journaled) before the PINGRESP
+    assert (await sub.recv_bytes())[0] == 0xD0
+    await sub.close()
+    await sluice.restart_after_kill9()
+
+    back = await RawClient.open(sluice.port, MQTT_5)
+    back.send(Connect("dup-k", MQTT_5, clean_start=False, properties=Properties(session_expiry_interval=3600)))
+    connack = await back.recv_bytes()
+    assert connack[:4] == bytes((0x20, connack[1], 0x01, 0x00))  # session present
+    again = [await back.recv_bytes() for _ in range(4)]
+    assert [(p[0], p[12:]) for p in again] == [(0x3C, b"m2"), (0x3A, b"m3"), (0x34, b"m4"), (0x32, b"m5")]
+    assert [p[9:11] for p in again[:2]] == [second[9:11], third[9:11]]
+    await back.close()

@@ -15,7 +15,10 @@ from ingest.mqtt.packets import (
     Pingresp,
     Properties,
     Puback,
+    Pubcomp,
     Publish,
+    Pubrec,
+    Pubrel,
     Suback,
     Subscribe,
     Subscription,
@@ -139,3 +142,79 @@ async def test_a_clean_start_taking_over_a_live_connection_leaves_the_new_sessio
 
     second = await start_server(store)  # restore: the new session, not the old one
     assert list(second.hub.sessions["j-reboot"].subscriptions) == ["fresh/#"]
+
+
+async def publish_mixed(port: int, topic: str, qos_list: tuple[int, ...]) -> None:
+    """Publish ``m1``, ``m2`` ... at the given QoS, each fully acknowledged before the next."""
+    pub = await RawClient.open(port, MQTT_5)
+    await pub.connect("dup-pub")
+    for i, qos in enumerate(qos_list, start=1):
+        pub.send(Publish(topic, b"m%d" % i, qos, False, False, i))
+        if qos == 1:
+            assert await pub.recv() == Puback(i)
+        else:
+            assert await pub.recv() == Pubrec(i)
+            pub.send(Pubrel(i))
+            assert await pub.recv() == Pubcomp(i)
+    await pub.close()
+
+
+async def leave_two_sent_one_pumped(port: int, client_id: str) -> tuple[RawClient, list[bytes]]:
+    """A persistent subscriber with Receive Maximum 2 gets m1 and m2 as they are published, acknowledges m1,
+    so m3 goes out from its queue; m4 and m5 stay queued, never sent. Returns the client and the PUBLISH
+    packets it got (exact bytes)."""
+    sub = await RawClient.open(port, MQTT_5)
+    await sub.connect(client_id, clean_start=True,
+                      properties=Properties(session_expiry_interval=3600, receive_maximum=2))
+    sub.send(Subscribe(1, (Subscription("dup/#", 2),)))
+    assert (await sub.recv_bytes())[0] == 0x90  # SUBACK
+    await publish_mixed(port, "dup/t", (1, 2, 1, 2, 1))
+    first, second = await sub.recv_bytes(), await sub.recv_bytes()
+    sub.writer.write(bytes((0x40, 2)) + first[9:11])  # PUBACK m1 (topic "dup/t": packet id at bytes 9-10)
+    third = await sub.recv_bytes()
+    return sub, [first, second, third]
+
+
+async def reconnect_raw(port: int, client_id: str) -> RawClient:
+    """Reconnect to a persistent session, reading the CONNACK with ``recv_bytes`` (session present)."""
+    client = await RawClient.open(port, MQTT_5)
+    client.send(Connect(client_id, MQTT_5, clean_start=False, properties=Properties(session_expiry_interval=3600)))
+    connack = await client.recv_bytes()
+    assert connack[0] == 0x20 and connack[2] == 0x01 and connack[3] == 0  # session present, success
+    return client
+
+
+def publish_flags(packet: bytes) -> tuple[int, bytes]:
+    """(the fixed header's first byte, the payload) of a PUBLISH with topic "dup/t" and no properties."""
+    return packet[0], packet[12:]
+
+
+async def test_a_restart_resends_what_was_sent_before_with_dup_set_and_the_rest_without(
+    start_server: StartServer,
+) -> None:
+    """§4.4: messages sent before and not acknowledged go out again with DUP=1 after a restart; queued
+    messages never sent go out with DUP=0 (3 = QoS 1 with DUP: 0x3A, QoS 2: 0x3C; without: 0x32, 0x34)."""
+    store = MemoryLogStore()
+    first = await start_server(store)
+    sub, before = await leave_two_sent_one_pumped(first.port, "dup-r")
+    assert [publish_flags(p) for p in before] == [(0x32, b"m1"), (0x34, b"m2"), (0x32, b"m3")]
+    await sub.close()
+    await wait_until(lambda: first.hub.sessions["dup-r"].connection is None, what="client gone")
+
+    second = await start_server(store)  # a new hub over the same log: the restore
+    back = await reconnect_raw(second.port, "dup-r")
+    again = [await back.recv_bytes() for _ in range(4)]
+    assert [publish_flags(p) for p in again] == [(0x3C, b"m2"), (0x3A, b"m3"), (0x34, b"m4"), (0x32, b"m5")]
+    assert [p[9:11] for p in again[:2]] == [before[1][9:11], before[2][9:11]]  # the same packet ids
+    await back.close()
+
+
+async def test_an_ordinary_reconnect_resends_with_dup_set_only_what_was_sent(start_server: StartServer) -> None:
+    server = await start_server(MemoryLogStore())
+    sub, _ = await leave_two_sent_one_pumped(server.port, "dup-o")
+    await sub.close()
+    await wait_until(lambda: server.hub.sessions["dup-o"].connection is None, what="client gone")
+    back = await reconnect_raw(server.port, "dup-o")
+    again = [await back.recv_bytes() for _ in range(4)]
+    assert [publish_flags(p) for p in again] == [(0x3C, b"m2"), (0x3A, b"m3"), (0x34, b"m4"), (0x32, b"m5")]
+    await back.close()
