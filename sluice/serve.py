@@ -28,6 +28,7 @@ from sluice.components.tls import tls_files
 from sluice.config import Settings
 from sluice.exposure import check_exposure
 from sluice.gc_tuning import tune_for_serving
+from sluice.malloc_tuning import return_large_buffers
 from sluice.runtime import Component, Runtime
 
 __all__ = ["check_data_dir", "open_store", "run_server", "serve"]
@@ -124,6 +125,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, *, tune_g
 
 def run_server(settings: Settings) -> None:
     """Blocking entry point: picks the event loop (uvloop when available and not disabled)."""
+    return_large_buffers()  # the process is ours alone: large request buffers go back to the system
     use_uvloop = settings.event_loop == "uvloop"
     if settings.event_loop == "auto":
         use_uvloop = importlib.util.find_spec("uvloop") is not None
