@@ -1,21 +1,28 @@
 """MQTT ingest into the durable log vs Mosquitto's own pub→sub, and memory per idle MQTT connection.
 
-    python -m bench.bench_mqtt [--publishers 4] [--messages 25000] [--connections 10000]
+    python -m bench.bench_mqtt [--publishers 4] [--messages 50000] [--runs 3] [--connections 10000]
+                               [--loadgen raw|mosquitto_pub] [--loadgen-procs 1]
 
-Throughput (same load for both, 100 B payloads, MQTT 5, in-flight window 1000 on client and broker):
-``--publishers`` ``mosquitto_pub -l`` processes (C) each send ``--messages`` lines at QoS 0, then QoS 1.
+Throughput (same load for both brokers, 100 B payloads, MQTT 5, ``--publishers`` connections, QoS 0 then
+QoS 1, at most 1000 QoS 1 messages in flight per connection):
 
+* Load generator ``raw`` (default, ``bench/mqtt_loadgen.py``): ``--loadgen-procs`` Python processes
+  share the publishing connections; each connection's PUBLISH packets are encoded before the clock
+  starts and sent in slices, PUBACKs are checked in bulk, so the generator spends far less CPU per
+  message than either broker (its own CPU per message is printed). ``mosquitto_pub``: one
+  ``mosquitto_pub -l -M 1000`` process per connection reading pre-generated lines (the load of the
+  earlier results; it spends ~8 µs of CPU per QoS 1 message, about twice Sluice's).
 * Sluice: the MQTT listener runs in this process (uvloop) on the segment store ``sluice serve`` opens,
   flush=always (and flush=os), with the garbage-collector settings ``sluice serve`` applies once started
-  (``sluice.gc_tuning``; ``--gc default`` keeps CPython's). Time = from starting the publishers until
-  the ingest sink has durably appended every message (QoS 1: every PUBACK was sent after that append).
-  Also reported: this process's CPU time per message (user + system), which the other load on a
-  shared machine disturbs less than the rates.
-* Mosquitto: ``mosquitto`` on a free port (persistence on, max_inflight_messages 1000) with a
-  ``mosquitto_sub -C <total>`` subscriber at the same QoS. Time = from starting the publishers until the
-  subscriber has received every message.
+  (``sluice.gc_tuning``; ``--gc default`` keeps CPython's). Time = from ``go`` until the ingest sink has
+  durably appended every message (QoS 1: every PUBACK was sent after that append).
+* Mosquitto: ``mosquitto`` on a free port (persistence on, ``set_tcp_nodelay true``, no in-flight or
+  queue limit towards the subscriber: its fastest settings here) with one subscriber to ``bench/#`` at
+  the same QoS (``raw``: ``mqtt_loadgen sub``, PUBACKs written in bulk; ``mosquitto_pub``:
+  ``mosquitto_sub -C``). Time = from ``go`` until the subscriber has received every message.
 
-Each row prints the 1-minute load average when it ended.
+Each row prints Sluice's CPU per message (this process, user + system), Mosquitto's (its process), the
+load generator's, and the 1-minute load average when it ended.
 
 Memory: a separate process opens ``--connections`` MQTT connections (CONNECT, CONNACK, then idle) to
 a fresh ``sluice serve`` process's listener; reported is the RSS delta of that process per connection,
@@ -73,6 +80,69 @@ def make_lines(path: Path, count: int, tag: int) -> None:
     path.write_text(body)
 
 
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Load:
+    """The publishers of one run: started and connected by ``ready()``, sending from ``go()``."""
+
+    def __init__(self, kind: str, port: int, qos: int, publishers: int, messages: int, procs: int,
+                 files: list[Path]) -> None:
+        self.kind, self.port, self.qos = kind, port, qos
+        self.publishers, self.messages, self.procs, self.files = publishers, messages, procs, files
+        self.children: list[subprocess.Popen[str]] = []
+        self.lines: list[subprocess.Popen[bytes]] = []
+        self.children_cpu = 0.0
+
+    def ready(self) -> None:
+        if self.kind == "mosquitto_pub":
+            return  # started by go(): the clock includes their start and connect, as in the earlier results
+        per, extra = divmod(self.publishers, self.procs)
+        first = 0
+        for i in range(self.procs):
+            n = per + (1 if i < extra else 0)
+            if not n:
+                continue
+            self.children.append(subprocess.Popen(
+                [sys.executable, "-m", "bench.mqtt_loadgen", "pub", "127.0.0.1", str(self.port), "--qos",
+                 str(self.qos), "--connections", str(n), "--first-tag", str(first), "--messages", str(self.messages),
+                 "--window", "1000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+            first += n
+        for child in self.children:
+            assert child.stdout is not None
+            line = child.stdout.readline()
+            assert line.strip() == "ready", line
+
+    def go(self) -> None:
+        if self.kind == "mosquitto_pub":
+            self.lines = publishers(self.port, self.qos, self.files)
+            return
+        for child in self.children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+
+    def finish(self) -> float:
+        """Wait for every publisher; the load generator's CPU seconds."""
+        if self.kind == "mosquitto_pub":
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            for p in self.lines:
+                p.wait()
+                assert p.returncode == 0, p.stderr.read() if p.stderr else ""
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        cpu = 0.0
+        for child in self.children:
+            out, _ = child.communicate()
+            result = json.loads(out.strip().splitlines()[-1])
+            assert child.returncode == 0 and "error" not in result, result
+            cpu += result["cpu_s"]
+        return cpu
+
+
 def publishers(port: int, qos: int, files: list[Path]) -> list[subprocess.Popen[bytes]]:
     procs = []
     for i, f in enumerate(files):
@@ -84,9 +154,9 @@ def publishers(port: int, qos: int, files: list[Path]) -> list[subprocess.Popen[
     return procs
 
 
-async def sluice_run(files: list[Path], total: int, qos: int, flush: str, data_dir: Path,
-                     gc_tuning: bool = True) -> tuple[float, float]:
-    """(seconds, CPU seconds of this process) to append ``total`` messages."""
+async def sluice_run(load: Load, total: int, flush: str, data_dir: Path,
+                     gc_tuning: bool = True) -> tuple[float, float, float]:
+    """(seconds, CPU seconds of this process, the load generator's CPU seconds) to append ``total`` messages."""
     settings = load_settings(None, data_dir=data_dir, mqtt={"port": 0},
                              storage={"backend": "segment", "flush": flush})
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -100,23 +170,22 @@ async def sluice_run(files: list[Path], total: int, qos: int, flush: str, data_d
     if gc_tuning:
         tune_for_serving()  # as sluice serve does once its components have started
     try:
+        load.port = listener.port
+        await asyncio.to_thread(load.ready)
         cpu_start = time.process_time()
         start = time.perf_counter()
-        procs = publishers(listener.port, qos, files)
+        load.go()
         progress_at, seen = time.monotonic(), 0
         while sink.messages_written < total:
             if sink.messages_written != seen:
                 progress_at, seen = time.monotonic(), sink.messages_written
             elif time.monotonic() - progress_at > 10:
-                errs = [p.stderr.read().decode() for p in procs if p.stderr and p.poll() is not None]
-                raise RuntimeError(f"stalled at {sink.messages_written}/{total} appended; {errs}")
+                raise RuntimeError(f"stalled at {sink.messages_written}/{total} appended")
             await asyncio.sleep(0.002)
         elapsed = time.perf_counter() - start
         cpu = time.process_time() - cpu_start
-        for p in procs:
-            await asyncio.to_thread(p.wait)
-            assert p.returncode == 0, p.stderr.read() if p.stderr else ""
-        return elapsed, cpu
+        load_cpu = await asyncio.to_thread(load.finish)
+        return elapsed, cpu, load_cpu
     finally:
         await listener.stop()
         await store.close()
@@ -126,8 +195,8 @@ def mosquitto_conf(directory: Path, port: int) -> Path:
     conf = directory / "mosquitto.conf"
     conf.write_text(
         f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
-        f"persistence_location {directory}/\nmax_inflight_messages 1000\nmax_queued_messages 0\n"
-        f"max_connections -1\nuser {getpass.getuser()}\n"
+        f"persistence_location {directory}/\nmax_inflight_messages 0\nmax_queued_messages 0\n"
+        f"set_tcp_nodelay true\nmax_connections -1\nuser {getpass.getuser()}\n"
     )
     return conf
 
@@ -148,26 +217,42 @@ def start_mosquitto(directory: Path) -> tuple[subprocess.Popen[bytes], int]:
             time.sleep(0.02)
 
 
-def mosquitto_run(files: list[Path], total: int, qos: int, directory: Path) -> tuple[float, int]:
+def mosquitto_run(load: Load, total: int, directory: Path) -> tuple[float, int, float, float, float]:
+    """(seconds, messages received, Mosquitto's CPU seconds, the load generator's, the subscriber's)."""
     proc, port = start_mosquitto(directory)
+    qos = load.qos
     try:
-        sub = subprocess.Popen(
-            ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-V", "mqttv5", "-q", str(qos),
-             "-t", "bench/#", "-C", str(total), "-W", "120"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        )
-        time.sleep(0.5)  # let the subscription land before publishing
+        if load.kind == "mosquitto_pub":
+            sub = subprocess.Popen(
+                ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-V", "mqttv5", "-q", str(qos),
+                 "-t", "bench/#", "-C", str(total), "-W", "120"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            time.sleep(0.5)  # let the subscription land before publishing
+        else:
+            sub = subprocess.Popen([sys.executable, "-m", "bench.mqtt_loadgen", "sub", "127.0.0.1", str(port),
+                                    "--qos", str(qos), "--count", str(total)], stdout=subprocess.PIPE)
+            assert sub.stdout is not None
+            line = sub.stdout.readline()
+            assert line.strip() == b"ready", line
+        load.port = port
+        load.ready()
+        cpu_start = proc_cpu_s(proc.pid)
         start = time.perf_counter()
-        procs = publishers(port, qos, files)
-        received = 0
+        load.go()
         assert sub.stdout is not None
-        for _ in sub.stdout:
-            received += 1
-        sub.wait()
+        received = 0
+        sub_cpu = 0.0
+        if load.kind == "mosquitto_pub":
+            for _ in sub.stdout:
+                received += 1
+        else:
+            result = json.loads(sub.stdout.readline())
+            assert "error" not in result, result
+            received, sub_cpu = result["messages"], result["cpu_s"]
         elapsed = time.perf_counter() - start
-        for p in procs:
-            p.wait()
-        return elapsed, received
+        mosquitto_cpu = proc_cpu_s(proc.pid) - cpu_start
+        sub.wait()
+        load_cpu = load.finish()
+        return elapsed, received, mosquitto_cpu, load_cpu, sub_cpu
     finally:
         proc.terminate()
         proc.wait()
@@ -248,32 +333,39 @@ async def main(args: argparse.Namespace) -> None:
     try:
         total = args.publishers * args.messages
         files = []
-        for i in range(args.publishers):
-            f = tmp / f"lines-{i}.txt"
-            make_lines(f, args.messages, i)
-            files.append(f)
-        print(f"{args.publishers} x mosquitto_pub -l, {args.messages} msgs each ({total} total, {PAYLOAD} B payloads)")
+        if args.loadgen == "mosquitto_pub":
+            for i in range(args.publishers):
+                f = tmp / f"lines-{i}.txt"
+                make_lines(f, args.messages, i)
+                files.append(f)
+            print(f"{args.publishers} x mosquitto_pub -l, {args.messages} msgs each ({total} total, {PAYLOAD} B)")
+        else:
+            print(f"{args.publishers} connections from {args.loadgen_procs} bench.mqtt_loadgen process(es),"
+                  f" {args.messages} msgs each ({total} total, {PAYLOAD} B payloads)")
         rows = []
         gc_tuning = args.gc == "serving"
+
+        def load(qos: int) -> Load:
+            return Load(args.loadgen, 0, qos, args.publishers, args.messages, args.loadgen_procs, files)
+
         for qos in (0, 1):
             for run in range(args.runs):
-                s_always, cpu_always = await sluice_run(files, total, qos, "always", tmp / f"s-always-{qos}-{run}",
-                                                        gc_tuning)
-                s_os, cpu_os = await sluice_run(files, total, qos, "os", tmp / f"s-os-{qos}-{run}", gc_tuning)
+                s_always, cpu_always, gen_always = await sluice_run(load(qos), total, "always",
+                                                                    tmp / f"s-always-{qos}-{run}", gc_tuning)
+                s_os, cpu_os, gen_os = await sluice_run(load(qos), total, "os", tmp / f"s-os-{qos}-{run}", gc_tuning)
                 mdir = tmp / f"mosq-{qos}-{run}"
                 mdir.mkdir()
-                m_elapsed, received = await asyncio.to_thread(mosquitto_run, files, total, qos, mdir)
+                m_elapsed, received, m_cpu, m_gen, m_sub = await asyncio.to_thread(
+                    mosquitto_run, load(qos), total, mdir)
                 row = (qos, run, total / s_always, total / s_os, received / m_elapsed, received)
                 rows.append(row)
+                us = 1e6 / total
                 print(f"QoS {qos} run {run + 1}: Sluice flush=always {row[2]:,.0f} msg/s, flush=os {row[3]:,.0f} msg/s;"
                       f" Mosquitto pub->sub {row[4]:,.0f} msg/s ({received}/{total} received);"
                       f" ratio always/Mosquitto {row[2] / row[4]:.2f}x, os/Mosquitto {row[3] / row[4]:.2f}x;"
-                      f" Sluice CPU {cpu_always / total * 1e6:.1f} / {cpu_os / total * 1e6:.1f} us/msg;"
-                      f" load {os.getloadavg()[0]:.1f}", flush=True)
-        for qos in (0, 1):
-            ratios = [min(r[2], r[3]) / r[4] for r in rows if r[0] == qos]
-            if ratios:
-                print(f"QoS {qos}: lowest ratio {min(ratios):.2f}x, highest {max(ratios):.2f}x over {len(ratios)} runs")
+                      f" CPU us/msg: Sluice {cpu_always * us:.1f} / {cpu_os * us:.1f}, Mosquitto {m_cpu * us:.1f},"
+                      f" load generator {gen_always * us:.2f} / {gen_os * us:.2f} / {m_gen * us:.2f}"
+                      f" (+ subscriber {m_sub * us:.2f}); load {os.getloadavg()[0]:.1f}", flush=True)
         if args.connections:
             before, after = await asyncio.to_thread(sluice_memory, args.connections, tmp / "s-mem")
             per = (after - before) * 1024 / args.connections
@@ -294,8 +386,10 @@ if __name__ == "__main__":
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--publishers", type=int, default=4)
-    parser.add_argument("--messages", type=int, default=25_000)
-    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--messages", type=int, default=50_000, help="per publisher")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--loadgen", choices=("raw", "mosquitto_pub"), default="raw")
+    parser.add_argument("--loadgen-procs", type=int, default=1, help="raw: processes sharing the publishers")
     parser.add_argument("--connections", type=int, default=10_000)
     parser.add_argument("--gc", choices=("serving", "default"), default="serving",
                         help="Sluice's garbage-collector settings: as sluice serve (default) or CPython's")
