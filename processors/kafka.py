@@ -57,6 +57,7 @@ from processors.checkpoint import (
 from processors.errors import CheckpointError, SourceError
 from processors.executor import OutRecord, RecordLike
 from processors.executor import TopicPartition as TP
+from processors.purge import RepartitionPurger
 from processors.sources import AssignmentListener
 
 __all__ = ["KafkaCheckpointStore", "KafkaSink", "KafkaSource"]
@@ -83,9 +84,11 @@ class _Listener(ConsumerRebalanceListener):
 
 class KafkaSource:
     def __init__(self, bootstrap: str, topics: tuple[str, ...], group: str, *, client_id: str | None = None,
-                 session_timeout_ms: int = 10_000, transactions: KafkaSink | None = None) -> None:
+                 session_timeout_ms: int = 10_000, transactions: KafkaSink | None = None,
+                 purger: RepartitionPurger | None = None) -> None:
         self.bootstrap = bootstrap
         self.transactions = transactions  # exactly-once: offsets commit with the sink's transaction
+        self.purger = purger  # a downstream stage: its repartition records are deleted once committed
         self.session_timeout_ms = session_timeout_ms
         self.topics = topics
         self.group = group
@@ -117,6 +120,8 @@ class KafkaSource:
     async def stop(self) -> None:
         if self.consumer is not None:
             await self.consumer.stop()
+        if self.purger is not None:
+            await self.purger.close()
 
     def seek(self, tp: TP, offset: int) -> None:
         self.consumer.seek(TopicPartition(*tp), offset)
@@ -132,11 +137,13 @@ class KafkaSource:
         chosen = {TopicPartition(*tp): OffsetAndMetadata(off, "") for tp, off in offsets.items() if tp in assigned}
         if self.transactions is not None:
             await self.transactions.commit_transaction(chosen, self.group)
+            await self._purge(chosen)
             return
         if not chosen:
             return
         try:
             await self.consumer.commit(chosen)
+            await self._purge(chosen)
         except COMMIT_LOST as exc:
             # A rebalance raced the commit: the checkpoint is stored, which is what restores use,
             # and the next commit covers the partitions this member still owns after rejoining.
@@ -147,6 +154,10 @@ class KafkaSource:
                                "partitions": sorted(offsets), "commits_lost": self.commits_lost})
         except KafkaError as exc:
             raise SourceError(f"commit failed for group {self.group!r}: {exc}") from exc
+
+    async def _purge(self, committed: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        if self.purger is not None and committed:
+            await self.purger.purge({(tp.topic, tp.partition): meta.offset for tp, meta in committed.items()})
 
     async def fetch(self, max_records: int, timeout: float, paused: set[TP]) -> list[tuple[TP, list[RecordLike]]]:
         if paused != self._paused:

@@ -10,8 +10,8 @@ their state (checkpoint on revoke, restore on assign), as for an unshuffled pipe
 The repartition topic is created before the stages start, with the partition count the ``key_by``
 asks for, else the most partitions of any input topic (Kafka Streams' rule); an existing one is used
 with the partitions it has (every instance reads the same metadata, so all agree on the owner of a
-key). Its records stay for the topic's retention (the broker's default): Kafka Streams deletes
-consumed repartition records, Sluice does not yet.
+key). Records the downstream stage has committed are deleted from it (DeleteRecords after each
+commit, as Kafka Streams does: ``processors.purge``), so it holds about a checkpoint interval of data.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from processors.executor import Executor
 from processors.hosting import transactional_id
 from processors.kafka import KafkaCheckpointStore, KafkaSink, KafkaSource
 from processors.pipeline import Pipeline
+from processors.purge import RepartitionPurger
 from processors.repartition import ShufflePlan, ShuffleReader, ShuffleWriter
 from processors.runner import EXACTLY_ONCE, Runner, RunnerConfig
 from processors.time import SystemClock
@@ -67,7 +68,7 @@ async def _ensure_repartition_topic(bootstrap: str, topic: str, partitions: int)
 
 async def _stage(pipeline: Pipeline, bootstrap: str, config: RunnerConfig, txn_id: str | None, *,
                  client_id: str | None, session_timeout_ms: int, executor: Executor | None = None,
-                 extra_topics: tuple[str, ...] = ()) -> Stage:
+                 extra_topics: tuple[str, ...] = (), purge: frozenset[str] = frozenset()) -> Stage:
     exactly_once = config.guarantee == EXACTLY_ONCE
     # a transaction spans one checkpoint interval: its timeout leaves room for a slow commit
     txn_timeout_ms = min(max(60_000, 3 * config.checkpoint_interval_ms), 900_000)
@@ -77,7 +78,8 @@ async def _stage(pipeline: Pipeline, bootstrap: str, config: RunnerConfig, txn_i
     try:
         await sink.track([*pipeline.sink_topics(), *extra_topics])
         source = KafkaSource(bootstrap, pipeline.source_config.topics, pipeline.name, client_id=client_id,
-                             session_timeout_ms=session_timeout_ms, transactions=sink if exactly_once else None)
+                             session_timeout_ms=session_timeout_ms, transactions=sink if exactly_once else None,
+                             purger=RepartitionPurger(bootstrap, purge, client_id=client_id) if purge else None)
         checkpoints = KafkaCheckpointStore(bootstrap, pipeline.name, sink)
         return Stage(Runner(pipeline, source, sink, checkpoints, config=config, executor=executor), sink)
     except BaseException:
@@ -97,7 +99,7 @@ async def build_stages(pipeline: Pipeline, plan: ShufflePlan | None, bootstrap: 
         now = SystemClock().now_ms()
         down = await _stage(plan.downstream, bootstrap, config, transactional_id(plan.downstream, instance_id),
                             client_id=client_id, session_timeout_ms=session_timeout_ms,
-                            executor=ShuffleReader(plan.downstream, now))
+                            executor=ShuffleReader(plan.downstream, now), purge=frozenset({plan.topic}))
         stages.append(down)
         counts = {t: await _partition_count(down.sink, t) for t in plan.upstream.source_config.topics}
         await _ensure_repartition_topic(bootstrap, plan.topic, plan.partitions or max(counts.values()))

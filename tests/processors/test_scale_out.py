@@ -325,3 +325,40 @@ async def test_a_restore_waits_for_a_dead_instances_open_checkpoint_transaction(
     finally:
         await a.stop()
         await b.stop()
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+async def test_repartition_records_the_downstream_committed_are_deleted(
+        bootstrap: str, tmp_path: Path, guarantee: str) -> None:
+    """As Kafka Streams does, the keyed stage deletes (DeleteRecords) what it has committed of the
+    repartition topic: after the run each repartition partition starts at the stage's committed offset."""
+    readings = sensor_readings(20)
+    expected = batch_window_means(readings, 10_000)
+    env = topics("purge")
+    await create_topics(bootstrap, env["SENSORS_INPUT"], env["SENSORS_OUTPUT"])
+    await produce_round_robin(bootstrap, env["SENSORS_INPUT"], readings, 0)
+    await punctuate(bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
+    instance = Instance(bootstrap, env, tmp_path / "p.log", "--guarantee", guarantee, "--instance-id", "p0")
+    try:
+        async def all_windows() -> bool:
+            return len(finals(await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_committed"))) >= len(expected)
+        await wait_for(all_windows, [instance])
+    finally:
+        code = instance.stop()  # the final checkpoint commits (and purges) the last positions
+    assert code == 0, instance.log.read_text()[-3000:]
+    topic = f"{env['SENSORS_GROUP']}.repartition.0"
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await admin.start()
+    await consumer.start()
+    try:
+        committed = {tp: meta.offset for tp, meta in (await admin.list_consumer_group_offsets(topic)).items()}
+        starts = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+        await admin.close()
+    assert sorted(committed) == tps and all(committed[tp] > 0 for tp in tps), committed
+    assert starts == committed, (starts, committed, ends)
+    assert "Traceback" not in instance.log.read_text()
