@@ -42,7 +42,7 @@ import logging
 import resource
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +73,14 @@ from broker.server import handlers_produce as producing
 from broker.server import handlers_scram as scram
 from broker.server import handlers_txn as txn
 from broker.server.handlers_common import DEFAULT_LISTENER, BrokerContext, ConnectionInfo
-from broker.server.kafka_connection import CloseConnection, Dispatch, KafkaConnection, Response
+from broker.server.kafka_connection import (
+    CloseConnection,
+    Dispatch,
+    Frame,
+    KafkaConnection,
+    KafkaStreamProtocol,
+    Response,
+)
 from broker.server.sasl_gate import SaslGate, outside_login
 from broker.txn.coordinator import TxnSettings
 
@@ -234,16 +241,14 @@ class KafkaServer:
             log.warning(warning)
         await self.ctx.transactions.start()  # finishes transactions a crash left prepared, before any client
         try:
-            main = await asyncio.start_server(self._on_connect, self.config.host, self.config.port,
-                                              **self._tls_options)
+            main = await self._listen(self._on_connect, self.config.host, self.config.port)
             self._servers.append(main)
             self.port = main.sockets[0].getsockname()[1]
             if self.config.advertised_port is None:
                 self.ctx.advertised_port = self.port
             for extra in self.config.extra_listeners:
                 host = extra.host or self.config.host
-                server = await asyncio.start_server(
-                    functools.partial(self._on_connect, listener=extra.name), host, extra.port, **self._tls_options)
+                server = await self._listen(functools.partial(self._on_connect, listener=extra.name), host, extra.port)
                 self._servers.append(server)
                 port = server.sockets[0].getsockname()[1]
                 self.listener_ports[extra.name] = port
@@ -251,6 +256,17 @@ class KafkaServer:
         except BaseException:
             await self.stop()
             raise
+
+    async def _listen(
+        self, on_connect: Callable[[KafkaStreamProtocol, asyncio.StreamWriter], Coroutine[Any, Any, None]], host: str,
+        port: int,
+    ) -> asyncio.Server:
+        """A listening socket whose connections are read by ``KafkaStreamProtocol`` (frames straight into
+        their own buffers) and served by ``on_connect``, as ``asyncio.start_server`` would with streams."""
+        loop = asyncio.get_running_loop()
+        max_request_bytes = self.config.max_request_bytes
+        return await loop.create_server(lambda: KafkaStreamProtocol(on_connect, max_request_bytes, loop),
+                                        host, port, **self._tls_options)
 
     async def stop(self) -> None:
         for server in self._servers:
@@ -294,7 +310,7 @@ class KafkaServer:
         self._refusals_logged[reason] = (now, 0)
 
     async def _on_connect(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener: str = DEFAULT_LISTENER
+        self, stream: KafkaStreamProtocol, writer: asyncio.StreamWriter, listener: str = DEFAULT_LISTENER
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -315,7 +331,7 @@ class KafkaServer:
         if self.authenticator is not None:
             dispatch = SaslGate(self.authenticator, self.stats, self._dispatch, cert_principal).dispatch
         connection = KafkaConnection(
-            reader, writer, conn, dispatch=dispatch, stats=self.stats,
+            stream, writer, conn, dispatch=dispatch, stats=self.stats,
             max_request_bytes=self.config.max_request_bytes, max_idle_ms=self.config.connections_max_idle_ms,
         )
         try:
@@ -332,7 +348,7 @@ class KafkaServer:
                 self._per_address.pop(host, None)
             self.stats.disconnected(listener)
 
-    async def _dispatch(self, frame: bytes, conn: ConnectionInfo) -> Response:
+    async def _dispatch(self, frame: Frame, conn: ConnectionInfo) -> Response:
         if self._muted_until:
             await self._unmuted(conn)
         try:

@@ -1,4 +1,9 @@
-"""One Kafka client connection: a reader, a dispatcher and a sender task around a ``FrameDecoder``.
+"""One Kafka client connection: a reader, a dispatcher and a sender task around a ``FrameAssembler``.
+
+The socket is read by ``KafkaStreamProtocol`` (an ``asyncio.BufferedProtocol``): each read lands in a
+buffer the ``FrameAssembler`` hands out, so a large Produce request goes from the kernel into its own
+frame buffer with no copy in user space (a ``StreamReader`` copied every byte three to four times:
+the event loop's bytes, the reader's buffer, ``read()``, the join of a frame's chunks).
 
 Rules:
 - The reader keeps reading while earlier requests are pending and queues whole frames, in order. It
@@ -23,24 +28,26 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, cast
 
-from broker.protocol.kafka import FrameDecoder, FrameError, RequestHeader, encode_response_parts
+from broker.protocol.kafka import FrameAssembler, FrameError, RequestHeader, encode_response_parts
 from broker.server.handlers_common import ConnectionInfo
 from broker.server.stats import KafkaStats
 
-__all__ = ["PIPELINE_DEPTH", "CloseConnection", "KafkaConnection"]
+__all__ = ["PIPELINE_DEPTH", "CloseConnection", "KafkaConnection", "KafkaStreamProtocol"]
 
 log = logging.getLogger("broker.server.kafka")
 
 PIPELINE_DEPTH = 64  # requests read ahead of the dispatcher before reading pauses (backpressure)
-_READ_CHUNK = 256 * 1024
+_READ_AHEAD_BYTES = 256 * 1024  # frames held unread (at least this, or one request of max size) pause reading
 _DRAIN_ABOVE = 4 * 1024 * 1024  # unsent response bytes after which the sender waits for the socket
 _CLOSE_GRACE_S = 5.0  # time for a refused client to read the answers sent before the close
 
 Response = tuple[RequestHeader | None, Any]  # (header, body or awaitable) or (None, raw frame bytes)
-Dispatch = Callable[[bytes, ConnectionInfo], Awaitable[Response]]
+Frame = bytes | memoryview  # a large frame arrives as a read-only view of its own buffer
+Dispatch = Callable[[Frame, ConnectionInfo], Awaitable[Response]]
 
 
 class CloseConnection(Exception):
@@ -53,6 +60,149 @@ class CloseConnection(Exception):
         self.answer = answer
 
 
+class KafkaStreamProtocol(asyncio.BufferedProtocol):
+    """The socket side of one Kafka connection: reads into a ``FrameAssembler``'s buffers, keeps the
+    frames until ``read_frames`` takes them (pausing the socket while it holds ``PIPELINE_DEPTH`` frames
+    or ``max_request_bytes``), and gives the ``asyncio.StreamWriter`` the connection answers through its
+    write flow control: ``_drain_helper`` and ``_get_close_waiter``, what ``StreamWriter.drain`` and
+    ``wait_closed`` call, as in ``asyncio.streams.FlowControlMixin``. Not that mixin itself: it is an
+    ``asyncio.Protocol``, and uvloop's TLS transport then feeds ``data_received`` instead of the buffers."""
+
+    def __init__(
+        self,
+        on_connect: Callable[[KafkaStreamProtocol, asyncio.StreamWriter], Coroutine[Any, Any, None]],
+        max_request_bytes: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._event_loop = loop
+        self._writing_paused = False
+        self._drain_waiters: deque[asyncio.Future[None]] = deque()
+        self._lost = False
+        self._on_connect = on_connect
+        self._assembler = FrameAssembler(max_request_bytes)
+        self._hold_bytes = max(max_request_bytes, _READ_AHEAD_BYTES)
+        self._frames: deque[Frame] = deque()
+        self._held = 0
+        self._eof = False
+        self._error: FrameError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed: asyncio.Future[None] = loop.create_future()
+        self._transport: asyncio.Transport | None = None
+        self._reading_paused = False
+        self._over_ssl = False
+        self._task: asyncio.Task[None] | None = None
+        self.last_read = loop.time()  # the idle timer's clock: a slow large request is activity
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of a frame not yet complete (at end of stream: a truncated frame)."""
+        return self._assembler.pending_bytes
+
+    async def read_frames(self) -> list[Frame]:
+        """The frames received since the last call, waiting for at least one; [] at end of stream.
+        Raises the ``FrameError`` that made the stream untrustworthy."""
+        while not self._frames:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return []
+            self._waiter = self._event_loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        if self._error is not None:
+            raise self._error  # a stream that broke framing is closed at once, frames held or not
+        frames = list(self._frames)
+        self._frames.clear()
+        self._held = 0
+        if self._reading_paused and self._transport is not None:
+            self._reading_paused = False
+            self._transport.resume_reading()
+        return frames
+
+    # -- asyncio protocol callbacks ---------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        self._over_ssl = transport.get_extra_info("sslcontext") is not None
+        writer = asyncio.StreamWriter(self._transport, self, None, self._event_loop)
+        self._task = self._event_loop.create_task(self._on_connect(self, writer))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._assembler.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.last_read = self._event_loop.time()
+        try:
+            frames = self._assembler.received(nbytes)
+        except FrameError as exc:
+            self._error = exc
+            self._pause_reading()
+            self._wake()
+            return
+        if frames:
+            self._frames.extend(frames)
+            self._held += sum(map(len, frames))
+            if self._held >= self._hold_bytes or len(self._frames) >= PIPELINE_DEPTH:
+                self._pause_reading()
+            self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return not self._over_ssl  # as StreamReaderProtocol: keep a plain socket open for the answers
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._release_drains(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._release_drains(exc)
+        self._eof = True
+        self._wake()
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    # -- what asyncio.StreamWriter asks of its protocol ---------------------------------------
+
+    async def _drain_helper(self) -> None:
+        if self._lost:
+            raise ConnectionResetError("Connection lost")
+        if not self._writing_paused:
+            return
+        waiter = self._event_loop.create_future()
+        self._drain_waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            self._drain_waiters.remove(waiter)
+
+    def _get_close_waiter(self, stream: asyncio.StreamWriter) -> asyncio.Future[None]:
+        return self._closed
+
+    def _release_drains(self, exc: Exception | None) -> None:
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                if exc is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(exc)
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self._transport is not None and not self._transport.is_closing():
+            self._reading_paused = True
+            self._transport.pause_reading()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
 _CLOSE: Any = object()  # queued by the dispatcher after a refused request: answer what came before, then close
 
 
@@ -61,7 +211,7 @@ class KafkaConnection:
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
+        stream: KafkaStreamProtocol,
         writer: asyncio.StreamWriter,
         conn: ConnectionInfo,
         *,
@@ -70,14 +220,14 @@ class KafkaConnection:
         max_request_bytes: int,
         max_idle_ms: int,
     ) -> None:
-        self.reader = reader
+        self.stream = stream
         self.writer = writer
         self.conn = conn
         self._dispatch = dispatch
         self._stats = stats
         self._max_request_bytes = max_request_bytes
         self._idle_s = max_idle_ms / 1000 if max_idle_ms > 0 else None
-        self._requests: asyncio.Queue[bytes] = asyncio.Queue()
+        self._requests: asyncio.Queue[Frame] = asyncio.Queue()
         self._queued_bytes = 0
         self._room = asyncio.Event()
         self._room.set()
@@ -119,24 +269,19 @@ class KafkaConnection:
 
     async def _read_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        decoder = FrameDecoder(self._max_request_bytes)
-        budget = max(self._max_request_bytes, _READ_CHUNK)
+        budget = max(self._max_request_bytes, _READ_AHEAD_BYTES)
         while True:
             try:
-                data = await self.reader.read(_READ_CHUNK)
-            except ConnectionError:
-                return
-            self._last_activity = loop.time()
-            if not data:
-                if decoder.pending_bytes:
-                    log.warning("closing Kafka connection: truncated frame at end of stream",
-                                extra={"peer": self.conn.peer_host, "pending_bytes": decoder.pending_bytes})
-                return
-            try:
-                frames = decoder.feed(data)
+                frames = await self.stream.read_frames()
             except FrameError as exc:
                 self._stats.closed_bad_input += 1
                 log.warning(f"closing Kafka connection: {exc}", extra={"peer": self.conn.peer_host})
+                return
+            self._last_activity = loop.time()
+            if not frames:
+                if self.stream.pending_bytes:
+                    log.warning("closing Kafka connection: truncated frame at end of stream",
+                                extra={"peer": self.conn.peer_host, "pending_bytes": self.stream.pending_bytes})
                 return
             for frame in frames:
                 self._in_flight += 1
@@ -204,7 +349,7 @@ class KafkaConnection:
     def _check_idle(self) -> None:
         assert self._idle_s is not None
         loop = asyncio.get_running_loop()
-        due = self._last_activity + self._idle_s
+        due = max(self._last_activity, self.stream.last_read) + self._idle_s
         if loop.time() < due:
             self._idle_timer = loop.call_at(due, self._check_idle)
             return

@@ -45,7 +45,7 @@ from broker.protocol.kafka.header import peek_api
 from broker.protocol.kafka_codes import ErrorCode
 from broker.security import AuthenticationFailed, Authenticator, Principal, SaslExchange
 from broker.server.handlers_common import ConnectionInfo
-from broker.server.kafka_connection import CloseConnection, Dispatch, Response
+from broker.server.kafka_connection import CloseConnection, Dispatch, Frame, Response
 from broker.server.stats import KafkaStats
 
 __all__ = ["SaslGate", "outside_login"]
@@ -81,9 +81,10 @@ class SaslGate:
         self._conn: ConnectionInfo | None = None  # the connection as its principal, once logged in
         self.principal: Principal | None = None
 
-    async def dispatch(self, frame: bytes, conn: ConnectionInfo) -> Response:
+    async def dispatch(self, frame: Frame, conn: ConnectionInfo) -> Response:
         if self._conn is not None:
             return await self._inner(frame, self._conn)
+        frame = bytes(frame)  # before login: small, and tokens are read as bytes
         if self._raw_tokens:
             return self._raw_step(frame, conn)
         if self._certificate is not None and self._state != _AUTHENTICATE and not self._starts_sasl(frame):

@@ -1,7 +1,7 @@
 """Sans-IO Kafka wire protocol: framing, headers, request decoding and response encoding.
 
-``FrameDecoder.feed(bytes) -> [frame]``; ``decode_request(frame) -> Request``;
-``encode_response(header, body) -> bytes``. Errors: see ``errors.py``.
+``FrameDecoder.feed(bytes) -> [frame]`` (or ``FrameAssembler`` for reads into its buffers);
+``decode_request(frame) -> Request``; ``encode_response(header, body) -> bytes``. Errors: see ``errors.py``.
 """
 
 from broker.protocol.kafka.codec import (
@@ -25,7 +25,7 @@ from broker.protocol.kafka.errors import (
     MalformedRequestError,
     UnsupportedRequestError,
 )
-from broker.protocol.kafka.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from broker.protocol.kafka.framing import DEFAULT_MAX_FRAME_BYTES, FrameAssembler, FrameDecoder, encode_frame
 from broker.protocol.kafka.header import RequestHeader
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "SUPPORTED_APIS",
     "ApiKey",
     "ApiSpec",
+    "FrameAssembler",
     "FrameDecoder",
     "FrameError",
     "KafkaProtocolError",

@@ -19,26 +19,27 @@ import uvloop
 
 from broker.protocol.kafka import RequestHeader
 from broker.server.handlers_common import ConnectionInfo
-from broker.server.kafka_connection import KafkaConnection, Response
+from broker.server.kafka_connection import Frame, KafkaConnection, KafkaStreamProtocol, Response
 from broker.server.stats import KafkaStats
 
 
 async def _scenario(caplog: pytest.LogCaptureFixture) -> None:
     """The sender's side of the race, made deterministic: the transport is already closed (as uvloop closes
     it on an RST) when an answer comes off the queue."""
-    accepted: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+    accepted: asyncio.Queue[tuple[KafkaStreamProtocol, asyncio.StreamWriter]] = asyncio.Queue()
 
-    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await accepted.put((reader, writer))
+    async def on_client(stream: KafkaStreamProtocol, writer: asyncio.StreamWriter) -> None:
+        await accepted.put((stream, writer))
 
-    async def dispatch(frame: bytes, conn: ConnectionInfo) -> Response:
+    async def dispatch(frame: Frame, conn: ConnectionInfo) -> Response:
         raise AssertionError("not used")
 
-    server = await asyncio.start_server(on_client, "127.0.0.1", 0)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: KafkaStreamProtocol(on_client, 1 << 20, loop), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     client = socket.create_connection(("127.0.0.1", port))
-    reader, writer = await asyncio.wait_for(accepted.get(), 5)
-    connection = KafkaConnection(reader, writer, ConnectionInfo("127.0.0.1", 0), dispatch=dispatch,
+    stream, writer = await asyncio.wait_for(accepted.get(), 5)
+    connection = KafkaConnection(stream, writer, ConnectionInfo("127.0.0.1", 0), dispatch=dispatch,
                                  stats=KafkaStats(), max_request_bytes=1 << 20, max_idle_ms=0)
     client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     client.close()  # linger 0: an RST

@@ -203,7 +203,7 @@ async def test_principal_is_the_certificate_dn_or_the_sasl_user(tmp_path: Path, 
         await srv.start()
         dispatch = srv._dispatch
 
-        async def observe(frame: bytes, conn: ConnectionInfo, dispatch: Any = dispatch) -> Any:
+        async def observe(frame: bytes | memoryview, conn: ConnectionInfo, dispatch: Any = dispatch) -> Any:
             seen.append(conn.principal)  # observed only: the real dispatch serves the request
             return await dispatch(frame, conn)
 
