@@ -16,7 +16,8 @@ Series (``_total`` is added to counters by the exposition format):
   ``sluice_kafka_connections_refused_total{reason}``, ``sluice_kafka_connections_closed_idle_total``,
   ``sluice_kafka_requests_cancelled_total``.
 - ``sluice_mqtt_connections`` (gauge), ``sluice_mqtt_sessions`` (gauge), ``sluice_mqtt_subscriptions``
-  (gauge), ``sluice_mqtt_retained_messages`` (gauge), and counters ``sluice_mqtt_connections_accepted``,
+  (gauge), ``sluice_mqtt_retained_messages`` (gauge), ``sluice_mqtt_wills_pending`` (gauge), and counters
+  ``sluice_mqtt_connections_accepted``,
   ``sluice_mqtt_messages_in``, ``sluice_mqtt_bytes_in``, ``sluice_mqtt_messages_delivered``,
   ``sluice_mqtt_deliveries_dropped``, ``sluice_mqtt_duplicates``, ``sluice_mqtt_protocol_errors``,
   ``sluice_mqtt_refused_logins``, ``sluice_mqtt_queue_drops``, ``sluice_mqtt_sessions_expired``,
@@ -162,6 +163,7 @@ def mqtt_status(hub: Hub, endpoint: str | None = None) -> dict[str, Any]:
         "offline_sessions": offline,
         "subscriptions": len(hub.tree),
         "retained_messages": len(hub.retained),
+        "wills_pending": len(hub.delayed_wills),
         "connections_refused": sum(hub.admission.refused.values()),
         **asdict(hub.stats),
         **_journal_counts(hub),
@@ -256,6 +258,9 @@ class MqttCollector(Collector):
         )
         yield GaugeMetricFamily(
             "sluice_mqtt_retained_messages", "Retained MQTT messages", value=status["retained_messages"]
+        )
+        yield GaugeMetricFamily(
+            "sluice_mqtt_wills_pending", "Wills waiting for their Will Delay Interval", value=status["wills_pending"]
         )
         for field, name, doc in _MQTT_COUNTERS:
             yield CounterMetricFamily(name, doc, value=status[field])

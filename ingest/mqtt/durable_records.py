@@ -8,7 +8,10 @@ Keys (``__mqtt_sessions``): ``s<client id>`` the session (JSON: expiry, when its
 subscriptions with options and identifiers); ``m<packet id: 2 bytes><client id>`` a QoS 1/2 message owed
 to the client; ``r<packet id: 2 bytes><client id>`` an inbound QoS 2 packet id awaiting PUBREL;
 ``d<client id>`` the order of the latest message sent to the client from its queue (every message of the
-session up to that order has been sent at least once: the queue goes out in order).
+session up to that order has been sent at least once: the queue goes out in order); ``w<client id>`` the
+will of the client's connection (open, or closed with its Will Delay Interval pending), stored as an MQTT
+5 CONNECT carrying the will (topic, payload, QoS, retain flag and will properties) behind the wall-clock
+time it is due (-1: the connection is open).
 Keys (``__mqtt_retained``): the topic name.
 """
 
@@ -19,9 +22,9 @@ import struct
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from ingest.mqtt.codec import Decoder, encode_publish
+from ingest.mqtt.codec import Decoder, encode, encode_publish
 from ingest.mqtt.errors import MqttError
-from ingest.mqtt.packets import MQTT_5, Publish, Subscription
+from ingest.mqtt.packets import MQTT_5, Connect, Publish, Subscription, Will
 
 __all__ = [
     "QUEUED",
@@ -30,19 +33,23 @@ __all__ = [
     "SessionRecord",
     "StoredMessage",
     "SENT",
+    "StoredWill",
     "awaiting_key",
     "decode_mark",
     "decode_message",
     "decode_retained",
     "decode_session",
+    "decode_will",
     "encode_mark",
     "encode_message",
     "encode_retained",
     "encode_session",
+    "encode_will",
     "message_key",
     "parse_key",
     "sent_key",
     "session_key",
+    "will_key",
 ]
 
 QUEUED: Final = 0  # not yet acknowledged by the client (sent, if the session's mark says so, or not)
@@ -53,6 +60,7 @@ _MESSAGE = struct.Struct(">BBqQ")  # version, state, expiry ms (-1: never), orde
 _RETAINED = struct.Struct(">Bq")  # version, expiry ms (-1: never)
 _PID = struct.Struct(">H")
 _MARK = struct.Struct(">Q")
+_WILL = struct.Struct(">Bq")  # version, when it is due (wall ms; -1: its connection is open)
 
 
 class BadRecord(ValueError):
@@ -73,6 +81,16 @@ class StoredMessage:
     expiry_ms: int  # -1: never
     order: int
     packet: Publish | None  # None once RELEASED
+
+
+@dataclass(frozen=True, slots=True)
+class StoredWill:
+    will: Will
+    due_ms: int  # -1: its connection was open when written
+
+
+def will_key(client_id: str) -> bytes:
+    return b"w" + client_id.encode()
 
 
 def session_key(client_id: str) -> bytes:
@@ -102,10 +120,10 @@ def decode_mark(value: bytes) -> int:
 
 
 def parse_key(key: bytes) -> tuple[str, str, int]:
-    """(kind ``s``/``m``/``r``/``d``, client id, packet id or 0)."""
+    """(kind ``s``/``m``/``r``/``d``/``w``, client id, packet id or 0)."""
     kind = key[:1]
     try:
-        if kind in (b"s", b"d"):
+        if kind in (b"s", b"d", b"w"):
             return kind.decode(), key[1:].decode(), 0
         if kind in (b"m", b"r") and len(key) >= 3:
             return kind.decode(), key[3:].decode(), _PID.unpack_from(key, 1)[0]
@@ -178,3 +196,23 @@ def _publish(wire: bytes) -> Publish:
     if len(packets) != 1 or not isinstance(packets[0], Publish):
         raise BadRecord("stored value is not one PUBLISH")
     return packets[0]
+
+
+def encode_will(client_id: str, will: Will, due_ms: int) -> bytes:
+    return _WILL.pack(_VERSION, due_ms) + encode(Connect(client_id, MQTT_5, will=will), MQTT_5)
+
+
+def decode_will(value: bytes) -> StoredWill:
+    if len(value) < _WILL.size:
+        raise BadRecord("will record too short")
+    version, due_ms = _WILL.unpack_from(value)
+    if version != _VERSION:
+        raise BadRecord(f"will record version {version}")
+    wire = value[_WILL.size:]
+    try:
+        packets = Decoder(max_packet_size=len(wire) + 1).feed(wire)
+    except MqttError as exc:
+        raise BadRecord(f"stored will cannot be decoded: {exc}") from exc
+    if len(packets) != 1 or not isinstance(packets[0], Connect) or packets[0].will is None:
+        raise BadRecord("stored value is not one CONNECT with a will")
+    return StoredWill(packets[0].will, due_ms)

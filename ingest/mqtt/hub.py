@@ -76,8 +76,10 @@ class Hub:
             return None if self.config.allow_anonymous else "no-users"
         return None if self.authenticator(client_id, username, password) else "bad-credentials"
 
-    def attach(self, connection: Link, client_id: str, clean: bool, expiry_s: float) -> tuple[SessionState, bool]:
-        """Bind ``connection`` to the session of ``client_id``; returns (session, session_present)."""
+    def attach(self, connection: Link, client_id: str, clean: bool, expiry_s: float,
+               will: Will | None = None) -> tuple[SessionState, bool]:
+        """Bind ``connection`` (its CONNECT's ``will``) to the session of ``client_id``; returns (session,
+        session_present)."""
         existing = self.sessions.get(client_id)
         self.offline.pop(client_id, None)
         if existing is not None and existing.connection is not None and existing.connection is not connection:
@@ -86,8 +88,16 @@ class Hub:
             self.drop_session(existing)
             existing = None
         pending = self.delayed_wills.pop(client_id, None)
-        if pending is not None and existing is None:  # the session it belonged to has ended: send it now
-            self.publish_will(client_id, pending[1])
+        if pending is not None:
+            if existing is None:  # the session it belonged to has ended: send it now
+                self.publish_will(client_id, pending[1])
+            elif self.store is not None:  # cancelled: the client is back in time
+                self.store.will_gone(client_id, pending[1])
+        if self.store is not None:  # journaled while the connection is open (session_store.py rule 8)
+            if will is not None:
+                self.store.will_stored(client_id, will)
+            else:
+                self.store.will_gone(client_id)
         present = existing is not None
         session = existing or SessionState(client_id, self.queue_budget)
         session.expiry_s = expiry_s
@@ -271,15 +281,22 @@ class Hub:
             self.publish_will(client_id, will)
         else:
             self.delayed_wills[client_id] = (time.monotonic() + delay, will)
+            if self.store is not None:
+                self.store.will_stored(client_id, will, int(time.time() * 1000 + delay * 1000))
+
+    def will_discarded(self, client_id: str) -> None:
+        """A normal DISCONNECT deleted the connection's will (§3.1.2.5)."""
+        if self.store is not None:
+            self.store.will_gone(client_id)
 
     def publish_will(self, client_id: str, will: Will) -> None:
         """Publish a will: appended like any message (with its properties), then delivered."""
         msg = Publish(will.topic, will.payload, will.qos, will.retain, False, None, forwarded(will.properties))
         self.stats.wills_published += 1
         log.info("publishing will", extra={"client_id": client_id, "topic": will.topic})
-        self.spawn(self._append_and_deliver(client_id, [(msg, 0, int(time.time() * 1000))]))
+        self.spawn(self._append_and_deliver(client_id, [(msg, 0, int(time.time() * 1000))], will))
 
-    async def _append_and_deliver(self, client_id: str, messages: list[Accepted]) -> None:
+    async def _append_and_deliver(self, client_id: str, messages: list[Accepted], will: Will | None = None) -> None:
         try:
             await self.port.ingest(client_id, messages)
         except Exception as exc:
@@ -288,7 +305,9 @@ class Hub:
                 log.error("will message not stored", extra={"client_id": client_id, "topic": messages[0][0].topic})
             else:
                 log.exception("append of will message failed", extra={"topic": messages[0][0].topic})
-            return
+            return  # a journaled will stays journaled: a restart publishes it
+        if will is not None and self.store is not None:
+            self.store.will_gone(client_id, will)
         self.deliver(client_id, messages)
 
     def spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:

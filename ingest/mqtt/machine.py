@@ -52,8 +52,10 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
    0) becomes ``max_keepalive``; a 5.0 client is told by Server Keep Alive in the CONNACK.
 8. Will: due when the connection ends without a normal DISCONNECT (5.0: reason 0x04 also); the hub
    publishes it (appended, then delivered, with its properties) after the Will Delay Interval or when
-   the session ends, whichever is first, unless the client reconnects to the session before then. A
-   5.0 DISCONNECT may change the Session Expiry Interval (capped like CONNECT's).
+   the session ends, whichever is first, unless the client reconnects to the session before then. With
+   durable sessions the will is journaled while the connection is open and while it is pending, so it
+   survives a restart (``session_store.py`` rule 8). A 5.0 DISCONNECT may change the Session Expiry
+   Interval (capped like CONNECT's).
 9. SUBSCRIBE: ``subscribe.py`` (identifiers, shared subscriptions, Retain Handling); SUBACK, then the
    retained messages it says. UNSUBSCRIBE: UNSUBACK (5.0: 0x11 for a filter with no subscription).
 10. Errors after CONNECT: a 5.0 client gets DISCONNECT with the reason (0x81 malformed, 0x82 protocol
@@ -444,8 +446,9 @@ class ConnectionMachine:
             )
             self._send(Unsuback(packet.packet_id, codes if self.version == MQTT_5 else ()))
         elif isinstance(packet, Disconnect):
-            if packet.reason_code != Reason.DISCONNECT_WITH_WILL:
+            if packet.reason_code != Reason.DISCONNECT_WITH_WILL and self._will is not None:
                 self._will = None
+                self.hub.will_discarded(self.client_id)
             if packet.properties.session_expiry_interval is not None:
                 session.expiry_s = min(expiry_seconds(packet.properties.session_expiry_interval),
                                        self.hub.config.max_session_expiry_s)
@@ -480,7 +483,7 @@ class ConnectionMachine:
         self.client_receive_max = props.receive_maximum or (65535 if level == MQTT_5 else 20)
         self.client_max_packet = props.maximum_packet_size or 0
         self._will = packet.will
-        session, present = hub.attach(self.endpoint, client_id, packet.clean_start, terms.expiry_s)
+        session, present = hub.attach(self.endpoint, client_id, packet.clean_start, terms.expiry_s, packet.will)
         self.session = session
         self.state = CONNECTED
         self._send(Connack(present, 0, terms.connack_properties))

@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import Protocol, TypeVar
 
 from ingest.mqtt.hub_config import HubConfig, HubStats
-from ingest.mqtt.packets import Publish, Pubrel, Subscription
+from ingest.mqtt.packets import Publish, Pubrel, Subscription, Will
 from ingest.mqtt.ports import Link
 from ingest.mqtt.properties import for_delivery
 
@@ -126,6 +126,14 @@ class SessionJournal(Protocol):
 
     def then(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once everything journaled so far is durable (at once when it is)."""
+        ...
+
+    def will_stored(self, client_id: str, will: Will, due_ms: int = -1) -> None:
+        """The client's will: its connection is open (``due_ms`` -1) or it is due then (wall ms)."""
+        ...
+
+    def will_gone(self, client_id: str, will: Will | None = None) -> None:
+        """The client's will (if ``will``: only that one) is published, cancelled or discarded."""
         ...
 
     def durable(self) -> Awaitable[object] | None:

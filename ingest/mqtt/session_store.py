@@ -47,8 +47,17 @@ Rules
    later from the queue moves the session's sent mark (one small record per batch sent: the queue goes
    out in order, so every message up to the mark's order has been sent). After a restart the messages
    sent before go out again with DUP=1, those never sent with DUP=0.
-8. Not durable: delayed wills (lost with the process), QoS 0 deliveries, the round-robin position of
-   shared subscriptions (a member's journaled messages stay that member's after a restart).
+8. Wills (§3.1.2.5, §3.1.3.2.2): the will of every open connection is journaled when the client
+   connects (any session, as Mosquitto 2.1's persistence does), rewritten with the wall time it is due
+   when its connection ends without DISCONNECT and a Will Delay Interval applies, and tombstoned once it
+   is published (after its append), cancelled by a reconnect in time, or discarded by a normal
+   DISCONNECT. On restore a will whose connection was open at the crash counts as ended then: it is due
+   after its Will Delay Interval counted from the restore, or at once when its session did not survive (a
+   clean session, or one that expired); a pending will is due at its time, or at once when that passed or
+   its session ended meanwhile. Due wills go out at the hub's next sweep; a client that reconnects to its
+   session in time cancels its will, as without a restart.
+9. Not durable: QoS 0 deliveries, the round-robin position of shared subscriptions (a member's journaled
+   messages stay that member's after a restart).
 """
 
 from __future__ import annotations
@@ -71,16 +80,19 @@ from ingest.mqtt.durable_records import (
     decode_mark,
     decode_message,
     decode_session,
+    decode_will,
     encode_mark,
     encode_message,
     encode_session,
+    encode_will,
     message_key,
     parse_key,
     sent_key,
     session_key,
+    will_key,
 )
 from ingest.mqtt.journal import Journal
-from ingest.mqtt.packets import Publish, Subscription
+from ingest.mqtt.packets import Publish, Subscription, Will
 
 if TYPE_CHECKING:
     from ingest.mqtt.hub import Hub
@@ -101,6 +113,7 @@ class RestoreStats:
     messages: int = 0
     sessions_expired: int = 0
     messages_expired: int = 0
+    wills: int = 0
     bad_records: int = 0
 
 
@@ -117,6 +130,7 @@ class SessionStore:
         # client id -> packet id -> order, of its journaled messages; the order of the latest one sent
         self._held: dict[str, dict[int, int]] = {}
         self._marks: dict[str, int] = {}
+        self._wills: dict[str, Will] = {}  # client id -> its journaled will (rule 8)
         self._ids: dict[str, dict[str, int]] = {}  # client id -> topic filter -> subscription identifier
         self._order = 0
         self.restored = RestoreStats()
@@ -280,6 +294,19 @@ class SessionStore:
         self.journal.put(awaiting_key(session.client_id, pid), None)
         self.journal.then(then)
 
+    # ------------------------------------------------------------------ wills (rule 8)
+    def will_stored(self, client_id: str, will: Will, due_ms: int = -1) -> None:
+        """``will`` is the client's: its connection is open (``due_ms`` -1) or it is due at ``due_ms``."""
+        self._wills[client_id] = will
+        self.journal.put(will_key(client_id), encode_will(client_id, will, due_ms))
+
+    def will_gone(self, client_id: str, will: Will | None = None) -> None:
+        """The client's will (if ``will``: only that one, not a newer one) is published, cancelled or discarded."""
+        current = self._wills.get(client_id)
+        if current is not None and (will is None or will is current):
+            del self._wills[client_id]
+            self.journal.put(will_key(client_id), None)
+
     def _next_order(self) -> int:
         self._order += 1
         return self._order
@@ -300,6 +327,7 @@ class SessionStore:
         messages: dict[str, list[StoredMessage]] = {}
         awaiting: dict[str, set[int]] = {}
         marks: dict[str, int] = {}
+        wills: dict[str, tuple[Will, int]] = {}
         orphans: list[bytes] = []
         for key, value in self.journal.load().items():
             try:
@@ -310,6 +338,9 @@ class SessionStore:
                     messages.setdefault(client_id, []).append(decode_message(pid, value))
                 elif kind == "d":
                     marks[client_id] = decode_mark(value)
+                elif kind == "w":
+                    stored = decode_will(value)
+                    wills[client_id] = (stored.will, stored.due_ms)
                 else:
                     awaiting.setdefault(client_id, set()).add(pid)
             except BadRecord as exc:
@@ -372,9 +403,26 @@ class SessionStore:
             hub.offline[session.client_id] = session
         stats.sessions = len(restored)
         hub._evict_offline()  # more restored than max_offline_sessions: end the oldest
-        if sessions or orphans:
+        for client_id, (will, due_ms) in wills.items():  # after the eviction: it publishes nothing yet
+            self._restore_will(hub, client_id, will, due_ms, now, now_ms)
+        stats.wills = len(wills)
+        if sessions or orphans or wills:
             log.info("mqtt: durable sessions restored",
                      extra={"sessions": stats.sessions, "messages": stats.messages,
                             "sessions_expired": stats.sessions_expired, "messages_expired": stats.messages_expired,
-                            "bad_records": stats.bad_records})
+                            "wills": stats.wills, "bad_records": stats.bad_records})
         return stats
+
+    def _restore_will(self, hub: Hub, client_id: str, will: Will, due_ms: int, now: float, now_ms: int) -> None:
+        """Rule 8: the hub's sweep publishes the will when it is due, unless its client reconnects first."""
+        self._wills[client_id] = will
+        session = hub.sessions.get(client_id)
+        if session is None:  # its session ended (clean, expired, evicted): due now
+            delay = 0.0
+        elif due_ms < 0:  # its connection was open at the crash: closed now
+            delay = min(float(will.properties.will_delay_interval or 0), session.expiry_s)
+            if delay > 0:  # a second crash must not restart the delay
+                self.will_stored(client_id, will, now_ms + int(delay * 1000))
+        else:
+            delay = max(0.0, (due_ms - now_ms) / 1000)
+        hub.delayed_wills[client_id] = (now + delay, will)

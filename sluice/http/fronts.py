@@ -51,6 +51,7 @@ class MqttListenerStatus(BaseModel):
     offline_sessions: int
     subscriptions: int
     retained_messages: int
+    wills_pending: int = Field(0, description="Wills of ended connections waiting for their Will Delay Interval")
     connections_total: int
     connections_refused: int = Field(0, description="Connections closed at accept for a connection cap")
     messages_in: int

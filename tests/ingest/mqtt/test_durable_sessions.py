@@ -7,13 +7,16 @@ deletion survive, expired messages and sessions do not come back. Clients: paho-
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any, cast
 
 import paho.mqtt.client as paho
 import pytest
@@ -37,6 +40,7 @@ from ingest.mqtt.packets import (
     Suback,
     Subscribe,
     Subscription,
+    Will,
 )
 from tests.ingest.mqtt.conftest import RawClient, run
 from tests.ingest.mqtt.test_durability import start_sluice
@@ -373,3 +377,84 @@ async def test_messages_sent_before_a_kill9_go_out_again_with_dup_set_and_never_
     assert [(p[0], p[12:]) for p in again] == [(0x3C, b"m2"), (0x3A, b"m3"), (0x34, b"m4"), (0x32, b"m5")]
     assert [p[9:11] for p in again[:2]] == [second[9:11], third[9:11]]
     await back.close()
+
+
+async def mqtt_status(sluice: Sluice) -> dict[str, Any]:
+    """GET /mqtt of the running server (its HTTP API is announced after the MQTT listener)."""
+    await wait_for(lambda: "http" in json.loads((sluice.data / "endpoints.json").read_text()), 20)
+    http = json.loads((sluice.data / "endpoints.json").read_text())["http"]
+    url = f"http://127.0.0.1:{http['port']}/mqtt"
+
+    def get() -> dict[str, Any]:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return cast(dict[str, Any], json.load(response))
+
+    return await asyncio.to_thread(get)
+
+
+async def wait_status(sluice: Sluice, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    deadline = time.monotonic() + 20
+    while not predicate(status := await mqtt_status(sluice)):
+        assert time.monotonic() < deadline, f"timed out; /mqtt says {status}"
+        await asyncio.sleep(0.05)
+    return status
+
+
+async def test_wills_pending_or_of_open_connections_are_published_after_kill9_unless_the_client_returns(
+    sluice: Sluice,
+) -> None:
+    """§3.1.2.5 / §3.1.3.2.2 across kill -9 (as Mosquitto 2.1's persistence; 2.0 loses them): w-late left
+    without DISCONNECT, its Will Delay Interval (3 s) pending; w-back left the same way with 600 s; at the
+    kill mosquitto_sub (clean session, a will) and w-open (persistent, Will Delay 2 s) are connected. After
+    the restart: mosquitto_sub's will goes out at once, w-open's 2 s later, w-late's when its delay has
+    passed (with its properties), and w-back's is cancelled when its client reconnects to its session."""
+    port = str(sluice.port)
+    _, _, sub = await asyncio.to_thread(paho_session, sluice.port, "w-sub", MQTT_5, ("will/#", 1))
+    close(sub)
+    watcher = await asyncio.create_subprocess_exec(
+        "mosquitto_sub", "-p", port, "-V", "5", "-i", "w-cli", "-t", "nothing/#", "--will-topic", "will/w-cli",
+        "--will-payload", "cli gone", "--will-qos", "1", stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL)
+    try:
+        def will(client_id: str, delay: int) -> Will:
+            props = Properties(will_delay_interval=delay, content_type="text/plain", user_property=(("k", "v"),))
+            return Will(f"will/{client_id}", client_id.encode(), 1, False, props)
+
+        clients = {}
+        for client_id, delay, expiry in (("w-late", 3, 60), ("w-back", 600, 3600), ("w-open", 2, 60)):
+            clients[client_id] = raw = await RawClient.open(sluice.port, MQTT_5)
+            await raw.connect(client_id, clean_start=True, will=will(client_id, delay),
+                              properties=Properties(session_expiry_interval=expiry))
+        await clients["w-late"].close()
+        left = time.monotonic()
+        await clients["w-back"].close()
+        await wait_status(sluice, lambda s: s["wills_pending"] == 2 and s["connections"] == 2)
+        killed = time.monotonic()
+        await sluice.restart_after_kill9()
+        await clients["w-open"].close()
+
+        present, got, sub = await asyncio.to_thread(paho_session, sluice.port, "w-sub", MQTT_5)
+        assert present
+        status = await mqtt_status(sluice)
+        assert status["wills_pending"] >= 1  # w-back's at least
+        back = await RawClient.open(sluice.port, MQTT_5)
+        assert (await back.connect("w-back", clean_start=False,
+                                   properties=Properties(session_expiry_interval=3600))).session_present
+        await wait_for(lambda: {m.topic for m in got} >= {"will/w-cli", "will/w-late", "will/w-open"}, 20)
+        close(sub)
+        status = await wait_status(sluice, lambda s: s["wills_pending"] == 0)
+        assert status["wills_published"] == 3
+        assert sorted(m.topic for m in got) == ["will/w-cli", "will/w-late", "will/w-open"]
+        when = {m.topic: m for m in got}  # paho stamps each message with time.monotonic() as it arrives
+        late = when["will/w-late"]
+        assert late.timestamp >= left + 3 and late.payload == b"w-late"
+        assert late.properties is not None
+        names = ("ContentType", "UserProperty")  # set by paho only when received: not declared attributes
+        assert tuple(getattr(late.properties, name) for name in names) == ("text/plain", [("k", "v")])
+        assert when["will/w-open"].timestamp >= killed + 2
+        assert when["will/w-cli"].payload == b"cli gone"
+        await back.close()
+    finally:
+        if watcher.returncode is None:
+            watcher.kill()
+        await watcher.wait()
