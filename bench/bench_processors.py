@@ -22,7 +22,18 @@ event time), a 10 s tumbling-window mean per sensor with 5 s out-of-orderness.
   checkpoint: the cost of a transaction per interval (``processors.attached_txn``).
 * Bytewax (PyPI): ``TestingSource`` over the same (key, value bytes) pairs, ``json.loads``,
   ``EventClock`` + ``TumblingWindower`` + ``fold_window``.
-* Plain Python: one dict pass over the same bytes (a batch job; a floor for per-record overhead).
+* Plain Python, compute only: one dict pass (``json.loads``, a dict of [sum, count] per window and
+  sensor) over the (key, value bytes, ts) tuples already in memory; nothing read from a log, nothing
+  written (a batch job; a floor for per-record overhead). The target "attached >= 1x the plain-Python
+  batch loop" is measured against this row: the attached runner reads and decodes stored batches and
+  writes its results, this loop does neither.
+* Plain Python, end to end: the same loop doing what the attached runner does besides computing: it
+  reads the same stored batches from a ``MemoryLogStore`` (4 partitions, 2 000-record batches) and
+  decodes them with the decoder the attached runner uses (aiokafka's C record parser), and appends its
+  results to an output topic as JSON records keyed by window, as the attached runner does.
+* Sluice executor, compute only: ``Executor.process`` (decode JSON, event time, key, window, encode
+  results) over records already decoded from the log and kept in memory, 4 000 per call, outputs
+  taken but not written: the counterpart of the compute-only plain row.
 
 Input preparation is not timed. Every engine's results are checked against the batch job. The
 engines run in R interleaved rounds (attached, standalone, Bytewax, plain, attached, ...) so noise
@@ -125,7 +136,7 @@ async def run_attached(rows: list[Row], guarantee: Guarantee | None = None
     """``guarantee`` None: the classic row (10 s checkpoints, timed to the last record processed). Given:
     1 s checkpoints (each exactly-once interval a transaction of the broker's coordinator), timed to the
     end of the final checkpoint (stop), so that both guarantees pay for what they write."""
-    store = MemoryLogStore()
+    store = stored_input(rows)
     transactions = None
     if guarantee == EXACTLY_ONCE:
         from broker.txn.coordinator import TransactionCoordinator
@@ -137,13 +148,6 @@ async def run_attached(rows: list[Row], guarantee: Guarantee | None = None
 
         transactions = TransactionCoordinator(store, lambda: next(ids), no_group_offsets)
         await transactions.start()
-    store.create_topic("bench-in", PARTITIONS)
-    per_partition: dict[int, list[RecordSpec]] = defaultdict(list)
-    for key, value, ts in rows:
-        per_partition[partition_for_key(key, PARTITIONS)].append(RecordSpec(value, key, (), ts))
-    for p, specs in per_partition.items():
-        for i in range(0, len(specs), 2_000):
-            store.partition("bench-in", p).append_nowait(encode_batch(specs[i : i + 2_000]))
     config = RunnerConfig(max_batch_records=4_000, checkpoint_interval_ms=10_000 if guarantee is None else 1_000,
                           guarantee=guarantee or AT_LEAST_ONCE)
     runner = AttachedRunner(pipeline("bench-in", "bench-attached", "bench-out"), store, config=config,
@@ -307,16 +311,92 @@ def run_plain(rows: list[Row]) -> tuple[float, dict[tuple[int, str], float]]:
     return time.perf_counter() - start, got
 
 
-async def main_async(n: int, repeat: int, with_quix: bool = True) -> None:
+def stored_input(rows: list[Row]) -> MemoryLogStore:
+    """The input as the attached rows read it: 4 key-partitioned partitions of 2 000-record batches."""
+    store = MemoryLogStore()
+    store.create_topic("bench-in", PARTITIONS)
+    per_partition: dict[int, list[RecordSpec]] = defaultdict(list)
+    for key, value, ts in rows:
+        per_partition[partition_for_key(key, PARTITIONS)].append(RecordSpec(value, key, (), ts))
+    for p, specs in per_partition.items():
+        for i in range(0, len(specs), 2_000):
+            store.partition("bench-in", p).append_nowait(encode_batch(specs[i : i + 2_000]))
+    return store
+
+
+async def run_plain_end_to_end(rows: list[Row]) -> tuple[float, dict[tuple[int, str], float]]:
+    """The plain loop reading the stored batches (aiokafka's C parser, as the attached runner) and
+    appending its results (one JSON record per window, keyed by window) to an output topic."""
+    from processors.fastdecode import decode_from
+
+    store = stored_input(rows)
+    store.create_topic("bench-out", PARTITIONS)
+    start = time.perf_counter()
+    acc: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    for log in store.partitions("bench-in"):
+        offset = log.log_start_offset
+        while offset < log.high_watermark:
+            records = decode_from(log.read(offset, 1 << 20), offset)
+            for r in records:
+                v = json.loads(r.value or b"null")
+                a = acc[(v["ts"] - v["ts"] % WINDOW_MS, v["sensor"])]
+                a[0] += v["temp"]
+                a[1] += 1
+            offset = records[-1].offset + 1
+    got = {k: s / c for k, (s, c) in acc.items()}
+    per_partition: dict[int, list[RecordSpec]] = defaultdict(list)
+    for (window_start, sensor), mean in got.items():
+        key = json.dumps([window_start, window_start + WINDOW_MS, sensor]).encode()
+        value = json.dumps({"key": sensor, "window_start": window_start, "window_end": window_start + WINDOW_MS,
+                            "value": mean}).encode()
+        per_partition[partition_for_key(key, PARTITIONS)].append(RecordSpec(value, key, (), window_start))
+    for p, specs in per_partition.items():
+        await store.append_records("bench-out", specs, partition=p)
+    return time.perf_counter() - start, got
+
+
+def decoded_input(rows: list[Row]) -> list[tuple[tuple[str, int], list[Any]]]:
+    """The stored input decoded once (made before ``gc.freeze``): the compute-only executor row's input."""
+    from processors.fastdecode import decode_from
+
+    store = stored_input(rows)
+    out: list[tuple[tuple[str, int], list[Any]]] = []
+    for log in store.partitions("bench-in"):
+        records = decode_from(log.read(0, 1 << 40), 0)
+        out += [(("bench-in", log.partition), records[i : i + 4_000]) for i in range(0, len(records), 4_000)]
+    return out
+
+
+def run_executor(decoded: list[tuple[tuple[str, int], list[Any]]], n: int
+                 ) -> tuple[float, dict[tuple[int, str], float]]:
+    """``Executor.process`` alone over already-decoded records, partitions in turn; outputs taken, not written."""
+    from processors.executor import Executor
+
+    executor = Executor(pipeline("bench-in", "bench-executor", "bench-out"))
+    for tp in {tp for tp, _ in decoded}:
+        executor.add_partition(tp, 0)
+    out: list[bytes] = []
+    start = time.perf_counter()
+    for tp, records in decoded:
+        executor.process(tp, records, 0)
+        out += [r.value for r in executor.take_outputs() if r.value]
+    elapsed = time.perf_counter() - start
+    assert executor.records_in == n
+    return elapsed, results_from(out)
+
+
+async def main_async(n: int, repeat: int, with_quix: bool = True, with_standalone: bool = True) -> None:
     rows = make_input(n)
     expected = batch_job(rows)
     want_closed = closed(expected, rows)
+    decoded = decoded_input(rows)
     gc.collect()
     gc.freeze()  # the 1M input tuples are not garbage: keep every engine's collections from rescanning them
     names = ["sluice attached", "sluice standalone (Kafka protocol)", f"bytewax {_version('bytewax')}",
              "plain Python batch job", "sluice standalone exactly-once",
              "sluice standalone, key_by repartitioned", f"quix streams {_version('quixstreams')} (same Sluice)",
-             "sluice attached, 1 s checkpoints", "sluice attached exactly-once, 1 s"]
+             "sluice attached, 1 s checkpoints", "sluice attached exactly-once, 1 s",
+             "plain Python, end to end", "sluice executor, compute only"]
     rates: dict[str, list[float]] = {name: [] for name in names}
     checks: dict[str, set[str]] = {name: set() for name in names}
 
@@ -327,12 +407,19 @@ async def main_async(n: int, repeat: int, with_quix: bool = True) -> None:
         checks[name].add(check(name, got, want))
 
     with tempfile.TemporaryDirectory() as tmp:
-        proc, bootstrap = start_sluice(Path(tmp))
+        proc, bootstrap = start_sluice(Path(tmp)) if with_standalone else (None, "")
         try:
-            produce_confluent(bootstrap, "bench-sa-in", rows)
+            if with_standalone:
+                produce_confluent(bootstrap, "bench-sa-in", rows)
             # rounds interleave the engines so that noise from a shared machine hits all of them
             for round_ in range(repeat):
                 record(names[0], *await run_attached(rows), want_closed)
+                record(names[3], *run_plain(rows), expected)  # beside the attached row: the target's pair
+                record(names[9], *await run_plain_end_to_end(rows), expected)
+                record(names[10], *run_executor(decoded, n), want_closed)
+                if not with_standalone:
+                    record(names[2], *run_bytewax(rows), expected)
+                    continue
                 record(names[1], *await run_standalone_bench(rows, bootstrap, round_), want_closed)
                 # right after the at-least-once row, so that both see the same machine
                 record(names[4], *await run_standalone_bench(rows, bootstrap, round_, EXACTLY_ONCE), want_closed)
@@ -344,10 +431,10 @@ async def main_async(n: int, repeat: int, with_quix: bool = True) -> None:
                     quix_run = await asyncio.to_thread(run_quix, rows, bootstrap, round_, Path(tmp))
                     record(names[6], *quix_run, want_closed)
                 record(names[2], *run_bytewax(rows), expected)
-                record(names[3], *run_plain(rows), expected)
         finally:
-            proc.terminate()
-            proc.wait(30)
+            if proc is not None:
+                proc.terminate()
+                proc.wait(30)
 
     best_bytewax = max(rates[names[2]])
     median_bytewax = statistics.median(rates[names[2]])
@@ -358,19 +445,21 @@ async def main_async(n: int, repeat: int, with_quix: bool = True) -> None:
         best, median = max(rates[name]), statistics.median(rates[name])
         print(f"{name:38} {best:11,.0f} {median:9,.0f} {best / best_bytewax:15.2f}x "
               f"{median / median_bytewax:9.2f}x  {', '.join(sorted(checks[name]))}")
-    alo, eos = rates[names[1]], rates[names[4]]
-    print(f"exactly-once / at-least-once (standalone): best {max(eos) / max(alo):.2f}, "
-          f"median {statistics.median(eos) / statistics.median(alo):.2f}")
-    alo_att, eos_att = rates[names[7]], rates[names[8]]
-    print(f"exactly-once / at-least-once (attached, 1 s checkpoints): best {max(eos_att) / max(alo_att):.2f}, "
-          f"median {statistics.median(eos_att) / statistics.median(alo_att):.2f}")
+    def ratio(a: str, b: str) -> str:
+        return (f"best {max(rates[a]) / max(rates[b]):.2f}, "
+                f"median {statistics.median(rates[a]) / statistics.median(rates[b]):.2f}")
+
+    print(f"attached / plain Python compute only (the target's pair): {ratio(names[0], names[3])}")
+    print(f"attached / plain Python end to end: {ratio(names[0], names[9])}")
+    print(f"executor compute only / plain Python compute only: {ratio(names[10], names[3])}")
+    if not with_standalone:
+        return
+    print(f"standalone / bytewax: {ratio(names[1], names[2])}")
+    print(f"exactly-once / at-least-once (standalone): {ratio(names[4], names[1])}")
+    print(f"exactly-once / at-least-once (attached, 1 s checkpoints): {ratio(names[8], names[7])}")
     if with_quix:
-        quix = rates[names[6]]
-        print(f"sluice standalone / quix streams: best {max(alo) / max(quix):.2f}, "
-              f"median {statistics.median(alo) / statistics.median(quix):.2f}")
-    shuffled = rates[names[5]]
-    print(f"repartitioned / not (standalone at-least-once): best {max(shuffled) / max(alo):.2f}, "
-          f"median {statistics.median(shuffled) / statistics.median(alo):.2f}")
+        print(f"sluice standalone / quix streams: {ratio(names[1], names[6])}")
+    print(f"repartitioned / not (standalone at-least-once): {ratio(names[5], names[1])}")
 
 
 def _version(package: str) -> str:
@@ -384,8 +473,10 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds; best and median are shown")
     parser.add_argument("--no-quix", action="store_true", help="leave out the Quix Streams row")
+    parser.add_argument("--attached-only", action="store_true",
+                        help="only the in-process rows (attached, executor, plain, Bytewax): no broker subprocess")
     args = parser.parse_args()
-    asyncio.run(main_async(args.records, args.repeat, not args.no_quix))
+    asyncio.run(main_async(args.records, args.repeat, not args.no_quix, not args.attached_only))
 
 
 if __name__ == "__main__":
