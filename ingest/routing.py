@@ -65,6 +65,7 @@ __all__ = [
     "SourceRef",
     "SourceRoutes",
     "TimeSpec",
+    "event_time_ms",
     "topic_matches",
     "validate_filter",
 ]
@@ -172,6 +173,11 @@ class TimeSpec:
 
 _EPOCH_SCALE = {"epoch_s": (1000, 1), "epoch_ms": (1, 1), "epoch_us": (1, 1_000), "epoch_ns": (1, 1_000_000)}
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+def event_time_ms(value: Any, fmt: str) -> int:
+    """A payload's event time field in ms, read as ``fmt`` (one of TIME_FORMATS); ``RouteError`` if it cannot be."""
+    return _to_ms(value, fmt)
 
 
 def _to_ms(value: Any, fmt: str) -> int:
@@ -417,7 +423,7 @@ class SourceRoutes:
     """
 
     __slots__ = ("_by_subject", "_clock", "_defaults", "_headers", "_mqtt", "_plans", "_rules", "_source_header",
-                 "_topics", "source")
+                 "_topics", "line_plan", "source")
 
     def __init__(
         self,
@@ -441,6 +447,7 @@ class SourceRoutes:
         self._headers: dict[tuple[str | None, str | None], Headers] = {}
         # (subject, device) -> (log topic, key, headers) when one raw-payload rule decides it all (``_plan``)
         self._plans: dict[tuple[str | None, str | None], tuple[str, bytes | None, Headers] | None] = {}
+        self.line_plan: Any = _UNPLANNED  # ingest.line_routes.line_plan's cache: a LinePlan, or None
 
     def rules_for(self, subject: str | None) -> tuple[tuple[RouteRule, ...], tuple[RouteRule, ...]]:
         """(configured, default) rules that may apply, in order, each list up to its first rule that

@@ -27,15 +27,24 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.errors import BrokerError, StorageError
 from broker.log.api import LogStore
-from broker.protocol.records import Headers, RecordTuple, encode_record_tuples
+from broker.protocol.records import (
+    Headers,
+    PreparedRecord,
+    RecordTuple,
+    encode_headers,
+    encode_key,
+    encode_prepared_records,
+    encode_record_tuples,
+)
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
-from ingest.routing import RawMessage, Rejected, RoutedTuple, Router, SourceRef
+from ingest.line_routes import LineTarget, line_plan
+from ingest.routing import RawMessage, Rejected, RoutedTuple, Router, SourceRef, SourceRoutes
 
 __all__ = ["DEFAULT_MAX_PENDING_BYTES", "IngestSink", "Placement", "WriteOutcome"]
 
@@ -76,6 +85,16 @@ class _Group:
     records: list[RecordTuple] = field(default_factory=list)
     owners: list[int] = field(default_factory=list)
     devices: list[str | None] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _LineGroup:
+    """``_Group`` for ``ingest_lines``: records with their key and headers encoded, and the line of each."""
+
+    topic: str
+    partition: int
+    records: list[PreparedRecord] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -201,6 +220,21 @@ class IngestSink:
         if messages:
             await self._reserved(source, messages, None)
 
+    async def ingest_lines(self, source: SourceRef, lines: Sequence[bytes], arrival_ms: int) -> None:
+        """``ingest`` of ``RawMessage(line, arrival_ms=arrival_ms)`` for each of a line source's lines
+        (lines its format skips already removed): the same records and dead letters, routed a read at a
+        time where the source's rules allow it (``ingest/line_routes.py``)."""
+        if not lines:
+            return
+        charge = _MESSAGE_OVERHEAD * len(lines) + sum(map(len, lines))
+        await self._reserve(source, charge)
+        self.health.add_in_flight(source, len(lines))
+        try:
+            await self._write_lines(source, lines, arrival_ms)
+        finally:
+            self.health.add_in_flight(source, -len(lines))
+            self._release(charge)
+
     async def _reserved(
         self, source: SourceRef, messages: Sequence[RawMessage | Rejected], outcomes: list[WriteOutcome] | None
     ) -> None:
@@ -302,6 +336,179 @@ class IngestSink:
                 for i in range(len(messages))
             )
 
+    async def _write_lines(self, source: SourceRef, lines: Sequence[bytes], arrival_ms: int) -> None:
+        """``_write`` for ``ingest_lines``: the plan routes the lines it can, ``SourceRoutes.route`` the rest
+        (in line order, so each partition gets its records in the order the lines came)."""
+        routes = self.router.for_source(source)
+        plan = line_plan(routes)
+        if plan is None:
+            await self._write(source, [RawMessage(line, None, None, arrival_ms) for line in lines], None)
+            return
+        targets, stamps = plan.route(lines, arrival_ms)
+        groups: dict[tuple[str, int], _LineGroup] = {}
+        by_target: dict[LineTarget, tuple[_LineGroup, list[int]]] = {}  # keyed targets: group, its device's counts
+        topics: dict[str, int] = {}  # topic -> partitions, looked up once per call
+        letters: list[_Letter] = []
+        routed: dict[int, RawMessage] = {}  # the lines routed one by one
+        devices: dict[int, str | None] = {}  # their devices, for their records' dead letters
+        seen: dict[str | None, list[int]] = {}
+        for index, target in enumerate(targets):
+            line = lines[index]
+            if target is None:
+                message = routed[index] = RawMessage(line, None, None, arrival_ms)
+                device = self._route_line(source, routes, message, index, groups, topics, letters, devices)
+                counts = seen.get(device)
+                if counts is None:
+                    seen[device] = [1, len(line)]
+                else:
+                    counts[0] += 1
+                    counts[1] += len(line)
+                continue
+            entry = by_target.get(target)
+            if entry is None:
+                try:
+                    group = self._line_group(groups, topics, target.topic, target.key, target)
+                except StorageError as exc:
+                    raise self._storage_failed(source, target.topic, exc) from exc
+                except BrokerError as exc:
+                    letters.append(_Letter(index, f"log refused topic {target.topic!r}: {exc}", line, target.device))
+                    counts = seen.setdefault(target.device, [0, 0])
+                    counts[0] += 1
+                    counts[1] += len(line)
+                    continue
+                if target.key is None:  # keyless: a partition per record (round-robin), as _write does
+                    group.records.append((line, target.key_part, target.header_part,
+                                          stamps[index] if stamps is not None else arrival_ms))
+                    group.owners.append(index)
+                    counts = seen.setdefault(target.device, [0, 0])
+                    counts[0] += 1
+                    counts[1] += len(line)
+                    continue
+                counts = seen.get(target.device)
+                if counts is None:
+                    counts = seen[target.device] = [0, 0]
+                entry = by_target[target] = (group, counts)
+            group, tally = entry
+            group.records.append((line, target.key_part, target.header_part,
+                                  stamps[index] if stamps is not None else arrival_ms))
+            group.owners.append(index)
+            tally[0] += 1
+            tally[1] += len(line)
+        self.health.record_batch(source, seen)
+
+        if groups:
+            if len(groups) == 1:
+                failures = [await self._append_line_group(next(iter(groups.values())))]
+            else:
+                failures = await asyncio.gather(*(self._append_line_group(group) for group in groups.values()))
+            for group, failure in zip(groups.values(), failures, strict=True):
+                if isinstance(failure, StorageError):
+                    raise self._storage_failed(source, group.topic, failure) from failure
+            for group, failure in zip(groups.values(), failures, strict=True):
+                if isinstance(failure, str):  # the log refused the batch: each record becomes a dead letter
+                    for owner in group.owners:
+                        target = targets[owner]
+                        device = target.device if target is not None else devices.get(owner)
+                        letters.append(_Letter(owner, failure, lines[owner], device))
+        if letters:
+            messages = {
+                letter.owner: routed.get(letter.owner) or RawMessage(lines[letter.owner], None, None, arrival_ms)
+                for letter in letters
+            }
+            await self._append_dead_letters(source, messages, letters, {})
+            for letter in letters:
+                self.health.error(source, letter.device, letter.reason)
+            self.dead_lettered += len(letters)
+        self.messages_written += len(lines)
+
+    def _route_line(
+        self,
+        source: SourceRef,
+        routes: SourceRoutes,
+        message: RawMessage,
+        index: int,
+        groups: dict[tuple[str, int], _LineGroup],
+        topics: dict[str, int],
+        letters: list[_Letter],
+        devices: dict[int, str | None],
+    ) -> str | None:
+        """One line the plan left to the rules, as ``_write`` routes a message; returns its device."""
+        device = None
+        for result in routes.route(message):
+            if isinstance(result, Rejected):
+                letters.append(_Letter(index, result.reason, result.original, result.device or message.device))
+                device = device or result.device
+                continue
+            topic, routed_device, (value, key, headers, timestamp) = result
+            device = device or routed_device
+            try:
+                group = self._line_group(groups, topics, topic, key, None)
+            except StorageError as exc:
+                raise self._storage_failed(source, topic, exc) from exc
+            except BrokerError as exc:
+                letters.append(_Letter(index, f"log refused topic {topic!r}: {exc}", message.payload, routed_device))
+                continue
+            hbytes = self._header_cache.get(headers)
+            if hbytes is None:
+                if len(self._header_cache) >= 100_000:
+                    self._header_cache.clear()
+                hbytes = self._header_cache[headers] = encode_headers(headers)
+            group.records.append((value if value is not None else b"", encode_key(key), hbytes, timestamp))
+            group.owners.append(index)
+            devices[index] = routed_device
+        return device
+
+    def _line_group(
+        self,
+        groups: dict[tuple[str, int], _LineGroup],
+        topics: dict[str, int],
+        topic: str,
+        key: bytes | None,
+        target: LineTarget | None,
+    ) -> _LineGroup:
+        """The group for a record of ``topic`` with ``key`` (``_group_for`` with a target's cached partition)."""
+        partitions = topics.get(topic)
+        if partitions is None:
+            partitions = topics[topic] = self.store.ensure_topic(topic).partitions
+        if key is None:
+            partition = self.store.partition_for(topic, None)
+        elif target is not None and target.partitions == partitions:
+            partition = target.partition
+        else:
+            cache_key = (topic, partitions, key)
+            cached = self._partition_cache.get(cache_key)
+            if cached is None:
+                if len(self._partition_cache) >= 100_000:
+                    self._partition_cache.clear()
+                cached = self._partition_cache[cache_key] = self.store.partition_for(topic, key)
+            partition = cached
+            if target is not None:
+                target.partition, target.partitions = partition, partitions
+        group = groups.get((topic, partition))
+        if group is None:
+            group = groups[(topic, partition)] = _LineGroup(topic, partition)
+        return group
+
+    async def _append_line_group(self, group: _LineGroup) -> str | StorageError | None:
+        """``_append_group`` for a ``_LineGroup`` (no placements: ``ingest_lines`` reports none)."""
+        try:
+            records = group.records
+            whole = encode_prepared_records(records)
+            if len(whole) <= _MAX_BATCH_BYTES:
+                await self.store.append(group.topic, group.partition, whole)
+            else:
+                for start, end in _prepared_chunks(records):
+                    await self.store.append(group.topic, group.partition, encode_prepared_records(records[start:end]))
+        except StorageError as exc:
+            return exc
+        except BrokerError as exc:
+            log.warning(
+                "log refused an ingest append; records go to the dead-letter topic",
+                extra={"topic": group.topic, "partition": group.partition, "error": str(exc)},
+            )
+            return f"log refused append to {group.topic}-{group.partition}: {exc}"
+        return None
+
     def _group_for(self, groups: dict[tuple[str, int], _Group], topic: str, key: bytes | None) -> _Group:
         info = self.store.ensure_topic(topic)
         if key is None:
@@ -364,7 +571,7 @@ class IngestSink:
     async def _append_dead_letters(
         self,
         source: SourceRef,
-        messages: Sequence[RawMessage],
+        messages: Sequence[RawMessage] | Mapping[int, RawMessage],
         letters: list[_Letter],
         dead: dict[int, list[Placement]],
     ) -> None:
@@ -377,17 +584,19 @@ class IngestSink:
             for letter in letters:
                 message = messages[letter.owner]
                 original = letter.original
+                # A device name can hold a lone surrogate (a JSON "\ud800" escape): not UTF-8, so replaced.
+                device = letter.device.encode("utf-8", "replace") if letter.device is not None else None
                 headers: list[tuple[str, bytes | None]] = [
                     ("reason", letter.reason.encode()),
                     ("source", source.label.encode()),
-                    ("device", letter.device.encode() if letter.device is not None else None),
+                    ("device", device),
                 ]
                 if message.subject is not None:
                     headers.append(("mqtt_topic", message.subject.encode()))
                 if len(original) > limit:
                     headers.append(("truncated_from", str(len(original)).encode()))
                     original = original[:limit]
-                key = letter.device.encode() if letter.device is not None else None
+                key = device
                 timestamp = message.arrival_ms if message.arrival_ms >= 0 else now
                 partition = self.store.partition_for(topic, key)
                 spec: RecordTuple = (original, key, tuple(headers), timestamp)
@@ -415,6 +624,21 @@ def _chunks(records: Sequence[RecordTuple]) -> list[tuple[int, int]]:
         if hsize is None:
             hsize = header_sizes[id(headers)] = sum(len(hkey) + len(hvalue or b"") + 4 for hkey, hvalue in headers)
         est = _RECORD_OVERHEAD + len(value or b"") + len(key or b"") + hsize
+        if size and size + est > _MAX_BATCH_BYTES:
+            spans.append((start, i))
+            start, size = i, 0
+        size += est
+    spans.append((start, len(records)))
+    return spans
+
+
+def _prepared_chunks(records: Sequence[PreparedRecord]) -> list[tuple[int, int]]:
+    """``_chunks`` for prepared records (their key and headers already encoded)."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    size = 0
+    for i, (value, key, headers, _) in enumerate(records):
+        est = _RECORD_OVERHEAD + len(value) + len(key) + len(headers)
         if size and size + est > _MAX_BATCH_BYTES:
             spans.append((start, i))
             start, size = i, 0

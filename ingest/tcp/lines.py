@@ -8,7 +8,7 @@ become ``Rejected`` (dead letters) with their reason.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 from ingest.errors import FormatError
 from ingest.formats import parse_csv_header
@@ -34,6 +34,20 @@ class LineStream:
         self.columns = columns
         self.line_no = 0  # lines seen on this stream, 1-based numbering
 
+    def lines(self, items: list[bytes | LineTooLong]) -> list[bytes] | None:
+        """The lines of ``items`` that are messages (empty lines and comments skipped, as ``messages``
+        skips them), for ``IngestSink.ingest_lines``; None (nothing counted) when ``items`` holds
+        something ``messages`` must decide: a line over the length limit, or a CSV stream's lines."""
+        if self.format == "csv" or LineTooLong in map(type, items):
+            return None
+        self.line_no += len(items)
+        lines = cast(list[bytes], items)
+        if not all(lines) or any(map(bytes.isspace, lines)) or (
+            self.format == "influx" and b"#" in b"\n".join(lines)
+        ):
+            return [line for line in lines if not _skipped(self.format, line)]
+        return lines
+
     def messages(
         self, items: list[bytes | LineTooLong], arrival_ms: int
     ) -> tuple[list[RawMessage | Rejected], list[int]]:
@@ -49,7 +63,7 @@ class LineStream:
                 out.append(Rejected(f"line of {item.length} bytes is longer than the limit", item.prefix))
                 numbers.append(line_no)
                 continue
-            if not item or item.isspace() or (fmt == "influx" and item.lstrip().startswith(b"#")):
+            if _skipped(fmt, item):
                 continue
             if fmt == "csv" and columns is None:
                 try:
@@ -63,3 +77,8 @@ class LineStream:
         self.line_no = line_no
         self.columns = columns
         return out, numbers
+
+
+def _skipped(fmt: str, line: bytes) -> bool:
+    """Empty lines, and comments in InfluxDB line protocol: counted, not messages."""
+    return not line or line.isspace() or (fmt == "influx" and line.lstrip().startswith(b"#"))

@@ -270,6 +270,11 @@ class TcpLineListener:
     async def _ingest(self, items: list[bytes | LineTooLong], stream: LineStream,
                       writer: asyncio.StreamWriter) -> None:
         sink = self.sink
+        if not self.config.ack:
+            lines = stream.lines(items)
+            if lines is not None:  # the usual read: routed a read at a time
+                await sink.ingest_lines(self.source, lines, int(self._clock() * 1000))
+                return
         messages, numbers = stream.messages(items, int(self._clock() * 1000))
         if self.config.ack:
             outcomes = await sink.write(self.source, messages)

@@ -183,3 +183,16 @@ async def test_rules_route_mqtt_topics_with_fan_out() -> None:
     assert temp.timestamp == 1_700_000_000_000 and temp.key == b"d1"
     (letter,) = records(store, "_dead_letters")
     assert letter.header("mqtt_topic") == b"s/d2/t" and letter.header("device") == b"c2"
+
+
+async def test_dead_letter_of_a_device_name_with_a_lone_surrogate_is_stored() -> None:
+    """A JSON device_id "\\ud800" is a str Python cannot encode as UTF-8: its dead letter used to raise
+    UnicodeEncodeError out of ``write`` (the TCP connection closed with a traceback, nothing stored)."""
+    store = MemoryLogStore()
+    sink = IngestSink(store, Router([], RouteDefaults(sensors_topic="sensors")), HealthRegistry())
+    line = b'{"device_id": "\\ud800", "sensor": "x"}'  # the sensor rule rejects it (no "ts")
+    (outcome,) = await sink.write(TCP, [RawMessage(line)])
+    assert outcome.rejected == ("route default-sensors-tcp: event time field 'ts' is missing",)
+    (letter,) = records(store, "_dead_letters")
+    assert letter.value == line
+    assert letter.header("device") == "\ud800".encode("utf-8", "replace") == letter.key
