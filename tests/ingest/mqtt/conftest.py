@@ -47,11 +47,13 @@ async def start_server(tmp_path: Path) -> AsyncIterator[StartServer]:
     started: list[MqttServer] = []
 
     async def start(store: LogStore | None = None, **mqtt: Any) -> MqttServer:
+        """A listener over ``store`` (started here unless a server already uses it: a restart over it)."""
         settings = load_settings(
             data_dir=tmp_path, mqtt={"port": 0, **mqtt}, ingest={"routes": ROUTES, "max_pending_bytes": 1 << 20}
         )
         store = store or MemoryLogStore(default_config=settings.storage.topic_defaults())
-        await store.start()
+        if not any(server.store is store for server in started):
+            await store.start()
         runtime = Runtime(settings, store)
         listener = mqtt_listener(runtime)
         assert isinstance(listener, MqttListener)
@@ -63,7 +65,8 @@ async def start_server(tmp_path: Path) -> AsyncIterator[StartServer]:
     yield start
     for server in started:
         await server.listener.stop()
-        await server.store.close()
+    for store in {id(server.store): server.store for server in started}.values():
+        await store.close()
 
 
 @pytest.fixture
