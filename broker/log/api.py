@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -59,6 +60,7 @@ from broker.protocol.records import (
 __all__ = [
     "MAX_PARTITIONS",
     "AppendResult",
+    "BatchParts",
     "LogStore",
     "PartitionLimits",
     "PartitionLog",
@@ -144,8 +146,9 @@ class PartitionLog(ABC):
         """Bytes of stored batches."""
 
     @abstractmethod
-    def _write(self, batches: Sequence[tuple[bytearray, BatchHeader]]) -> None:
-        """Store batches whose base offsets are already assigned (synchronous, no await)."""
+    def _write(self, batches: Sequence[tuple[BatchParts, BatchHeader]]) -> None:
+        """Store batches whose base offsets are already assigned (synchronous, no await); each batch is
+        the concatenation of its parts (``BatchParts``)."""
 
     @abstractmethod
     async def _make_durable(self, mark: int | None) -> None:
@@ -281,16 +284,20 @@ class PartitionLog(ABC):
         view = memoryview(data if codec is None else recompress_batches(data, codec))
         parsed = list(iter_batches(view, verify=not verified))
         next_offset = self.log_end_offset
-        stored: list[tuple[bytearray, BatchHeader]] = []
+        stored: list[tuple[BatchParts, BatchHeader]] = []
         max_ts = -1
         now = int(time.time() * 1000)
         append_time = self.config.message_timestamp_type == "LogAppendTime"
         for pos, header in parsed:
-            batch = with_base_offset(view[pos : pos + header.size], next_offset)
+            parts: BatchParts
             if append_time and not header.is_control:
+                batch = with_base_offset(view[pos : pos + header.size], next_offset)
                 stamp_log_append_time(batch, now)  # message.timestamp.type=LogAppendTime, as Kafka does
                 header = decode_header(batch)
-            stored.append((batch, _rebased(header, next_offset)))
+                parts = (batch,)
+            else:  # the new base offset, then the producer's bytes after it: not copied (it is outside the CRC)
+                parts = (_BASE_OFFSET.pack(next_offset), view[pos + 8 : pos + header.size])
+            stored.append((parts, _rebased(header, next_offset)))
             next_offset += header.last_offset_delta + 1
             max_ts = max(max_ts, header.max_timestamp)
         base = self.log_end_offset
@@ -354,6 +361,12 @@ async def wait_for_any(
         for waiter in waits:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await waiter
+
+
+# A stored batch as the pieces to write one after the other (``os.writev``): its rewritten base offset and
+# the rest of the producer's bytes, or the whole batch when it had to be copied (LogAppendTime stamps).
+BatchParts = tuple[bytes | bytearray | memoryview, ...]
+_BASE_OFFSET = struct.Struct(">q")
 
 
 def _rebased(header: BatchHeader, base_offset: int) -> BatchHeader:

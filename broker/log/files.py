@@ -9,11 +9,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from broker.errors import StorageError
 
-__all__ = ["DirLock", "atomic_write", "fsync_dir", "read_json", "write_all"]
+__all__ = ["DirLock", "atomic_write", "fsync_dir", "read_json", "write_all", "write_all_parts"]
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -22,6 +23,24 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def write_all_parts(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+    """Write ``parts`` one after the other with one ``os.writev`` (none of them copied into one buffer
+    first), continuing where a short write stopped."""
+    if len(parts) == 1:
+        write_all(fd, parts[0])
+        return
+    written = os.writev(fd, parts)
+    total = sum(map(len, parts))
+    if written == total:
+        return
+    for part in parts:  # a short write (e.g. ENOSPC on the way): finish part by part
+        if written >= len(part):
+            written -= len(part)
+            continue
+        write_all(fd, memoryview(part)[written:])
+        written = 0
 
 
 def fsync_dir(path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from broker.log.api import LogStore, PartitionLog, TopicInfo
+from broker.log.api import BatchParts, LogStore, PartitionLog, TopicInfo
 from broker.log.config import TopicConfig
 from broker.protocol.records import BatchHeader, decode_header
 
@@ -39,12 +39,13 @@ class MemoryPartitionLog(PartitionLog):
     def size_bytes(self) -> int:
         return self._bytes
 
-    def _write(self, batches: Sequence[tuple[bytearray, BatchHeader]]) -> None:
+    def _write(self, batches: Sequence[tuple[BatchParts, BatchHeader]]) -> None:
         import time
 
         now = int(time.time() * 1000)
-        for data, header in batches:
-            self._batches.append(bytes(data))
+        for parts, header in batches:
+            data = b"".join(parts)
+            self._batches.append(data)
             self._bases.append(header.base_offset)
             previous = self._max_ts[-1] if self._max_ts else -1
             self._max_ts.append(max(previous, header.max_timestamp))

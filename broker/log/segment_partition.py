@@ -31,10 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from broker.errors import StorageError
-from broker.log.api import PartitionLog
+from broker.log.api import BatchParts, PartitionLog
 from broker.log.config import FlushPolicy, TopicConfig, Visibility
 from broker.log.fdcache import FdCache
-from broker.log.files import atomic_write, read_json, write_all
+from broker.log.files import atomic_write, read_json, write_all, write_all_parts
 from broker.log.flusher import Flusher
 from broker.log.indexcache import UNBOUNDED_INDEXES, IndexCache
 from broker.log.recovery import RecoveryPoint
@@ -146,7 +146,7 @@ class SegmentPartitionLog(PartitionLog):
         self._materialized = True
         self._dir_dirty = self._parent_dirty = True
 
-    def _write(self, batches: Sequence[tuple[bytearray, BatchHeader]]) -> None:
+    def _write(self, batches: Sequence[tuple[BatchParts, BatchHeader]]) -> None:
         if self._failed is not None:
             raise self._failed
         if self._closed:
@@ -159,8 +159,9 @@ class SegmentPartitionLog(PartitionLog):
                 raise
         now = self._now_ms()
         whole = True  # every byte and index entry written: ends a run of failures
-        for data, header in batches:
-            if self._should_roll(len(data), header, now):
+        for parts, header in batches:
+            size = sum(map(len, parts))
+            if self._should_roll(size, header, now):
                 try:
                     self._roll(now)
                 except StorageError as exc:
@@ -170,21 +171,21 @@ class SegmentPartitionLog(PartitionLog):
             position = seg.size
             assert seg.index is not None
             try:
-                write_all(seg.open_log(), data)
+                write_all_parts(seg.open_log(), parts)
             except (OSError, StorageError) as exc:
                 self._undo_partial_write(seg, position)
                 reason = exc.strerror if isinstance(exc, OSError) else str(exc)
                 error = StorageError(f"cannot append to {seg.log_path}: {reason}; the batch was not stored")
                 self._log_write_failure(str(error))
                 raise error from exc
-            seg.size += len(data)
-            self._size += len(data)
+            seg.size += size
+            self._size += size
             seg.end_offset = header.last_offset + 1
             seg.last_write_ms = now
             seg.dirty_log = True
             index_bytes, time_bytes = seg.index.on_batch(
                 position, header.base_offset - seg.base_offset, header.last_offset - seg.base_offset,
-                header.max_timestamp, len(data),
+                header.max_timestamp, size,
             )
             try:
                 if index_bytes:

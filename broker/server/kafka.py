@@ -49,6 +49,7 @@ from typing import Any
 from broker.log.api import LogStore
 from broker.protocol.kafka import (
     ApiKey,
+    FramePool,
     MalformedRequestError,
     Request,
     RequestHeader,
@@ -234,6 +235,7 @@ class KafkaServer:
         self.listener_ports: dict[str, int] = {}  # extra listener name -> bound port
         self.quotas: ProduceQuotas | None = None  # set by the assembly: per-principal produce quotas
         self._muted_until: dict[tuple[str, int, str], float] = {}  # throttled connections (loop time)
+        self._frame_pool = FramePool()  # large request buffers, reused across connections (framing.py)
 
     async def start(self) -> None:
         warning = fd_headroom_warning(self.config.max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
@@ -264,8 +266,8 @@ class KafkaServer:
         """A listening socket whose connections are read by ``KafkaStreamProtocol`` (frames straight into
         their own buffers) and served by ``on_connect``, as ``asyncio.start_server`` would with streams."""
         loop = asyncio.get_running_loop()
-        max_request_bytes = self.config.max_request_bytes
-        return await loop.create_server(lambda: KafkaStreamProtocol(on_connect, max_request_bytes, loop),
+        max_request_bytes, pool = self.config.max_request_bytes, self._frame_pool
+        return await loop.create_server(lambda: KafkaStreamProtocol(on_connect, max_request_bytes, loop, pool),
                                         host, port, **self._tls_options)
 
     async def stop(self) -> None:

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
-from broker.protocol.kafka import FrameAssembler, FrameError, RequestHeader, encode_response_parts
+from broker.protocol.kafka import FrameAssembler, FrameError, FramePool, RequestHeader, encode_response_parts
 from broker.server.handlers_common import ConnectionInfo
 from broker.server.stats import KafkaStats
 
@@ -73,13 +73,14 @@ class KafkaStreamProtocol(asyncio.BufferedProtocol):
         on_connect: Callable[[KafkaStreamProtocol, asyncio.StreamWriter], Coroutine[Any, Any, None]],
         max_request_bytes: int,
         loop: asyncio.AbstractEventLoop,
+        pool: FramePool | None = None,
     ) -> None:
         self._event_loop = loop
         self._writing_paused = False
         self._drain_waiters: deque[asyncio.Future[None]] = deque()
         self._lost = False
         self._on_connect = on_connect
-        self._assembler = FrameAssembler(max_request_bytes)
+        self._assembler = FrameAssembler(max_request_bytes, pool)
         self._hold_bytes = max(max_request_bytes, _READ_AHEAD_BYTES)
         self._frames: deque[Frame] = deque()
         self._held = 0
@@ -290,6 +291,7 @@ class KafkaConnection:
                 if self._queued_bytes >= budget or self._requests.qsize() >= PIPELINE_DEPTH:
                     self._room.clear()
                     await self._room.wait()
+            del frames, frame  # not held while waiting: a handled frame's buffer takes the next one
 
     async def _dispatch_loop(self) -> None:
         while True:
@@ -298,6 +300,7 @@ class KafkaConnection:
             self._room.set()
             try:
                 response = await self._dispatch(frame, self.conn)
+                del frame  # handled: its buffer may take the next large frame (FrameAssembler)
             except CloseConnection as close:
                 if close.answer is None:
                     self._in_flight -= 1

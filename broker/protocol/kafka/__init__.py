@@ -25,7 +25,13 @@ from broker.protocol.kafka.errors import (
     MalformedRequestError,
     UnsupportedRequestError,
 )
-from broker.protocol.kafka.framing import DEFAULT_MAX_FRAME_BYTES, FrameAssembler, FrameDecoder, encode_frame
+from broker.protocol.kafka.framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FrameAssembler,
+    FrameDecoder,
+    FramePool,
+    encode_frame,
+)
 from broker.protocol.kafka.header import RequestHeader
 
 __all__ = [
@@ -35,6 +41,7 @@ __all__ = [
     "ApiSpec",
     "FrameAssembler",
     "FrameDecoder",
+    "FramePool",
     "FrameError",
     "KafkaProtocolError",
     "MalformedRequestError",

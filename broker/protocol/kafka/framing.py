@@ -11,10 +11,19 @@ is read straight into a buffer of its own, with no copy in user space. A negativ
 from __future__ import annotations
 
 import struct
+import sys
 
 from broker.protocol.kafka.errors import FrameError
 
-__all__ = ["DEFAULT_MAX_FRAME_BYTES", "DIRECT_FRAME_BYTES", "FrameAssembler", "FrameDecoder", "encode_frame"]
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "DEFAULT_POOL_BYTES",
+    "DIRECT_FRAME_BYTES",
+    "FrameAssembler",
+    "FrameDecoder",
+    "FramePool",
+    "encode_frame",
+]
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 DIRECT_FRAME_BYTES = 4 * 1024  # frames above this are read into a buffer of their own
@@ -22,6 +31,7 @@ DIRECT_FRAME_BYTES = 4 * 1024  # frames above this are read into a buffer of the
 # connection holds one, idle or not.
 _SCRATCH_BYTES = 16 * 1024
 _SIZE = struct.Struct(">i")
+DEFAULT_POOL_BYTES = 32 * 1024 * 1024  # large-frame buffers kept for reuse (FramePool)
 
 
 def _check_size(size: int, max_frame_bytes: int) -> None:
@@ -39,16 +49,20 @@ class FrameAssembler:
     ``bytes``). A frame above ``DIRECT_FRAME_BYTES`` gets a buffer of exactly its size as soon as its
     size prefix is read; the part that came with that read is moved there and every later read lands
     in it directly, so a 1 MB Produce request is not copied in user space at all (it is handed over as
-    a read-only ``memoryview`` of that buffer). Sizes are checked before any memory is taken for them."""
+    a read-only ``memoryview`` of that buffer). Sizes are checked before any memory is taken for them.
 
-    __slots__ = ("_end", "_filled", "_frame", "_scratch", "_start", "max_frame_bytes")
+    Large-frame buffers come from a ``FramePool`` (one per listener, shared by its connections), which
+    hands a buffer out again once nothing refers to it any more."""
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    __slots__ = ("_end", "_filled", "_frame", "_pool", "_scratch", "_start", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, pool: FramePool | None = None) -> None:
         self.max_frame_bytes = max_frame_bytes
+        self._pool = pool if pool is not None else FramePool()
         self._scratch = bytearray(_SCRATCH_BYTES)
         self._start = 0  # unconsumed bytes are _scratch[_start:_end]
         self._end = 0
-        self._frame: bytearray | None = None  # a large frame being read into its own buffer
+        self._frame: memoryview | None = None  # a large frame being read into its own buffer
         self._filled = 0
 
     @property
@@ -59,7 +73,7 @@ class FrameAssembler:
     def get_buffer(self) -> memoryview:
         """Where the next read goes (never empty)."""
         if self._frame is not None:
-            return memoryview(self._frame)[self._filled :]
+            return self._frame[self._filled :]
         if self._end == len(self._scratch):  # full: move the unconsumed start of a small frame to the front
             held = self._end - self._start
             self._scratch[:held] = memoryview(self._scratch)[self._start : self._end]
@@ -74,7 +88,7 @@ class FrameAssembler:
         if frame is not None:
             self._filled += nbytes
             if self._filled == len(frame):
-                frames.append(memoryview(frame).toreadonly())
+                frames.append(frame.toreadonly())
                 self._frame, self._filled = None, 0
             return frames
         self._end += nbytes
@@ -85,13 +99,13 @@ class FrameAssembler:
             body = pos + 4
             if size > DIRECT_FRAME_BYTES:
                 have = min(end - body, size)
-                frame = bytearray(size)
+                frame = self._pool.take(size)
                 frame[:have] = memoryview(buf)[body : body + have]
                 pos = body + have
                 if have < size:
                     self._frame, self._filled = frame, have
                     break
-                frames.append(memoryview(frame).toreadonly())
+                frames.append(frame.toreadonly())
                 continue
             if end - body < size:
                 break
@@ -102,6 +116,55 @@ class FrameAssembler:
         else:
             self._start = pos
         return frames
+
+
+class FramePool:
+    """Buffers for large frames, handed out again once nothing refers to them.
+
+    A fresh megabyte for every Produce request cost more in the kernel (page faults and zeroing when it
+    was first touched, unmapping when freed) than reading the request itself (bench/RESULTS.md). A
+    buffer is free when its only references are the pool's: every view of a frame (the request being
+    decoded, a refusal being logged) holds one, so a buffer is never reused under a live view. The pool
+    keeps at most ``max_bytes``; a frame that finds no free buffer and no room gets one of its own."""
+
+    __slots__ = ("_buffers", "_held", "max_bytes")
+
+    def __init__(self, max_bytes: int = DEFAULT_POOL_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._buffers: list[bytearray] = []
+        self._held = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    def take(self, size: int) -> memoryview:
+        """``size`` writable bytes (their content is whatever was there)."""
+        buffers = self._buffers
+        best: bytearray | None = None
+        for buffer in buffers:
+            # references to a free buffer: the list, the loop variable, getrefcount's argument
+            if len(buffer) >= size and (best is None or len(buffer) < len(best)) and sys.getrefcount(buffer) <= 3:
+                best = buffer
+        if best is not None:
+            return memoryview(best)[:size]
+        fresh = bytearray(size)
+        if self._held + size > self.max_bytes:
+            self._evict(self._held + size - self.max_bytes)
+        if self._held + size <= self.max_bytes:
+            buffers.append(fresh)
+            self._held += size
+        return memoryview(fresh)
+
+    def _evict(self, wanted: int) -> None:
+        """Drop free buffers, smallest first, until ``wanted`` bytes are released (or none is free)."""
+        for buffer in sorted(self._buffers, key=len):
+            if wanted <= 0:
+                return
+            if sys.getrefcount(buffer) <= 4:  # + sorted()'s list
+                self._buffers.remove(buffer)
+                self._held -= len(buffer)
+                wanted -= len(buffer)
 
 
 class FrameDecoder:

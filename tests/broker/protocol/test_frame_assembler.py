@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import struct
+from typing import cast
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.protocol.kafka import FrameAssembler, FrameDecoder, FrameError
+from broker.protocol.kafka import FrameAssembler, FrameDecoder, FrameError, FramePool
 from broker.protocol.kafka.framing import DIRECT_FRAME_BYTES
 
 
@@ -79,3 +80,40 @@ def test_bad_sizes_are_refused_before_any_memory_is_taken(size: int) -> None:
     buffer[:4] = struct.pack(">i", size)
     with pytest.raises(FrameError):
         assembler.received(4)
+
+
+def _one_large_frame(assembler: FrameAssembler, payload: bytes) -> memoryview:
+    (frame,) = feed_views(assembler, framed([payload]))
+    assert isinstance(frame, memoryview)
+    return frame
+
+
+def feed_views(assembler: FrameAssembler, stream: bytes) -> list[bytes | memoryview]:
+    frames: list[bytes | memoryview] = []
+    pos = 0
+    while pos < len(stream):
+        buffer = assembler.get_buffer()
+        n = min(len(buffer), len(stream) - pos)
+        buffer[:n] = stream[pos : pos + n]
+        pos += n
+        frames += assembler.received(n)
+    return frames
+
+
+def test_a_large_frame_buffer_is_reused_only_once_nothing_refers_to_it() -> None:
+    pool = FramePool(max_bytes=120_000)
+    assembler = FrameAssembler(pool=pool)
+    first = _one_large_frame(assembler, b"a" * 50_000)
+    kept = first[10:20]  # a view of the first request, still in use
+    del first
+    second = _one_large_frame(assembler, b"b" * 50_000)
+    assert bytes(kept) == b"a" * 10  # not overwritten: the second frame got a buffer of its own
+    assert second.obj is not kept.obj
+    buffers = {id(kept.obj), id(second.obj)}  # (the pool keeps both alive: their ids stay theirs)
+    del kept, second
+    third = _one_large_frame(FrameAssembler(pool=pool), b"c" * 40_000)  # the pool serves every connection
+    assert id(third.obj) in buffers and bytes(third) == b"c" * 40_000  # free and large enough: reused
+    assert pool.held_bytes == 100_000
+    fourth = _one_large_frame(assembler, b"d" * 60_000)  # none large enough, no room: one of its own...
+    assert bytes(fourth) == b"d" * 60_000 and len(cast(bytearray, fourth.obj)) == 60_000
+    assert pool.held_bytes <= 120_000  # ...after the free 50,000-byte buffer was dropped for it
