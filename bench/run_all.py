@@ -57,6 +57,7 @@ MODULES = (
     "bench_http_limits",
     "bench_pipeline",
     "bench_soak",
+    "bench_readback",
 )
 
 # --quick: small sizes that show a module still works end to end (figures not meant for RESULTS.md).
@@ -68,6 +69,7 @@ QUICK_ARGS: dict[str, tuple[str, ...]] = {
     "bench_log": ("--quick",),
     "bench_health": ("--rounds", "1"),
     "bench_soak": ("--duration", "20", "--devices", "20", "--sample-s", "2"),
+    "bench_readback": ("--gib", "0.05"),
     "bench_cleaner": ("--mb", "4", "--seconds", "0.5"),
     "bench_processors": ("--records", "20000"),
     "bench_state": ("--keys", "2000", "--ops", "4000"),
