@@ -11,8 +11,9 @@ Rules
    refused and no user database, nobody gets in: 3.1.1 0x05, 5.0 0x86 (0x87 when no credentials were
    sent). A client whose TLS certificate was verified against ``security.tls_client_ca`` logs in as its
    certificate's Common Name instead (Mosquitto's ``use_identity_as_username``): that is its user name, and
-   the user name and password in the CONNECT are not checked. Only then is a 5.0 Receive Maximum of 0 a
-   protocol error (0x82).
+   the user name and password in the CONNECT are not checked. Only then is a 5.0 Receive Maximum or
+   Maximum Packet Size of 0 a protocol error (§3.1.2.11.3, §3.1.2.11.4): CONNACK 0x82 (Mosquitto closes
+   without a CONNACK).
 3. Terms: the keep alive is capped by ``max_keepalive`` (``HubConfig.granted_keepalive``); the session
    expiry is the 5.0 Session Expiry Interval capped at ``max_session_expiry_s`` (0xFFFFFFFF: never) or,
    for 3.1.1 clean session = 0, ``session_expiry_s``. A 5.0 CONNACK says what was changed (Assigned
@@ -48,6 +49,7 @@ class Refused:
     level: int
     protocol_error: bool = False
     login: bool = False  # refused for its credentials (counted in ``HubStats.refused_logins``)
+    why: str = ""  # for the log line of a protocol error
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +90,9 @@ def admit(hub: Hub, packet: Connect, certificate_user: str | None = None) -> Adm
         if refusal is not None:
             return Refused(_LOGIN_REFUSALS[refusal][1 if v5 else 0], level, login=True)
     if v5 and props.receive_maximum == 0:
-        return Refused(Reason.PROTOCOL_ERROR, level, protocol_error=True)
+        return Refused(Reason.PROTOCOL_ERROR, level, protocol_error=True, why="Receive Maximum of 0")
+    if v5 and props.maximum_packet_size == 0:
+        return Refused(Reason.PROTOCOL_ERROR, level, protocol_error=True, why="Maximum Packet Size of 0")
     keepalive = cfg.granted_keepalive(packet.keepalive)
     # 5.0: the Session Expiry Interval says how long, up to our maximum (the CONNACK tells the client
     # when it was cut, §3.2.2.3.2); 3.1.1: clean session 0 keeps it for the configured time.

@@ -368,7 +368,11 @@ class ConnectionMachine:
 
     def _disconnect(self, reason: int, why: str, linger: bool = False) -> None:
         if self.version == MQTT_5 and self.state == CONNECTED:
-            self._send(Disconnect(reason, Properties(reason_string=why[:200])))
+            wire = encode(Disconnect(reason, Properties(reason_string=why[:200])), MQTT_5)
+            if self.client_max_packet and len(wire) > self.client_max_packet:
+                wire = encode(Disconnect(reason), MQTT_5)  # §3.14.2.2.3: no Reason String that would not fit
+            if not self.client_max_packet or len(wire) <= self.client_max_packet:
+                self._emit(wire)
             if linger:
                 self._linger()
                 return
@@ -446,12 +450,16 @@ class ConnectionMachine:
             )
             self._send(Unsuback(packet.packet_id, codes if self.version == MQTT_5 else ()))
         elif isinstance(packet, Disconnect):
+            interval = packet.properties.session_expiry_interval
+            if interval and not session.expiry_s:  # §3.14.2.2.2: not a valid DISCONNECT; the will goes out
+                self._protocol_error(ProtocolError("Session Expiry Interval set at DISCONNECT after 0 at CONNECT",
+                                                   Reason.PROTOCOL_ERROR))
+                return
             if packet.reason_code != Reason.DISCONNECT_WITH_WILL and self._will is not None:
                 self._will = None
                 self.hub.will_discarded(self.client_id)
-            if packet.properties.session_expiry_interval is not None:
-                session.expiry_s = min(expiry_seconds(packet.properties.session_expiry_interval),
-                                       self.hub.config.max_session_expiry_s)
+            if interval is not None:
+                session.expiry_s = min(expiry_seconds(interval), self.hub.config.max_session_expiry_s)
             self._close()
         else:  # CONNECT twice, AUTH, or a packet only a server sends
             self._protocol_error(ProtocolError(f"unexpected {type(packet).__name__}", Reason.PROTOCOL_ERROR))
@@ -464,7 +472,7 @@ class ConnectionMachine:
                 hub.stats.refused_logins += 1
             if terms.protocol_error:
                 self.version = terms.level
-                self._protocol_error(ProtocolError("Receive Maximum of 0", terms.code))
+                self._protocol_error(ProtocolError(terms.why, terms.code))
             else:
                 self._refuse(terms.code, terms.level)
             return
@@ -481,7 +489,15 @@ class ConnectionMachine:
         if level == MQTT_5 and props.topic_alias_maximum:
             self._out_aliases = OutboundAliases(props.topic_alias_maximum)
         self.client_receive_max = props.receive_maximum or (65535 if level == MQTT_5 else 20)
-        self.client_max_packet = props.maximum_packet_size or 0
+        self.client_max_packet = max_packet = props.maximum_packet_size or 0
+        if max_packet and len(encode(Connack(False, 0, terms.connack_properties), level)) > max_packet:
+            # §3.1.2.11.4: nothing larger than the client's Maximum Packet Size is sent, and a CONNACK cannot
+            # leave out what it tells: closed without an answer, as Mosquitto does
+            log.info("connection closed: the CONNACK is larger than the client's Maximum Packet Size",
+                     extra={"peer": self.endpoint.peername(), "client_id": client_id,
+                            "maximum_packet_size": max_packet})
+            self._close()
+            return
         self._will = packet.will
         session, present = hub.attach(self.endpoint, client_id, packet.clean_start, terms.expiry_s, packet.will)
         self.session = session
