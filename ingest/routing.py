@@ -461,13 +461,9 @@ class SourceRoutes:
         return found
 
     def route(self, message: RawMessage) -> list[RoutedTuple | Rejected]:
-        cache_key = (message.subject, message.device)
-        plan = self._plans.get(cache_key, _UNPLANNED)
+        plan = self._plans.get((message.subject, message.device), _UNPLANNED)
         if plan is _UNPLANNED:
-            plan = self._plan(message)
-            if len(self._plans) >= _CACHE_MAX:
-                self._plans.clear()
-            self._plans[cache_key] = plan
+            plan = self.plan_for(message.subject, message.device, message.payload)
         if plan is None:
             return self.route_each(message)
         topic, key, headers = plan
@@ -475,6 +471,21 @@ class SourceRoutes:
             headers += message.headers
         arrival = message.arrival_ms if message.arrival_ms >= 0 else int(self._clock() * 1000)
         return [(topic, message.device, (message.payload, key, headers, arrival))]
+
+    def plan_for(
+        self, subject: str | None, device: str | None, payload: bytes
+    ) -> tuple[str, bytes | None, Headers] | None:
+        """(log topic, key, headers) of every message with this subject and device, or None when each must
+        be routed by itself (``route_each``); worked out from the first such message (``payload``), then
+        cached. A message's own headers go after these; its record time is its arrival time."""
+        cache_key = (subject, device)
+        plan = self._plans.get(cache_key, _UNPLANNED)
+        if plan is _UNPLANNED:
+            plan = self._plan(RawMessage(payload, subject, device))
+            if len(self._plans) >= _CACHE_MAX:
+                self._plans.clear()
+            self._plans[cache_key] = plan
+        return plan
 
     def _plan(self, message: RawMessage) -> tuple[str, bytes | None, Headers] | None:
         """What ``route_each`` gives every message with this subject and device, when that depends on

@@ -46,7 +46,7 @@ from ingest.health import HealthRegistry
 from ingest.line_routes import LineTarget, line_plan
 from ingest.routing import RawMessage, Rejected, RoutedTuple, Router, SourceRef, SourceRoutes
 
-__all__ = ["DEFAULT_MAX_PENDING_BYTES", "IngestSink", "Placement", "WriteOutcome"]
+__all__ = ["DEFAULT_MAX_PENDING_BYTES", "DeviceMessage", "IngestSink", "Placement", "WriteOutcome"]
 
 log = logging.getLogger("ingest.sink")
 
@@ -54,6 +54,10 @@ DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
 _MESSAGE_OVERHEAD = 64  # bytes charged per message beyond its payload (headers, bookkeeping)
 _MAX_BATCH_BYTES = 512 * 1024  # records per RecordBatch, well below max.message.bytes
 _RECORD_OVERHEAD = 32
+
+# One message of a known device, for ``IngestSink.ingest_from``: (subject, payload, arrival ms or -1,
+# headers after Sluice's own) — RawMessage's fields as a plain tuple, for callers that hold thousands.
+DeviceMessage = tuple[str | None, bytes, int, Headers]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +89,9 @@ class _Group:
     records: list[RecordTuple] = field(default_factory=list)
     owners: list[int] = field(default_factory=list)
     devices: list[str | None] = field(default_factory=list)
+
+
+_Target = tuple[Callable[[RecordTuple], None], bytes | None, Headers, _Group]
 
 
 @dataclass(slots=True)
@@ -234,6 +241,81 @@ class IngestSink:
         finally:
             self.health.add_in_flight(source, -len(lines))
             self._release(charge)
+
+    async def ingest_from(self, source: SourceRef, device: str | None, messages: Sequence[DeviceMessage]) -> None:
+        """``ingest`` of messages from one ``device`` (an MQTT client's appends): the same records, dead
+        letters and health counts, without a ``RawMessage`` per message when the router has a plan for
+        each subject (``SourceRoutes.plan_for``: MQTT's default route); any other case goes through
+        ``_write`` message by message."""
+        if not messages:
+            return
+        charge = _MESSAGE_OVERHEAD * len(messages) + sum([len(m[1]) for m in messages])
+        await self._reserve(source, charge)
+        self.health.add_in_flight(source, len(messages))
+        try:
+            if not await self._write_planned(source, device, messages):
+                raw = [RawMessage(payload, subject, device, arrival, None, headers)
+                       for subject, payload, arrival, headers in messages]
+                await self._write(source, raw, None)
+        finally:
+            self.health.add_in_flight(source, -len(messages))
+            self._release(charge)
+
+    async def _write_planned(self, source: SourceRef, device: str | None, messages: Sequence[DeviceMessage]) -> bool:
+        """Route by plans and append; False (nothing appended) when a subject has no plan or its log topic
+        cannot be used as it is (``_write`` then routes each message and writes the dead letters)."""
+        routes = self.router.for_source(source)
+        groups: dict[tuple[str, int], _Group] = {}
+        # subject -> (its group's records.append, key, headers, group): looked up once per subject per call
+        targets: dict[str | None, _Target] = {}
+        now = -1
+        nbytes = 0
+        for subject, payload, arrival, extra in messages:
+            target = targets.get(subject)
+            if target is None:
+                plan = routes.plan_for(subject, device, payload)
+                if plan is None:
+                    return False
+                topic, key, headers = plan
+                try:
+                    group = self._group_for(groups, topic, key)
+                except StorageError as exc:
+                    raise self._storage_failed(source, topic, exc) from exc
+                except BrokerError:
+                    return False
+                target = targets[subject] = (group.records.append, key, headers, group)
+            append, key, headers, _ = target
+            if arrival < 0:
+                if now < 0:
+                    now = int(self._clock() * 1000)
+                arrival = now
+            append((payload, key, headers + extra if extra else headers, arrival))
+            nbytes += len(payload)
+        self.health.record_batch(source, {device: [len(messages), nbytes]})
+        if len(groups) == 1:
+            failures = [await self._append_group(next(iter(groups.values())), None)]
+        else:
+            failures = await asyncio.gather(*(self._append_group(group, None) for group in groups.values()))
+        for group, failure in zip(groups.values(), failures, strict=True):
+            if isinstance(failure, StorageError):
+                raise self._storage_failed(source, group.topic, failure) from failure
+        for group, failure in zip(groups.values(), failures, strict=True):
+            if isinstance(failure, str):  # the log refused this group's batch: its records become dead letters
+                await self._refused_planned(source, device, messages, targets, group, failure)
+        self.messages_written += len(messages)
+        return True
+
+    async def _refused_planned(
+        self, source: SourceRef, device: str | None, messages: Sequence[DeviceMessage],
+        targets: dict[str | None, _Target], group: _Group, reason: str,
+    ) -> None:
+        raw = [RawMessage(payload, subject, device, arrival, None, headers)
+               for subject, payload, arrival, headers in messages]
+        letters = [_Letter(i, reason, m.payload, device) for i, m in enumerate(raw) if targets[m.subject][3] is group]
+        await self._append_dead_letters(source, raw, letters, {})
+        for letter in letters:
+            self.health.error(source, letter.device, letter.reason)
+        self.dead_lettered += len(letters)
 
     async def _reserved(
         self, source: SourceRef, messages: Sequence[RawMessage | Rejected], outcomes: list[WriteOutcome] | None

@@ -55,6 +55,10 @@ __all__ = ["MAX_REMAINING_LENGTH", "Decoder", "decode_varint", "encode", "encode
 
 _PINGREQ = Pingreq()
 _PINGRESP = Pingresp()
+# PUBLISH topic names already decoded and checked (well-formed UTF-8, no U+0000), by their bytes: shared by
+# every connection, emptied when full.
+_TOPICS: dict[bytes, str] = {}
+_TOPICS_MAX = 4096
 
 
 # ---------------------------------------------------------------------------------------------- decoding
@@ -104,36 +108,43 @@ class Decoder:
         pos = 0
         n = len(buf)
         limit = self.max_packet_size
+        append = out.append
+        publish = self._publish
         while True:
             if n - pos < 2:
                 if n > pos:
                     self._check_first_byte(buf[pos])
                 self._need = 2
                 return pos
-            self._check_first_byte(buf[pos])
-            # Remaining length: up to 4 bytes after the first.
-            rl = 0
-            shift = 0
-            i = pos + 1
-            while True:
-                if i >= n:
-                    self._need = i - pos + 1
-                    return pos
-                byte = buf[i]
-                rl |= (byte & 0x7F) << shift
-                i += 1
-                if not byte & 0x80:
-                    break
-                shift += 7
-                if shift > 21:
-                    raise MalformedPacket("remaining length longer than 4 bytes")
+            first = buf[pos]
+            is_publish = first >> 4 == 3 and self.version is not None  # PUBLISH (flags: _publish)
+            if not is_publish:
+                self._check_first_byte(first)
+            # Remaining length: up to 4 bytes after the first (one byte below 128, the common case).
+            rl = buf[pos + 1]
+            i = pos + 2
+            if rl & 0x80:
+                rl &= 0x7F
+                shift = 7
+                while True:
+                    if i >= n:
+                        self._need = i - pos + 1
+                        return pos
+                    byte = buf[i]
+                    rl |= (byte & 0x7F) << shift
+                    i += 1
+                    if not byte & 0x80:
+                        break
+                    shift += 7
+                    if shift > 21:
+                        raise MalformedPacket("remaining length longer than 4 bytes")
             end = i + rl
             if end - pos > limit:
                 raise PacketTooLarge(f"packet of {end - pos} bytes exceeds the maximum of {limit}")
             if end > n:
                 self._need = end - pos
                 return pos
-            out.append(self._decode(buf[pos], buf, i, end))
+            append(publish(first & 0x0F, buf, i, end) if is_publish else self._decode(first, buf, i, end))
             pos = end
 
     def _check_first_byte(self, first: int) -> None:
@@ -177,12 +188,18 @@ class Decoder:
         pos = tstart + ((buf[pos] << 8) | buf[pos + 1])
         if pos > end:
             raise MalformedPacket("topic runs past the packet")
-        try:
-            topic = buf[tstart:pos].decode()
-        except UnicodeDecodeError as exc:
-            raise MalformedPacket("topic is not well-formed UTF-8") from exc
-        if "\x00" in topic:
-            raise MalformedPacket("topic contains U+0000")
+        raw_topic = buf[tstart:pos]
+        topic = _TOPICS.get(raw_topic)
+        if topic is None:  # not seen lately: checked, then remembered (devices repeat their topics)
+            try:
+                topic = raw_topic.decode()
+            except UnicodeDecodeError as exc:
+                raise MalformedPacket("topic is not well-formed UTF-8") from exc
+            if "\x00" in topic:
+                raise MalformedPacket("topic contains U+0000")
+            if len(_TOPICS) >= _TOPICS_MAX:
+                _TOPICS.clear()
+            _TOPICS[raw_topic] = topic
         packet_id = None
         if qos:
             if pos + 2 > end:

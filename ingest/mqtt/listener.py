@@ -26,7 +26,7 @@ from ingest.mqtt.ports import REFUSED
 from ingest.mqtt.properties import to_headers
 from ingest.mqtt.session import MqttConnection
 from ingest.mqtt.websocket import WebSocketStats, websocket_factory
-from ingest.routing import RawMessage, SourceRef
+from ingest.routing import SourceRef
 from ingest.sink import IngestSink
 
 __all__ = ["MqttDoor", "MqttListener", "SinkPort"]
@@ -46,11 +46,10 @@ class SinkPort:
     async def ingest(self, client_id: str, messages: Sequence[Accepted]) -> None:
         # ingest(), not write(): acks need only "durable now", not per-message placements.
         # MQTT 5 properties become record headers after Sluice's own (ingest/mqtt/properties.py rule 2).
-        raw = [RawMessage(m.payload, m.topic, client_id, at, None,
-                          () if m.properties is NO_PROPERTIES else to_headers(m.properties))
-               for m, _, at in messages if at != REFUSED]  # refused by the ACLs: never stored (machine.py 13)
-        if raw:
-            await self.sink.ingest(self.source, raw)
+        plain = [(m.topic, m.payload, at, () if m.properties is NO_PROPERTIES else to_headers(m.properties))
+                 for m, _, at in messages if at != REFUSED]  # refused by the ACLs: never stored (machine.py 13)
+        if plain:
+            await self.sink.ingest_from(self.source, client_id, plain)
 
     def connections_changed(self, delta: int) -> None:
         if delta > 0:

@@ -4,7 +4,8 @@
   tuples): a router that has routed many messages, with rules added and removed in between, routes
   like a freshly built one.
 - ``IngestSink`` stores the records ``Router.route`` describes (value, key, headers, event time),
-  per key in order, whether called through ``write`` or ``ingest``; dead letters included.
+  per key in order, whether called through ``write``, ``ingest`` or ``ingest_from`` (one device's
+  messages as tuples, routed by plans where there are plans); dead letters included.
 - ``HealthRegistry.record_batch`` counts like one ``record`` per message.
 """
 
@@ -67,6 +68,7 @@ messages = st.builds(
     subject=st.sampled_from(SUBJECTS),
     device=st.sampled_from([None, "client-a", "client-b"]),
     arrival_ms=st.just(1_700_000_000_000),
+    headers=st.sampled_from([(), (("mqtt.content_type", b"text/plain"),)]),
 )
 operations = st.lists(
     st.one_of(
@@ -137,16 +139,21 @@ def _stored(store: MemoryLogStore, skip: str) -> Counter[tuple[object, ...]]:
 
 
 async def _through_sink(
-    rule_list: list[RouteRule], source: SourceRef, msgs: list[RawMessage], use_ingest: bool
+    rule_list: list[RouteRule], source: SourceRef, msgs: list[RawMessage], call: str
 ) -> MemoryLogStore:
     store = MemoryLogStore(default_partitions=3)
     sink = IngestSink(store, Router(rule_list, RouteDefaults()), HealthRegistry())
     half = len(msgs) // 2
     for part in (msgs[:half], msgs[half:]):  # two calls: caches carry over between writes
-        if use_ingest:
+        if call == "ingest":
             await sink.ingest(source, part)
-        else:
+        elif call == "write":
             await sink.write(source, part)
+        else:  # one call per device, its messages in order
+            for device in dict.fromkeys(m.device for m in part):
+                await sink.ingest_from(source, device, [(m.subject, m.payload, m.arrival_ms, m.headers)
+                                                        for m in part if m.device == device])
+    assert sink.messages_written == len(msgs)
     return store
 
 
@@ -161,8 +168,8 @@ def test_the_sink_stores_what_the_router_describes(
 ) -> None:
     want = _expected(Router(rule_list, RouteDefaults()), source, msgs)
     dead_counts = []
-    for use_ingest in (False, True):
-        store = asyncio.run(_through_sink(rule_list, source, msgs, use_ingest))
+    for call in ("write", "ingest", "ingest_from"):
+        store = asyncio.run(_through_sink(rule_list, source, msgs, call))
         assert _stored(store, "_dead_letters") == want
         dead_counts.append(len(records(store, "_dead_letters")))
         for partitions in read_all(store, "_dead_letters").values():
@@ -177,7 +184,7 @@ def test_the_sink_stores_what_the_router_describes(
     rejected = sum(
         1 for m in msgs for r in Router(rule_list, RouteDefaults()).route(source, m) if isinstance(r, Rejected)
     )
-    assert dead_counts == [rejected, rejected]
+    assert dead_counts == [rejected, rejected, rejected]
 
 
 async def test_per_key_order_and_batches_split_below_the_size_limit() -> None:

@@ -87,6 +87,41 @@ async def test_unknown_topic_with_auto_create_off_is_dead_lettered() -> None:
     assert len(records(store, "_dead_letters")) == 1
 
 
+MQTT = SourceRef("mqtt", "default")
+
+
+async def test_ingest_from_dead_letters_what_the_log_refuses_and_stores_the_rest() -> None:
+    # two subjects, one routed by plan to a topic whose records are too large: only its messages become
+    # dead letters (with the MQTT topic and the client's headers), the other subject's are stored in order
+    store = MemoryLogStore()
+    store.create_topic("big", config=TopicConfig(max_message_bytes=1024))
+    router = Router([RouteRule("big", "big", filter="big/#")], RouteDefaults())
+    sink = IngestSink(store, router, HealthRegistry())
+    msgs = [("big/a" if i % 3 == 0 else "ok/b", (b"x" * 2000 if i % 3 == 0 else b"%d" % i), 1_700_000_000_000 + i,
+             (("mqtt.content_type", b"t"),)) for i in range(9)]
+    await sink.ingest_from(MQTT, "client-1", msgs)
+    stored = records(store, "mqtt")
+    assert [r.value for r in stored] == [b"%d" % i for i in range(9) if i % 3]
+    assert all(r.header("device") == b"client-1" and r.header("mqtt.content_type") == b"t" for r in stored)
+    letters = records(store, "_dead_letters")
+    assert len(letters) == 3 and all(letter.header("mqtt_topic") == b"big/a" for letter in letters)
+    assert all(b"exceeds max.message.bytes" in (letter.header("reason") or b"") for letter in letters)
+    assert sink.messages_written == 9 and sink.dead_lettered == 3 and sink.pending_bytes == 0
+    snap = {row["source"]: row for row in sink.health.snapshot() if row["type"] == "source"}
+    assert snap["mqtt:default"]["messages"] == 9 and snap["mqtt:default"]["errors"] == 3
+
+
+async def test_ingest_from_an_unknown_topic_with_auto_create_off_is_dead_lettered() -> None:
+    store = MemoryLogStore(auto_create_topics=False)
+    store.create_topic("_dead_letters")
+    sink = _sink(store)
+    await sink.ingest_from(MQTT, "client-1", [("a/b", b"1", -1, ())])
+    (letter,) = records(store, "_dead_letters")
+    assert b"unknown topic 'mqtt'" in (letter.header("reason") or b"") and letter.header("mqtt_topic") == b"a/b"
+    with pytest.raises(SinkError, match="dead-letter topic"):  # and when even that cannot be stored: raised
+        await _sink(MemoryLogStore(auto_create_topics=False)).ingest_from(MQTT, "c", [("a/b", b"1", -1, ())])
+
+
 async def test_dead_letter_failure_raises_so_the_caller_does_not_ack() -> None:
     store = MemoryLogStore(auto_create_topics=False)
     sink = _sink(store)

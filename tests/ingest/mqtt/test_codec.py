@@ -194,3 +194,33 @@ def test_maximum_packet_size_is_checked_from_the_fixed_header() -> None:
     with pytest.raises(PacketTooLarge) as info:
         dec.feed(big[:4])  # only the header has arrived
     assert info.value.reason_code == 0x95
+
+
+def test_topic_names_remembered_across_decoders_are_still_checked_and_bounded() -> None:
+    # decoded topics are kept by their bytes (codec._TOPICS): a name seen before decodes to the same string,
+    # a bad name is refused however many good ones came before, and the table stays bounded
+    from ingest.mqtt import codec
+
+    for i in range(codec._TOPICS_MAX + 10):
+        (packet,) = Decoder(MQTT_311).feed(encode(Publish(f"t/{i}", b"x"), MQTT_311))
+        assert isinstance(packet, Publish) and packet.topic == f"t/{i}"
+        assert len(codec._TOPICS) <= codec._TOPICS_MAX
+    first, second = Decoder(MQTT_5).feed(encode(Publish("ä/t", b"1"), MQTT_5) + encode(Publish("ä/t", b"2"), MQTT_5))
+    assert isinstance(first, Publish) and isinstance(second, Publish) and first.topic == second.topic == "ä/t"
+    for bad in (b"\x30\x05\x00\x02\xc3\x28x", b"\x30\x04\x00\x01\x00x"):  # invalid UTF-8, U+0000
+        with pytest.raises(MalformedPacket):
+            Decoder(MQTT_311).feed(bad)
+        assert bad[4:-1] not in codec._TOPICS
+
+
+def test_remaining_lengths_of_one_to_four_bytes_split_anywhere() -> None:
+    payloads = [b"", b"x" * 100, b"y" * 200, b"z" * 20_000, b"w" * 2_100_000]  # lengths of 1, 1, 2, 3, 4 bytes
+    wire = b"".join(encode(Publish("a/b", p, 1, packet_id=i + 1), MQTT_5) for i, p in enumerate(payloads))
+    for step in (1, 2, 3, 7, 4096):
+        dec = Decoder(MQTT_5, max_packet_size=4_000_000)
+        head = 30_000 if step < 4096 else len(wire)  # in small steps through the first four headers, then the rest
+        got: list[Packet] = []
+        for at in range(0, head, step):
+            got += dec.feed(wire[at:min(at + step, head)])
+        got += dec.feed(wire[head:])
+        assert [p.payload for p in got if isinstance(p, Publish)] == payloads
