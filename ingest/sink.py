@@ -91,9 +91,6 @@ class _Group:
     devices: list[str | None] = field(default_factory=list)
 
 
-_Target = tuple[Callable[[RecordTuple], None], bytes | None, Headers, _Group]
-
-
 @dataclass(slots=True)
 class _LineGroup:
     """``_Group`` for ``ingest_lines``: records with their key and headers encoded, and the line of each."""
@@ -102,6 +99,11 @@ class _LineGroup:
     partition: int
     records: list[PreparedRecord] = field(default_factory=list)
     owners: list[int] = field(default_factory=list)
+
+
+# ingest_from's per-subject target: its group (None: keyless, one per record), encoded key and headers,
+# the headers (for messages with their own), the log topic
+_PlannedTarget = tuple[_LineGroup | None, bytes, bytes, Headers, str]
 
 
 @dataclass(slots=True)
@@ -263,59 +265,61 @@ class IngestSink:
 
     async def _write_planned(self, source: SourceRef, device: str | None, messages: Sequence[DeviceMessage]) -> bool:
         """Route by plans and append; False (nothing appended) when a subject has no plan or its log topic
-        cannot be used as it is (``_write`` then routes each message and writes the dead letters)."""
+        cannot be used as it is (``_write`` then routes each message and writes the dead letters). Keys and
+        headers are encoded once per subject (``PreparedRecord``); keyless records take a partition each
+        (round-robin), as in ``_write``."""
         routes = self.router.for_source(source)
-        groups: dict[tuple[str, int], _Group] = {}
-        # subject -> (its group's records.append, key, headers, group): looked up once per subject per call
-        targets: dict[str | None, _Target] = {}
+        groups: dict[tuple[str, int], _LineGroup] = {}
+        topics: dict[str, int] = {}
+        targets: dict[str | None, _PlannedTarget] = {}  # by subject, once per call
         now = -1
         nbytes = 0
-        for subject, payload, arrival, extra in messages:
-            target = targets.get(subject)
-            if target is None:
-                plan = routes.plan_for(subject, device, payload)
-                if plan is None:
-                    return False
-                topic, key, headers = plan
-                try:
-                    group = self._group_for(groups, topic, key)
-                except StorageError as exc:
-                    raise self._storage_failed(source, topic, exc) from exc
-                except BrokerError:
-                    return False
-                target = targets[subject] = (group.records.append, key, headers, group)
-            append, key, headers, _ = target
-            if arrival < 0:
-                if now < 0:
-                    now = int(self._clock() * 1000)
-                arrival = now
-            append((payload, key, headers + extra if extra else headers, arrival))
-            nbytes += len(payload)
+        topic = ""
+        try:
+            for index, (subject, payload, arrival, extra) in enumerate(messages):
+                target = targets.get(subject)
+                if target is None:
+                    plan = routes.plan_for(subject, device, payload)
+                    if plan is None:
+                        return False
+                    topic, key, headers = plan
+                    group = None if key is None else self._line_group(groups, topics, topic, key, None)
+                    target = targets[subject] = (group, encode_key(key), encode_headers(headers), headers, topic)
+                group, key_part, header_part, headers, topic = target
+                if group is None:  # keyless
+                    group = self._line_group(groups, topics, topic, None, None)
+                if arrival < 0:
+                    if now < 0:
+                        now = int(self._clock() * 1000)
+                    arrival = now
+                group.records.append(
+                    (payload, key_part, encode_headers(headers + extra) if extra else header_part, arrival))
+                group.owners.append(index)
+                nbytes += len(payload)
+        except StorageError as exc:
+            raise self._storage_failed(source, topic, exc) from exc
+        except BrokerError:
+            return False
         self.health.record_batch(source, {device: [len(messages), nbytes]})
         if len(groups) == 1:
-            failures = [await self._append_group(next(iter(groups.values())), None)]
+            failures = [await self._append_line_group(next(iter(groups.values())))]
         else:
-            failures = await asyncio.gather(*(self._append_group(group, None) for group in groups.values()))
+            failures = await asyncio.gather(*(self._append_line_group(group) for group in groups.values()))
         for group, failure in zip(groups.values(), failures, strict=True):
             if isinstance(failure, StorageError):
                 raise self._storage_failed(source, group.topic, failure) from failure
-        for group, failure in zip(groups.values(), failures, strict=True):
-            if isinstance(failure, str):  # the log refused this group's batch: its records become dead letters
-                await self._refused_planned(source, device, messages, targets, group, failure)
+        letters = [_Letter(owner, failure, messages[owner][1], device)
+                   for group, failure in zip(groups.values(), failures, strict=True) if isinstance(failure, str)
+                   for owner in group.owners]  # the log refused these batches: their records become dead letters
+        if letters:
+            raw = [RawMessage(payload, subject, device, arrival, None, headers)
+                   for subject, payload, arrival, headers in messages]
+            await self._append_dead_letters(source, raw, letters, {})
+            for letter in letters:
+                self.health.error(source, letter.device, letter.reason)
+            self.dead_lettered += len(letters)
         self.messages_written += len(messages)
         return True
-
-    async def _refused_planned(
-        self, source: SourceRef, device: str | None, messages: Sequence[DeviceMessage],
-        targets: dict[str | None, _Target], group: _Group, reason: str,
-    ) -> None:
-        raw = [RawMessage(payload, subject, device, arrival, None, headers)
-               for subject, payload, arrival, headers in messages]
-        letters = [_Letter(i, reason, m.payload, device) for i, m in enumerate(raw) if targets[m.subject][3] is group]
-        await self._append_dead_letters(source, raw, letters, {})
-        for letter in letters:
-            self.health.error(source, letter.device, letter.reason)
-        self.dead_lettered += len(letters)
 
     async def _reserved(
         self, source: SourceRef, messages: Sequence[RawMessage | Rejected], outcomes: list[WriteOutcome] | None

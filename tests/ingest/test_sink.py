@@ -11,9 +11,9 @@ from broker.log.config import TopicConfig
 from broker.log.memory import MemoryLogStore
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
-from ingest.routing import RawMessage, RouteDefaults, Router, RouteRule, SourceRef
+from ingest.routing import KeySpec, RawMessage, RouteDefaults, Router, RouteRule, SourceRef
 from ingest.sink import DEFAULT_MAX_PENDING_BYTES, IngestSink
-from tests.ingest.conftest import GatedLogStore, records
+from tests.ingest.conftest import GatedLogStore, read_all, records
 
 TCP = SourceRef("tcp", "default", "json")
 
@@ -109,6 +109,22 @@ async def test_ingest_from_dead_letters_what_the_log_refuses_and_stores_the_rest
     assert sink.messages_written == 9 and sink.dead_lettered == 3 and sink.pending_bytes == 0
     snap = {row["source"]: row for row in sink.health.snapshot() if row["type"] == "source"}
     assert snap["mqtt:default"]["messages"] == 9 and snap["mqtt:default"]["errors"] == 3
+
+
+async def test_ingest_from_spreads_keyless_records_as_ingest_does() -> None:
+    # a rule without a key: each record takes the next partition (round-robin), not one per subject
+    stores = []
+    for through in ("ingest", "ingest_from"):
+        store = MemoryLogStore(default_partitions=3)
+        sink = IngestSink(store, Router([RouteRule("k", "keyless", key=KeySpec("none"))], RouteDefaults()),
+                          HealthRegistry())
+        msgs = [RawMessage(b"%d" % i, "a/b", "client-1", 1_700_000_000_000) for i in range(7)]
+        if through == "ingest":
+            await sink.ingest(MQTT, msgs)
+        else:
+            await sink.ingest_from(MQTT, "client-1", [(m.subject, m.payload, m.arrival_ms, m.headers) for m in msgs])
+        stores.append({p: [r.value for r in recs] for p, recs in read_all(store, "keyless").items()})
+    assert stores[0] == stores[1] and len([p for p, values in stores[1].items() if values]) == 3
 
 
 async def test_ingest_from_an_unknown_topic_with_auto_create_off_is_dead_lettered() -> None:
