@@ -298,11 +298,11 @@ def rss_with_idle(pid: int, port: int, count: int, *, settle: float, hold: float
     return before, after
 
 
-def sluice_memory(count: int, data_dir: Path) -> tuple[int, int]:
+def sluice_memory(count: int, data_dir: Path, event_loop: str = "auto") -> tuple[int, int]:
     """A fresh ``sluice serve`` process (so no freed memory from the throughput runs is reused)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "SLUICE_MQTT__PORT": "0", "SLUICE_TCP__PORT": "0", "SLUICE_HTTP__PORT": "0",
-           "SLUICE_KAFKA__PORT": "0", "SLUICE_LOG_LEVEL": "WARNING"}
+           "SLUICE_KAFKA__PORT": "0", "SLUICE_LOG_LEVEL": "WARNING", "SLUICE_EVENT_LOOP": event_loop}
     proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--data-dir", str(data_dir)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=raise_fd_limit)
     try:
