@@ -23,7 +23,10 @@ import contextlib
 import logging
 import signal
 import socket
+import tempfile
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from broker.log.api import LogStore
@@ -101,6 +104,9 @@ async def run_standalone(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     instance = instance_id or socket.gethostname()
+    if config.state_max_keys is not None:  # instances on one host must not share a spill store
+        base = Path(config.state_dir) if config.state_dir else Path(tempfile.gettempdir()) / "sluice-state"
+        config = replace(config, state_dir=str(base / instance))
     stages = await build_stages(pipeline, plan_shuffle(pipeline), bootstrap, config, client_id=client_id,
                                 session_timeout_ms=session_timeout_ms, instance_id=instance)
     runners = [stage.runner for stage in stages]

@@ -19,12 +19,13 @@ being processed at the time.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable, MutableMapping
+from abc import abstractmethod
+from collections.abc import Callable, Hashable, Iterator, MutableMapping
 from typing import Any, Protocol
 
 from processors.time import NO_TIME
 
-__all__ = ["KeyedRuntime", "Logic", "LogicConfig", "OpContext"]
+__all__ = ["KeyedRuntime", "Logic", "LogicConfig", "OpContext", "SpillStore"]
 
 
 class OpContext:
@@ -54,6 +55,24 @@ class OpContext:
         self._rt.dirty.add(self.key)
 
 
+class SpillStore(MutableMapping[Hashable, "Logic"]):
+    """What ``KeyedRuntime`` needs of a store that bounds the keys in memory
+    (``processors.state_store.SpillingLogics`` is the one)."""
+
+    max_keys: int
+    owners: MutableMapping[Hashable, Hashable]
+    on_load: Callable[[Hashable, Logic], None] | None
+
+    @abstractmethod
+    def due_event(self, watermark: int, limit: int) -> list[Hashable]: ...
+    @abstractmethod
+    def due_proc(self, now: int, limit: int) -> list[Hashable]: ...
+    @abstractmethod
+    def is_hot(self, key: Hashable) -> bool: ...
+    @abstractmethod
+    def entries(self) -> Iterator[tuple[Hashable, Hashable, Any]]: ...
+
+
 class Logic(Protocol):
     def on_item(self, ts: int, value: Any, ctx: OpContext) -> None: ...
     def on_watermark(self, watermark: int, ctx: OpContext) -> None: ...
@@ -73,9 +92,14 @@ class KeyedRuntime:
 
     def __init__(self, config: LogicConfig, logics: MutableMapping[Hashable, Logic] | None = None) -> None:
         self.config = config
-        # a dict, or a store bounding how many live in memory (processors.state_store)
+        # a dict, or a store bounding how many keys live in memory (processors.state_store): it then
+        # keeps the owners and the spilled keys' timers too, and hands timers back as keys load
         self.logics: MutableMapping[Hashable, Logic] = {} if logics is None else logics
-        self.owner: dict[Hashable, Hashable] = {}  # key -> source partition whose records created it
+        self.spill: SpillStore | None = logics if isinstance(logics, SpillStore) else None
+        # key -> source partition whose records created it
+        self.owner: MutableMapping[Hashable, Hashable] = {} if self.spill is None else self.spill.owners
+        if self.spill is not None:
+            self.spill.on_load = self._rearm
         self.event_timers: list[tuple[int, int, Hashable]] = []
         self.proc_timers: list[tuple[int, int, Hashable]] = []
         self.dirty: set[Hashable] = set()
@@ -132,7 +156,43 @@ class KeyedRuntime:
             except Exception as exc:  # one bad item must not stop the rest: it is dead-lettered
                 self.errors.append((ts, value, repr(exc)))
 
+    def _rearm(self, key: Hashable, logic: Logic) -> None:
+        """A key came back from the spill store: its timers go back on the heaps."""
+        t = logic.notify_at()
+        if t is not None:
+            heapq.heappush(self.event_timers, (t, self.seq(), key))
+        for p in getattr(logic, "proc_timers", ()):
+            heapq.heappush(self.proc_timers, (p, self.seq(), key))
+
+    def prune_timers(self) -> None:
+        """With a spill store: drop heap entries of keys spilled since (their timers are on disk),
+        once the heaps outgrow the keys in memory."""
+        spill = self.spill
+        if spill is None:
+            return
+        bound = 2 * spill.max_keys + 1024
+        for name in ("event_timers", "proc_timers"):
+            heap: list[tuple[int, int, Hashable]] = getattr(self, name)
+            if len(heap) > bound:
+                kept = [entry for entry in heap if spill.is_hot(entry[2])]
+                heapq.heapify(kept)
+                setattr(self, name, kept)
+
     def on_watermark(self, watermark: int, now: int) -> None:
+        spill = self.spill
+        if spill is not None:
+            while True:  # spilled keys due now come back (their timers re-armed), a bounded batch at a time
+                due = spill.due_event(watermark, max(spill.max_keys // 2, 1))
+                for key in due:
+                    spill[key]
+                self._fire_event_timers(watermark, now)
+                if not due:
+                    break
+            self.prune_timers()
+            return
+        self._fire_event_timers(watermark, now)
+
+    def _fire_event_timers(self, watermark: int, now: int) -> None:
         timers = self.event_timers
         if not timers or timers[0][0] > watermark:
             return
@@ -159,6 +219,20 @@ class KeyedRuntime:
                 self.dirty.discard(key)
 
     def on_notify(self, now: int, watermark: int) -> None:
+        spill = self.spill
+        if spill is None:
+            self._notify(now, watermark)
+            return
+        while True:  # spilled keys with a timer due come back (re-armed), a bounded batch at a time
+            due = spill.due_proc(now, max(spill.max_keys // 2, 1))
+            for key in due:
+                spill[key]
+            self._notify(now, watermark)
+            if not due:
+                break
+        self.prune_timers()
+
+    def _notify(self, now: int, watermark: int) -> None:
         ctx = self.ctx
         ctx.watermark = watermark
         ctx.now = now
@@ -187,6 +261,9 @@ class KeyedRuntime:
 
     def snapshot(self, owners: Callable[[Hashable], bool] | None = None) -> list[list[Any]]:
         """``[[key, owner, state], …]`` for keys owned by partitions ``owners`` accepts."""
+        if self.spill is not None:
+            return [[key, owner, state] for key, owner, state in self.spill.entries()
+                    if owners is None or owners(owner)]
         return [
             [key, self.owner.get(key), logic.snapshot()]
             for key, logic in self.logics.items()

@@ -58,7 +58,7 @@ from typing import Any
 
 from broker.log.partitioner import partition_for_key
 from processors.errors import PipelineDefinitionError
-from processors.executor import Executor, OutRecord, RecordLike, TopicPartition, _Node
+from processors.executor import Executor, KeyedStateFactory, OutRecord, RecordLike, TopicPartition, _Node
 from processors.pipeline import NodeSpec, Pipeline, SourceConfig
 from processors.serde import to_json
 from processors.time import NO_TIME
@@ -270,7 +270,7 @@ class ShuffleWriter(Executor):
     """The upstream stage's executor: ``repartition`` nodes write keyed items and marks."""
 
     def __init__(self, pipeline: Pipeline, now: int, *, partitions: int,
-                 partition_counts: Callable[[], dict[str, int]]) -> None:
+                 partition_counts: Callable[[], dict[str, int]], keyed_state: KeyedStateFactory | None = None) -> None:
         self.partitions = partitions
         self.partition_counts = partition_counts  # input topic -> partition count (the marks name them)
         self.counters = _SequenceCounters(partitions)
@@ -278,7 +278,7 @@ class ShuffleWriter(Executor):
         self.marked_at = NO_TIME
         self.last_mark: tuple[int, list[Hashable]] = (NO_TIME, [])
         self.marks_sent = 0
-        super().__init__(pipeline, now)
+        super().__init__(pipeline, now, keyed_state=keyed_state)  # keyed branches not under the key_by
         self.extensions.append(self.counters)
 
     def _build(self, spec: NodeSpec) -> _Node:
@@ -374,8 +374,8 @@ class ShuffleReader(Executor):
     """The downstream stage's executor: decodes repartition records into keyed items, drops replayed
     duplicates, and takes each partition's watermark from the marks (see the module rules)."""
 
-    def __init__(self, pipeline: Pipeline, now: int) -> None:
-        super().__init__(pipeline, now)
+    def __init__(self, pipeline: Pipeline, now: int, *, keyed_state: KeyedStateFactory | None = None) -> None:
+        super().__init__(pipeline, now, keyed_state=keyed_state)  # the state bound holds here too
         self.inputs = _ShuffleInputs()
         self.extensions.append(self.inputs)
         self.duplicates = 0

@@ -67,6 +67,17 @@ class RunnerConfig:
     state_dir: str | None = None
 
 
+def keyed_state_factory(config: RunnerConfig, name: str) -> KeyedStateFactory | None:
+    """The spill store of the keyed operators of pipeline (or stage) ``name`` under ``config``'s bound
+    (None: every key in memory)."""
+    if config.state_max_keys is None:
+        return None
+    from processors.state_store import spilling_factory  # rocksdict only when asked for
+
+    base = Path(config.state_dir) if config.state_dir else Path(tempfile.gettempdir()) / "sluice-state"
+    return spilling_factory(config.state_max_keys, base / name)
+
+
 class Runner:
     def __init__(
         self,
@@ -88,7 +99,8 @@ class Runner:
         self.config = config or RunnerConfig()
         self.name = name or f"processor:{pipeline.name}"
         # a given executor: a subclass for one stage of a repartitioned pipeline (processors.repartition)
-        self.executor = executor or Executor(pipeline, self.clock.now_ms(), keyed_state=self._keyed_state())
+        self.executor = executor or Executor(pipeline, self.clock.now_ms(),
+                                             keyed_state=keyed_state_factory(self.config, pipeline.name))
         self.positions: dict[TopicPartition, int] = {}
         self.in_q: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.config.queue_batches)
         self.out_q: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.config.queue_batches)
@@ -115,15 +127,6 @@ class Runner:
         self.max_out_q = 0
         self.failed: BaseException | None = None
         self.stopped = asyncio.Event()
-
-    def _keyed_state(self) -> KeyedStateFactory | None:
-        cfg = self.config
-        if cfg.state_max_keys is None:
-            return None
-        from processors.state_store import spilling_factory  # rocksdict only when asked for
-
-        base = Path(cfg.state_dir) if cfg.state_dir else Path(tempfile.gettempdir()) / "sluice-state"
-        return spilling_factory(cfg.state_max_keys, base / self.pipeline.name)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -162,9 +165,22 @@ class Runner:
             if not waiting.done():
                 waiting.set_result(None)
         await self.source.stop()
+        state = self.state_status()
         self.executor.close()
         self.stopped.set()
-        log.info("processor stopped", extra={"pipeline": self.pipeline.name})
+        log.info("processor stopped",
+                 extra={"pipeline": self.pipeline.name, **{f"state_{k}": v for k, v in state.items()}})
+
+    def state_status(self) -> dict[str, int]:
+        """Keyed state over every keyed operator: keys, keys in memory, spills and loads (spill store)."""
+        out = {"keys": 0, "keys_in_memory": 0, "spilled": 0, "loaded": 0}
+        for node in self.executor.keyed.values():
+            logics = node.rt.logics
+            out["keys"] += len(logics)
+            out["keys_in_memory"] += int(getattr(logics, "in_memory", len(logics)))
+            out["spilled"] += int(getattr(logics, "spilled", 0))
+            out["loaded"] += int(getattr(logics, "loaded", 0))
+        return out
 
     async def _guard(self, coro: Any) -> None:
         try:
@@ -381,6 +397,7 @@ class Runner:
             "dead_letters": ex.dead_letters,
             "queues": {"in": self.in_q.qsize(), "out": self.out_q.qsize(), "max": self.config.queue_batches,
                        "max_in_seen": self.max_in_q, "max_out_seen": self.max_out_q},
+            "state": self.state_status(),
             "checkpoints": {"written": self.checkpoints_written, "last_ms": self.last_checkpoint_ms,
                             "interval_ms": self.config.checkpoint_interval_ms},
         }

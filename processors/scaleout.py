@@ -29,7 +29,7 @@ from processors.kafka import KafkaCheckpointStore, KafkaSink, KafkaSource
 from processors.pipeline import Pipeline
 from processors.purge import RepartitionPurger
 from processors.repartition import ShufflePlan, ShuffleReader, ShuffleWriter
-from processors.runner import EXACTLY_ONCE, Runner, RunnerConfig
+from processors.runner import EXACTLY_ONCE, Runner, RunnerConfig, keyed_state_factory
 from processors.time import SystemClock
 
 __all__ = ["Stage", "build_stages"]
@@ -99,12 +99,15 @@ async def build_stages(pipeline: Pipeline, plan: ShufflePlan | None, bootstrap: 
         now = SystemClock().now_ms()
         down = await _stage(plan.downstream, bootstrap, config, transactional_id(plan.downstream, instance_id),
                             client_id=client_id, session_timeout_ms=session_timeout_ms,
-                            executor=ShuffleReader(plan.downstream, now), purge=frozenset({plan.topic}))
+                            executor=ShuffleReader(plan.downstream, now,
+                                                   keyed_state=keyed_state_factory(config, plan.downstream.name)),
+                            purge=frozenset({plan.topic}))
         stages.append(down)
         counts = {t: await _partition_count(down.sink, t) for t in plan.upstream.source_config.topics}
         await _ensure_repartition_topic(bootstrap, plan.topic, plan.partitions or max(counts.values()))
         partitions = await _partition_count(down.sink, plan.topic)
-        writer = ShuffleWriter(plan.upstream, now, partitions=partitions, partition_counts=lambda: dict(counts))
+        writer = ShuffleWriter(plan.upstream, now, partitions=partitions, partition_counts=lambda: dict(counts),
+                               keyed_state=keyed_state_factory(config, plan.upstream.name))
         up = await _stage(plan.upstream, bootstrap, config, transactional_id(plan.upstream, instance_id),
                           client_id=client_id, session_timeout_ms=session_timeout_ms, executor=writer,
                           extra_topics=(plan.topic,))

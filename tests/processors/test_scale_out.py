@@ -362,3 +362,42 @@ async def test_repartition_records_the_downstream_committed_are_deleted(
     assert sorted(committed) == tps and all(committed[tp] > 0 for tp in tps), committed
     assert starts == committed, (starts, committed, ends)
     assert "Traceback" not in instance.log.read_text()
+
+
+async def test_a_repartitioned_pipeline_over_its_state_bound_killed_and_restored_gives_the_batch_result(
+        bootstrap: str, tmp_path: Path) -> None:
+    """``--state-max-keys`` holds in the keyed stage of a repartitioned pipeline (it was ignored there):
+    3 of 10 sensors' state in memory, the rest spilled; kill -9 mid-stream and a restart restore the
+    spilled state from the checkpoint, and the read_committed windows equal the batch computation."""
+    readings = sensor_readings(40)
+    expected = batch_window_means(readings, 10_000)
+    env = topics("spill")
+    await create_topics(bootstrap, env["SENSORS_INPUT"], env["SENSORS_OUTPUT"])
+    half = len(readings) // 2
+    await produce_round_robin(bootstrap, env["SENSORS_INPUT"], readings[:half], 0)
+    options = (*EXACTLY_ONCE, "--instance-id", "s0", "--state-max-keys", "3", "--state-dir", str(tmp_path / "state"))
+    instance = Instance(bootstrap, env, tmp_path / "s.log", *options)
+    try:
+        async def some_windows() -> bool:
+            return len(await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_uncommitted")) >= 10
+        await wait_for(some_windows, [instance])
+        await produce_round_robin(bootstrap, env["SENSORS_INPUT"], readings[half:], half)
+        instance.kill9()
+        instance = Instance(bootstrap, env, tmp_path / "s.log", *options)
+        await punctuate(bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
+
+        async def all_windows() -> bool:
+            rows = await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_committed")
+            return len(finals(rows)) >= len(expected)
+        await wait_for(all_windows, [instance], timeout=90)
+    finally:
+        code = instance.stop()
+    text = instance.log.read_text()
+    assert code == 0, text[-3000:]
+    rows = await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_committed")
+    assert [k for k, n in Counter(tuple(r["_key"]) for r in rows).items() if n > 1] == []
+    assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
+    stage = f"{env['SENSORS_GROUP']}.repartition.0"
+    [stopped] = [line for line in text.splitlines() if "processor stopped" in line and f"pipeline={stage}" in line]
+    spilled = int(stopped.split("state_spilled=")[1].split()[0])
+    assert spilled > 0 and "state_keys_in_memory=" in stopped, stopped

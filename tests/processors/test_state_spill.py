@@ -15,12 +15,14 @@ import pytest
 from broker.log.memory import MemoryLogStore
 from broker.protocol.records import RecordSpec
 from processors.aggregations import Mean
+from processors.executor import Executor
 from processors.hosting import AttachedRunner
+from processors.operators import KeyedProcessFunction, ProcessContext
 from processors.pipeline import Pipeline
 from processors.runner import RunnerConfig
-from processors.state_store import SpillingLogics
+from processors.state_store import SpillingLogics, spilling_factory
 from processors.testing import FakeClock
-from processors.watermarks import BoundedOutOfOrderness
+from processors.watermarks import AllIdlePolicy, BoundedOutOfOrderness
 from processors.windows import Tumbling
 from tests.processors.test_runner import read_topic, wait_until
 from tests.processors.workloads import T0
@@ -106,3 +108,58 @@ async def test_more_keys_than_the_bound_give_the_in_memory_results_across_a_rest
     assert len(in_memory) > 4 * KEYS  # windows of 10 s over 45 s, every key in each
     assert spilling == in_memory == pytest.approx(batch_means(rows(0, 25) + rows(25, 45)))
     assert all(n > KEYS for n in spilled), spilled  # both runs spilled (the bound held)
+
+
+class _Rec:
+    __slots__ = ("headers", "key", "offset", "timestamp", "value")
+
+    def __init__(self, offset: int, value: dict[str, Any]) -> None:
+        self.offset, self.timestamp, self.key, self.value, self.headers = offset, value["ts"], None, \
+            json.dumps(value).encode(), ()
+
+
+class _Timers(KeyedProcessFunction):
+    """Counts per key; an event timer at the end of the first 10 s and a processing-time timer at
+    1,000 (ms of processing time) per key."""
+
+    def process(self, value: Any, ctx: ProcessContext) -> None:
+        ctx.value("n").set((ctx.value("n").get() or 0) + 1)
+        ctx.register_event_timer(T0 + 9_999)
+        ctx.register_processing_timer(1_000)
+
+    def on_timer(self, timestamp: int, ctx: ProcessContext, domain: str) -> None:
+        ctx.emit({"key": ctx.key, "domain": domain, "n": ctx.value("n").get()}, T0)
+
+
+def test_the_bound_covers_owners_and_timers_and_spilled_timers_fire(tmp_path: Path) -> None:
+    """Every per-key structure is bounded by ``state_max_keys``: owners and timer heap entries of
+    spilled keys live on disk with their state (they used to stay in memory for every key), and the
+    timers of spilled keys still fire, event-time and processing-time."""
+    keys, bound = 3_000, 20
+    stream = Pipeline.source("in", group="timers", event_time=lambda v: v["ts"],
+                             watermarks=BoundedOutOfOrderness(0), all_idle=AllIdlePolicy.HOLD)
+    stream.key_by(lambda v: v["k"], repartition=False).process(_Timers()).sink("out")
+    ex = Executor(stream.pipeline, 0, keyed_state=spilling_factory(bound, tmp_path / "state"))
+    tp = ("in", 0)
+    ex.add_partition(tp, 0)
+    ex.process(tp, [_Rec(i, {"k": f"k{i}", "ts": T0}) for i in range(keys)], 0)
+    [node] = ex.keyed.values()
+    rt, store = node.rt, node.rt.logics
+    assert isinstance(store, SpillingLogics) and len(store) == keys and store.in_memory <= bound
+    # owners of spilled keys are in their disk records (they were a dict of every key)
+    assert len(rt.owner if isinstance(rt.owner, dict) else store._owner) <= bound
+    assert len(rt.event_timers) <= 2 * bound + 1024 and len(rt.proc_timers) <= 2 * bound + 1024
+    [entries] = ex.snapshot().values()
+    assert rt.owner["k0"] == tp and len(entries) == keys and {e[1] for e in entries} == {tp}
+
+    ex.tick(1_000)  # processing time reaches every key's timer, spilled or not
+    proc = [json.loads(r.value or b"") for r in ex.take_outputs()]
+    ex.process(tp, [_Rec(keys, {"k": "mover", "ts": T0 + 10_000})], 1_000)  # the watermark passes 9,999
+    event = [json.loads(r.value or b"") for r in ex.take_outputs()]
+    event = [r for r in event if r["key"] != "mover"]
+    assert sorted(r["key"] for r in proc if r["domain"] == "processing") == sorted(f"k{i}" for i in range(keys))
+    assert sorted(r["key"] for r in event if r["domain"] == "event") == sorted(f"k{i}" for i in range(keys))
+    assert [r for r in proc + event if r["n"] != 1] == []
+    assert store.in_memory <= bound and len(store._owner) <= bound
+    assert len(rt.event_timers) <= 2 * bound + 1024 and len(rt.proc_timers) <= 2 * bound + 1024
+    ex.close()
