@@ -8,6 +8,9 @@ deletes the key (delete). Both stores are scratch (the checkpoint is the durable
 without WAL, sqlite3 with ``journal_mode=OFF, synchronous=OFF``.
 
 Run: ``python -m bench.bench_state [--keys 200000 --ops 400000]``.
+
+``--checkpoint-keys N [--bound B --touched F]``: checkpoint cost of a keyed window operator with N keys
+(full against incremental, ``processors.checkpoint_delta``) and the Python heap per key.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from __future__ import annotations
 import argparse
 import random
 import sqlite3
+import statistics
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,11 +99,79 @@ def run(make: Callable[[Path], Sqlite | Rocks], keys: int, ops: int, skewed: boo
     return ops / elapsed
 
 
+class _Rec:
+    __slots__ = ("headers", "key", "offset", "timestamp", "value")
+
+    def __init__(self, offset: int, value: bytes) -> None:
+        self.offset, self.timestamp, self.key, self.value, self.headers = offset, 0, None, value, ()
+
+
+def checkpoint_cost(keys: int, bound: int | None, touched: float, intervals: int) -> None:
+    """A keyed tumbling mean over ``keys`` keys (one open window each), then ``intervals`` checkpoint
+    intervals in which a fraction ``touched`` of the keys gets a record: the time and bytes of a full
+    checkpoint each interval against an incremental one (base + delta), and the Python heap per key."""
+    from processors.aggregations import Mean
+    from processors.checkpoint import CheckpointCodec, take_checkpoint
+    from processors.executor import Executor
+    from processors.pipeline import Pipeline
+    from processors.runner import RunnerConfig, keyed_state_factory
+    from processors.watermarks import AllIdlePolicy, BoundedOutOfOrderness
+    from processors.windows import Tumbling
+
+    stream = Pipeline.source("in", group="bench-cp", event_time=lambda v: v["ts"],
+                             watermarks=BoundedOutOfOrderness(0), all_idle=AllIdlePolicy.HOLD)
+    stream.key_by(lambda v: v["k"], repartition=False).window(Tumbling(3_600_000)).aggregate(Mean("x")).sink("out")
+    with tempfile.TemporaryDirectory() as d:
+        config = RunnerConfig(state_max_keys=bound, state_dir=d)
+        ex = Executor(stream.pipeline, 0, keyed_state=keyed_state_factory(config, "bench-cp"))
+        tp = ("in", 0)
+        ex.add_partition(tp, 0)
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        offset = 0
+        for i in range(0, keys, 10_000):
+            batch = [_Rec(offset + j, b'{"k": "sensor-%d", "x": 1.5, "ts": 1000}' % (i + j))
+                     for j in range(min(10_000, keys - i))]
+            ex.process(tp, batch, 0)
+            offset += len(batch)
+        heap = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        label = "all in memory" if bound is None else f"state_max_keys {bound:,}"
+        print(f"{keys:,} keys, {label}: Python heap {heap / keys:.0f} B/key")
+        codec = CheckpointCodec()
+        rng = random.Random(3)
+        for mode in ("full", "incremental"):
+            times, sizes = [], []
+            for n in range(intervals + 1):
+                start = time.perf_counter()
+                cp = take_checkpoint("bench-cp", ex, {tp: offset}, 0, codec.delta if mode == "incremental" else None)
+                records = codec.encode(cp)
+                elapsed = time.perf_counter() - start
+                if n:  # the first incremental one is its base
+                    times.append(elapsed)
+                    sizes.append(sum(len(k) + len(v or b"") for k, v in records))
+                chosen = rng.sample(range(keys), int(keys * touched))
+                ex.process(tp, [_Rec(offset + j, b'{"k": "sensor-%d", "x": 2.5, "ts": 1000}' % k)
+                                for j, k in enumerate(chosen)], 0)
+                offset += len(chosen)
+            print(f"  {mode} checkpoint, {touched:.1%} of keys touched per interval: "
+                  f"median {statistics.median(times):.2f} s, {statistics.median(sizes) / 1e6:.1f} MB")
+        ex.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--keys", type=int, default=200_000)
     parser.add_argument("--ops", type=int, default=400_000)
+    parser.add_argument("--checkpoint-keys", type=int, default=0,
+                        help="measure checkpoint cost and heap per key with this many keys instead")
+    parser.add_argument("--bound", type=int, default=100_000, help="state_max_keys for --checkpoint-keys (0: none)")
+    parser.add_argument("--touched", type=float, default=0.01)
+    parser.add_argument("--intervals", type=int, default=3)
     args = parser.parse_args()
+    if args.checkpoint_keys:
+        checkpoint_cost(args.checkpoint_keys, args.bound or None, args.touched, args.intervals)
+        return
     print(f"keys {args.keys}, ops {args.ops} (get + put per op, a delete every 50)")
     for skewed in (False, True):
         stores: tuple[tuple[str, Callable[[Path], Sqlite | Rocks]], ...] = (("sqlite3", Sqlite), ("rocksdict", Rocks))

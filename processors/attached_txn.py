@@ -48,6 +48,7 @@ from broker.txn.committed import read_committed
 from broker.txn.markers import COMMIT, marker_type
 from processors.checkpoint import (
     MAX_CHECKPOINT_BYTES,
+    AnchorOffsets,
     CheckpointCodec,
     CheckpointRecord,
     PartitionRestore,
@@ -216,6 +217,7 @@ class TxnCheckpointStore:
         self.store = txn.store
         self.topic = checkpoint_topic(pipeline)
         self.codec = CheckpointCodec()
+        self.anchors = AnchorOffsets()
         self._first_of_interval: int | None = None
 
     def _log(self) -> PartitionLog:
@@ -244,8 +246,10 @@ class TxnCheckpointStore:
             async with self.txn._lock:
                 first = await self.txn.append(self.topic, 0, [RecordSpec(v, k) for k, v in records])
                 await self.txn.commit()  # the interval ends here (the source's commit finds nothing open)
-            # the newest committed checkpoint starts at ``first``: what is before it is history
-            await plog.delete_records(first)
+            # what no partition's newest committed checkpoint needs (before its head or its base) is history
+            before = self.anchors.saved(self.codec, first)
+            if before is not None:
+                await plog.delete_records(before)
         except BrokerError as exc:
             raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc
 

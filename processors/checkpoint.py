@@ -21,10 +21,14 @@ complete checkpoint of every partition (plus the other slot), and a crash in the
 write leaves the previous one in force.
 
 Checkpoint topics are created with ``cleanup.policy=compact`` (Sluice's cleaner, or Kafka's, keeps
-the newest record per key). The attached store also trims (``compact,delete``): a checkpoint is one
-batch covering every partition, so the topic has ``retention.bytes=0`` and tiny segments, and
-retention (which always keeps the newest batch / active segment) runs after each save: the topic
-holds about one checkpoint. Readers step over the offsets compaction removed (batch last offsets).
+the newest record per key). The attached stores also trim: a checkpoint is one batch covering every
+partition, and after each save the log start moves up (``delete_records``) to the first record the
+newest checkpoint of every partition needs (its head, or an incremental checkpoint's base:
+``AnchorOffsets``); the topic holds about one checkpoint (plus, incremental, the deltas since the
+oldest base). Readers step over the offsets compaction removed (batch last offsets).
+
+With keyed state in spill stores (``state_max_keys``) checkpoints are incremental: a base now and then,
+and per checkpoint the keys changed since it (version 3, ``processors.checkpoint_delta``).
 Restoring a partition uses the newest complete record for it, so scaled-out instances each write
 their own partitions and a partition moving to another instance takes exactly its own keys along.
 Output is written before the checkpoint that covers it: after a crash the input after the
@@ -46,6 +50,7 @@ from broker.errors import BrokerError
 from broker.log.api import LogStore
 from broker.log.config import TopicConfig
 from broker.protocol.records import RecordSpec, decode_records, iter_batches
+from processors.checkpoint_delta import BaseRef, DeltaTracker, Increment, incremental_stores
 from processors.errors import CheckpointError
 from processors.executor import Executor, TopicPartition
 from processors.time import NO_TIME
@@ -55,6 +60,7 @@ __all__ = [
     "CheckpointCodec",
     "CheckpointRecord",
     "CheckpointStore",
+    "AnchorOffsets",
     "LogCheckpointStore",
     "PartitionRestore",
     "PartitionState",
@@ -65,6 +71,7 @@ __all__ = [
 ]
 
 VERSION = 2
+DELTA_VERSION = 3  # an incremental checkpoint's head and base chunks (``processors.checkpoint_delta``)
 MAX_CHECKPOINT_BYTES = 256 * 1024 * 1024
 CHUNK_BYTES = 512 * 1024
 TRIM_SEGMENT_BYTES = 1024  # attached checkpoint topic: (almost) every checkpoint batch starts a segment
@@ -93,6 +100,7 @@ class Checkpoint:
     parts: dict[TopicPartition, PartitionState]
     ops: dict[str, list[list[Any]]] = field(default_factory=dict)  # op id -> [[key, owner tp, state], …]
     extras: dict[TopicPartition, dict[str, Any]] = field(default_factory=dict)  # Executor.partition_extras
+    increments: dict[TopicPartition, Increment] | None = None  # incremental (``checkpoint_delta``): not ``ops``
 
 
 @dataclass
@@ -102,6 +110,8 @@ class PartitionRestore:
     state: PartitionState
     ops: dict[str, list[list[Any]]]
     extras: dict[str, Any] = field(default_factory=dict)
+    base: BaseRef | None = None  # an incremental checkpoint's base
+    touched: dict[str, list[Any]] = field(default_factory=dict)  # and the keys its delta covers
 
     @property
     def offset(self) -> int:
@@ -111,8 +121,10 @@ class PartitionRestore:
 # -- executor <-> checkpoint --------------------------------------------------------------------
 
 
-def take_checkpoint(pipeline: str, ex: Executor, positions: Mapping[TopicPartition, int], now: int) -> Checkpoint:
-    """The executor's state for ``positions`` (tp -> next offset) as of now, between batches."""
+def take_checkpoint(pipeline: str, ex: Executor, positions: Mapping[TopicPartition, int], now: int,
+                    delta: DeltaTracker | None = None) -> Checkpoint:
+    """The executor's state for ``positions`` (tp -> next offset) as of now, between batches; with
+    ``delta`` and keyed state in spill stores, incremental (``processors.checkpoint_delta``)."""
     parts = {}
     extras = {}
     for tp, offset in positions.items():
@@ -120,6 +132,9 @@ def take_checkpoint(pipeline: str, ex: Executor, positions: Mapping[TopicPartiti
         parts[tp] = PartitionState(offset, max_ts, heartbeat, floor, quiet)
         if ex.extensions:
             extras[tp] = ex.partition_extras(tp)
+    stores = None if delta is None else incremental_stores(ex)
+    if delta is not None and stores is not None:
+        return Checkpoint(pipeline, now, ex.watermark, parts, {}, extras, delta.increments(stores, set(positions)))
     return Checkpoint(pipeline, now, ex.watermark, parts, ex.snapshot(set(positions)), extras)
 
 
@@ -172,6 +187,14 @@ class CheckpointCodec:
         self.chunk_bytes = chunk_bytes
         self._slot: dict[TopicPartition, int] = {}  # slot of the newest chunked checkpoint
         self._chunks: dict[tuple[TopicPartition, int], int] = {}  # chunks last written to a slot
+        self._base_chunks: dict[tuple[TopicPartition, int], int] = {}  # base chunks last in a slot
+        self.delta = DeltaTracker()  # incremental checkpoints: bases and keys touched since
+        # per partition, the index (in the last ``encode``'s records) of the first record its newest
+        # checkpoint needs: its base's first chunk, or its head when self-contained; trimming stores
+        # keep the log from the oldest of these (``anchor_offsets``)
+        self.anchors: dict[TopicPartition, int] = {}
+        self.written: list[TopicPartition] = []  # the partitions of the last ``encode``
+        self.missing: set[TopicPartition] = set()  # last ``decode``: heads whose chunks or base were not read
 
     def encode(self, cp: Checkpoint) -> list[CheckpointRecord]:
         owned: dict[TopicPartition, dict[str, list[list[Any]]]] = {tp: {} for tp in cp.parts}
@@ -183,9 +206,22 @@ class CheckpointCodec:
                 if owner is not None and (owner[0], owner[1]) in owned:
                     owned[(owner[0], owner[1])][op].append(entry)
         out: list[CheckpointRecord] = []
+        self.anchors = {}
+        self.written = list(cp.parts)
         for tp, s in cp.parts.items():
-            doc = {"v": VERSION, "pipeline": cp.pipeline, "created": cp.created, "watermark": cp.watermark,
-                   "part": [tp[0], tp[1], s.offset, s.max_ts, s.heartbeat, s.floor, s.quiet_ms], "ops": owned[tp]}
+            doc: dict[str, Any] = {
+                "v": VERSION, "pipeline": cp.pipeline, "created": cp.created, "watermark": cp.watermark,
+                "part": [tp[0], tp[1], s.offset, s.max_ts, s.heartbeat, s.floor, s.quiet_ms], "ops": owned[tp]}
+            inc = None if cp.increments is None else cp.increments.get(tp)
+            if inc is not None:
+                if inc.base is not None:
+                    self.anchors[tp] = len(out)
+                    out += self._base_records(tp, inc.base, cp.pipeline)
+                ref = self.delta.bases[tp]
+                doc.update(v=DELTA_VERSION, ops=inc.ops, gone=inc.gone,
+                           base=[ref.ident, ref.slot, ref.chunks, ref.keys])
+            else:
+                self.anchors[tp] = len(out)
             if cp.extras.get(tp):
                 doc["x"] = cp.extras[tp]  # the executor's partition extensions (e.g. repartition sequences)
             data = _pack(doc, cp.pipeline)
@@ -193,6 +229,26 @@ class CheckpointCodec:
                 out.append((_tp_key(tp), data))
             else:
                 out += self._chunked(tp, data)
+        return out
+
+    def _base_records(self, tp: TopicPartition, base: dict[str, list[list[Any]]],
+                      pipeline: str) -> list[CheckpointRecord]:
+        """A new base of ``tp`` in the slot its current base is not in (``processors.checkpoint_delta``)."""
+        current = self.delta.bases.get(tp)
+        slot = 1 - (current.slot if current is not None else 1)
+        data = _pack(base, pipeline)
+        ident = uuid.uuid4().hex
+        n = max(-(-len(data) // self.chunk_bytes), 1)
+        prefix = f"{tp[0]}:{tp[1]}:b{slot}:"
+        out: list[CheckpointRecord] = [
+            ((prefix + str(i)).encode(),
+             msgpack.packb({"v": DELTA_VERSION, "base": [ident, i, n],
+                            "data": data[i * self.chunk_bytes : (i + 1) * self.chunk_bytes]}, use_bin_type=True))
+            for i in range(n)
+        ]
+        out += [((prefix + str(i)).encode(), None) for i in range(n, self._base_chunks.get((tp, slot), 0))]
+        self._base_chunks[(tp, slot)] = n
+        self.delta.based(tp, BaseRef(ident, slot, n, sum(len(entries) for entries in base.values())))
         return out
 
     def _chunked(self, tp: TopicPartition, data: bytes) -> list[CheckpointRecord]:
@@ -215,7 +271,9 @@ class CheckpointCodec:
     def decode(self, records: Iterable[CheckpointRecord]) -> dict[TopicPartition, PartitionRestore]:
         """For each partition, its newest complete checkpoint among ``records`` (in log order)."""
         latest: dict[TopicPartition, PartitionRestore] = {}
+        self.missing = set()
         chunks: dict[str, dict[int, bytes]] = {}
+        bases: dict[str, dict[int, bytes]] = {}
         v1_chunks: dict[str, dict[int, bytes]] = {}
         for key, raw in records:
             if raw is None:
@@ -226,6 +284,21 @@ class CheckpointCodec:
             if doc.get("v") == 1:
                 for r in _decode_v1(doc, raw, v1_chunks):
                     latest[r.tp] = r
+                continue
+            if "base" in doc and "data" in doc:  # a chunk of an incremental checkpoint's base
+                ident, i, _n = doc["base"]
+                bases.setdefault(ident, {})[int(i)] = doc["data"]
+                topic, partition, slot, _ = key.decode().split(":")
+                where = ((topic, int(partition)), int(slot[1:]))
+                self._base_chunks[where] = max(self._base_chunks.get(where, 0), int(i) + 1)
+                continue
+            if doc.get("v") == DELTA_VERSION:
+                restore = _with_base(doc, bases)
+                if restore is None:  # its base is not among the records: read further back
+                    self._missing(key, latest)
+                    continue
+                latest[restore.tp] = restore
+                self.missing.discard(restore.tp)
                 continue
             if doc.get("v") != VERSION:
                 raise CheckpointError(f"unknown checkpoint version {doc.get('v')!r}")
@@ -239,16 +312,61 @@ class CheckpointCodec:
             if "chunks" in doc:
                 ident, slot, n = doc["chunks"]
                 parts = chunks.get(ident, {})
-                if len(parts) != n:
-                    continue  # incomplete (a crash mid-write): the previous checkpoint stays in force
+                if len(parts) != n:  # written before its head: not among the records, read further back
+                    self._missing(key, latest)
+                    continue
                 doc = _unpack(b"".join(parts[k] for k in range(n)))
-                restore = _partition_restore(doc)
-                self._slot[restore.tp] = int(slot)
-                latest[restore.tp] = restore
+                found = _with_base(doc, bases) if doc.get("v") == DELTA_VERSION else _partition_restore(doc)
+                if found is None:
+                    self._missing(key, latest)
+                    continue
+                self._slot[found.tp] = int(slot)
+                latest[found.tp] = found
+                self.missing.discard(found.tp)
                 continue
             restore = _partition_restore(doc)
             latest[restore.tp] = restore
         return latest
+
+
+    def _missing(self, key: bytes, latest: dict[TopicPartition, PartitionRestore]) -> None:
+        """The newest head of a partition needs records before those read: an older checkpoint must not
+        stand in for it (under exactly-once its results are committed already)."""
+        topic, _, partition = key.decode().rpartition(":")
+        tp = (topic, int(partition))
+        latest.pop(tp, None)
+        self.missing.add(tp)
+
+
+def _with_base(doc: dict[str, Any], bases: dict[str, dict[int, bytes]]) -> PartitionRestore | None:
+    """An incremental head with its base applied (None when the base's chunks are not all there)."""
+    ident, slot, n, keys = doc["base"]
+    parts = bases.get(ident, {})
+    if len(parts) != n:
+        return None
+    base = _unpack(b"".join(parts[i] for i in range(n)))
+    ops: dict[str, list[list[Any]]] = {}
+    touched: dict[str, list[Any]] = {}
+    for op in set(base) | set(doc.get("ops", {})) | set(doc.get("gone", {})):
+        merged = {_hashable_key(e[0]): e for e in base.get(op, [])}
+        delta = doc.get("ops", {}).get(op, [])
+        gone = doc.get("gone", {}).get(op, [])
+        for e in delta:
+            merged[_hashable_key(e[0])] = e
+        for k in gone:
+            merged.pop(_hashable_key(k), None)
+        ops[op] = list(merged.values())
+        touched[op] = [e[0] for e in delta] + list(gone)
+    restore = _partition_restore({**doc, "ops": ops})
+    restore.base = BaseRef(str(ident), int(slot), int(n), int(keys))
+    restore.touched = touched
+    return restore
+
+
+def _hashable_key(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable_key(v) for v in value)
+    return value
 
 
 def _partition_restore(doc: dict[str, Any]) -> PartitionRestore:
@@ -295,7 +413,13 @@ async def load_from_tail(read: Callable[[int, int], Awaitable[list[CheckpointRec
     while True:
         lo = max(start, end - span)
         found = codec.decode(await read(lo, end))
-        if lo <= start or (tps is not None and set(tps) <= found.keys()):
+        wanted = codec.missing if tps is None else codec.missing & set(tps)
+        if lo <= start:
+            if wanted:
+                raise CheckpointError(f"the newest checkpoint of {sorted(wanted)} needs records the checkpoint "
+                                      "topic no longer holds (its chunks or its base)")
+            return found
+        if tps is not None and set(tps) <= found.keys() and not wanted:
             return found
         span *= 4
 
@@ -310,18 +434,37 @@ class CheckpointStore(Protocol):
         """Store one checkpoint's records (``codec.encode``), durably, in order."""
 
 
+class AnchorOffsets:
+    """For stores that trim their log (the attached ones): per partition, the offset of the first
+    record its newest checkpoint needs (its head, or an incremental checkpoint's base)."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[TopicPartition, int] = {}
+
+    def saved(self, codec: CheckpointCodec, base_offset: int) -> int | None:
+        """The records of ``codec``'s last encode were appended from ``base_offset``: the offset below
+        which nothing is needed, or None when a partition's anchor is not known yet."""
+        for tp, index in codec.anchors.items():
+            self.offsets[tp] = base_offset + index
+        wanted = [self.offsets.get(tp) for tp in codec.written]
+        if not wanted or any(o is None for o in wanted):
+            return None
+        return min(o for o in wanted if o is not None)
+
+
 class LogCheckpointStore:
-    """Checkpoints in a topic of an in-process ``LogStore`` (the attached runner), trimmed to about
-    the newest checkpoint after every save (see the module docstring)."""
+    """Checkpoints in a topic of an in-process ``LogStore`` (the attached runner), trimmed after every
+    save to what the newest checkpoint needs (see the module docstring)."""
 
     def __init__(self, store: LogStore, pipeline: str) -> None:
         self.store = store
         self.topic = checkpoint_topic(pipeline)
         self.codec = CheckpointCodec()
+        self.anchors = AnchorOffsets()
 
     async def _ensure(self) -> None:
-        # one attached runner writes every partition in each checkpoint (one batch): retention may
-        # drop everything but the newest batch / active segment
+        # one attached runner writes every partition in each checkpoint (one batch): ``save`` trims
+        # the log to what the newest checkpoint needs (no retention of its own)
         if not self.store.has_topic(self.topic):
             self.store.create_topic(self.topic, 1, self._trimmed(self.store.default_config), internal=True)
             return
@@ -331,7 +474,7 @@ class LogCheckpointStore:
 
     @staticmethod
     def _trimmed(config: TopicConfig) -> TopicConfig:
-        return config.with_kafka_configs({"max.message.bytes": str(MAX_CHECKPOINT_BYTES), "retention.bytes": "0",
+        return config.with_kafka_configs({"max.message.bytes": str(MAX_CHECKPOINT_BYTES), "retention.bytes": "-1",
                                           "retention.ms": "-1", "segment.bytes": str(TRIM_SEGMENT_BYTES),
                                           "cleanup.policy": "compact,delete"})
 
@@ -364,8 +507,9 @@ class LogCheckpointStore:
             await self._ensure()
             specs = [RecordSpec(value, key) for key, value in records]
             result = await self.store.append_records(self.topic, specs, partition=0)
-            log = self.store.partition(self.topic, 0)
-            log.enforce_retention(result.log_append_time)
+            before = self.anchors.saved(self.codec, result.base_offset)
+            if before is not None:  # what no partition's newest checkpoint needs any more
+                await self.store.partition(self.topic, 0).delete_records(before)
         except BrokerError as exc:
             raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 from abc import abstractmethod
 from collections.abc import Callable, Hashable, Iterator, MutableMapping
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from processors.time import NO_TIME
@@ -71,6 +72,12 @@ class SpillStore(MutableMapping[Hashable, "Logic"]):
     def is_hot(self, key: Hashable) -> bool: ...
     @abstractmethod
     def entries(self) -> Iterator[tuple[Hashable, Hashable, Any]]: ...
+    @abstractmethod
+    def take_changes(self) -> tuple[set[Hashable], dict[Hashable, Hashable]]: ...
+    @abstractmethod
+    def untracked(self) -> AbstractContextManager[None]: ...
+    @abstractmethod
+    def snapshot_of(self, key: Hashable) -> tuple[Hashable, Any] | None: ...
 
 
 class Logic(Protocol):
@@ -155,6 +162,8 @@ class KeyedRuntime:
                 logic.on_item(ts, value, ctx)
             except Exception as exc:  # one bad item must not stop the rest: it is dead-lettered
                 self.errors.append((ts, value, repr(exc)))
+        if self.spill is not None:
+            self.prune_timers()
 
     def _rearm(self, key: Hashable, logic: Logic) -> None:
         """A key came back from the spill store: its timers go back on the heaps."""
@@ -271,6 +280,13 @@ class KeyedRuntime:
         ]
 
     def restore(self, entries: list[list[Any]], watermark: int) -> None:
+        if self.spill is not None:
+            with self.spill.untracked():
+                self._restore(entries, watermark)
+            return
+        self._restore(entries, watermark)
+
+    def _restore(self, entries: list[list[Any]], watermark: int) -> None:
         ctx = self.ctx
         ctx.watermark = watermark
         for key, owner, state in entries:
@@ -287,6 +303,13 @@ class KeyedRuntime:
 
     def drop(self, owners: Callable[[Hashable], bool]) -> None:
         """Forget keys owned by partitions this instance no longer reads (after a rebalance)."""
+        if self.spill is not None:
+            with self.spill.untracked():
+                self._drop(owners)
+            return
+        self._drop(owners)
+
+    def _drop(self, owners: Callable[[Hashable], bool]) -> None:
         for key in [k for k, o in self.owner.items() if owners(o)]:
             self.logics.pop(key, None)
             self.owner.pop(key, None)

@@ -288,6 +288,7 @@ class Runner:
                 ex.drop_partitions(set(arg))
                 for tp in arg:
                     self.positions.pop(tp, None)
+                    self.checkpoints.codec.delta.forget(tp)
                 continue
             elif kind == "checkpoint":
                 await self._flush_outputs()
@@ -311,6 +312,9 @@ class Runner:
         restore_executor(self.executor, entries, now)
         for tp, restore in entries:
             self.positions[tp] = -1 if restore is None else restore.offset  # -1: unknown until the first record
+            # incremental checkpoints go on from the restored base and delta (none: the next is a base)
+            self.checkpoints.codec.delta.adopt(tp, None if restore is None else restore.base,
+                                               {} if restore is None else restore.touched)
         restored = {f"{tp[0]}/{tp[1]}": r.offset for tp, r in entries if r is not None}
         log.info("partitions assigned",
                  extra={"pipeline": self.pipeline.name, "partitions": [e[0] for e in entries], "restored": restored})
@@ -331,7 +335,7 @@ class Runner:
         self._last_cp = now
         # partitions with nothing read yet are listed too (offset -1): their time and idleness count
         chosen = {tp: off for tp, off in self.positions.items() if tps is None or tp in tps}
-        cp = take_checkpoint(self.pipeline.name, self.executor, chosen, now)
+        cp = take_checkpoint(self.pipeline.name, self.executor, chosen, now, self.checkpoints.codec.delta)
         return self.checkpoints.codec.encode(cp), chosen
 
     async def _sink_loop(self) -> None:

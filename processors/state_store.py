@@ -28,6 +28,7 @@ not installed and would need a fixed map size.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, MutableMapping
@@ -126,6 +127,11 @@ class SpillingLogics(SpillStore):
         self._on_disk = 0
         self._timers_on_disk = {_EVENT: 0, _PROC: 0}
         self.on_load: Callable[[Hashable, Logic], None] | None = None  # the runtime re-arms the timers
+        # what changed since ``take_changes``, for incremental checkpoints (``processors.checkpoint``):
+        # keys accessed (a logic may change on any access) and keys deleted, with their owner
+        self.tracking = True
+        self.changed: set[Hashable] = set()
+        self.deleted: dict[Hashable, Hashable] = {}
         self.spilled = 0  # logics written to disk (counted, for status and tests)
         self.loaded = 0  # logics rebuilt from disk
 
@@ -194,13 +200,19 @@ class SpillingLogics(SpillStore):
         logic = self._hot.get(key)
         if logic is not None:
             self._hot.move_to_end(key)
+            if self.tracking:
+                self.changed.add(key)
             return logic
+        if self.tracking:
+            self.changed.add(key)  # (a miss adds a key that is not there: take_changes sees it has no owner)
         record = self._take_from_disk(key)
         if record is None:
             raise KeyError(key)
         return self._load(key, record)
 
     def __setitem__(self, key: Hashable, logic: Logic) -> None:
+        if self.tracking:
+            self.changed.add(key)
         if key in self._hot:
             self._hot.move_to_end(key)
         else:
@@ -211,9 +223,39 @@ class SpillingLogics(SpillStore):
         self._evict()
 
     def __delitem__(self, key: Hashable) -> None:
-        if self._hot.pop(key, None) is None and self._take_from_disk(key) is None:
-            raise KeyError(key)
+        owner = self._owner.get(key)
+        if self._hot.pop(key, None) is None:
+            record = self._take_from_disk(key)
+            if record is None:
+                raise KeyError(key)
+            owner = _hashable(record[0])
         self._owner.pop(key, None)
+        if self.tracking:
+            self.deleted[key] = owner
+            self.changed.discard(key)
+
+    def take_changes(self) -> tuple[set[Hashable], dict[Hashable, Hashable]]:
+        """Keys accessed and keys deleted (with their owner) since the last call."""
+        changed, self.changed = self.changed, set()
+        deleted, self.deleted = self.deleted, {}
+        return changed, deleted
+
+    @contextlib.contextmanager
+    def untracked(self) -> Iterator[None]:
+        """Restores and drops: what they change is not a change to checkpoint."""
+        self.tracking = False
+        try:
+            yield
+        finally:
+            self.tracking = True
+
+    def snapshot_of(self, key: Hashable) -> tuple[Hashable, Any] | None:
+        """``(owner, snapshot)`` of one key, hot or spilled (not loaded); None when it has no state."""
+        logic = self._hot.get(key)
+        if logic is not None:
+            return self._owner.get(key), logic.snapshot()
+        record = self._record(key)
+        return None if record is None else (_hashable(record[0]), record[1])
 
     def __contains__(self, key: object) -> bool:
         if key in self._hot:

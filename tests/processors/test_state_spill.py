@@ -15,6 +15,8 @@ import pytest
 from broker.log.memory import MemoryLogStore
 from broker.protocol.records import RecordSpec
 from processors.aggregations import Mean
+from processors.checkpoint import CheckpointCodec, load_from_tail, restore_executor, take_checkpoint
+from processors.errors import CheckpointError
 from processors.executor import Executor
 from processors.hosting import AttachedRunner
 from processors.operators import KeyedProcessFunction, ProcessContext
@@ -162,4 +164,75 @@ def test_the_bound_covers_owners_and_timers_and_spilled_timers_fire(tmp_path: Pa
     assert [r for r in proc + event if r["n"] != 1] == []
     assert store.in_memory <= bound and len(store._owner) <= bound
     assert len(rt.event_timers) <= 2 * bound + 1024 and len(rt.proc_timers) <= 2 * bound + 1024
+    ex.close()
+
+
+def _windows_executor(directory: Path, bound: int) -> Executor:
+    stream = Pipeline.source("in", group="inc", event_time=lambda v: v["ts"],
+                             watermarks=BoundedOutOfOrderness(0), all_idle=AllIdlePolicy.HOLD)
+    stream.key_by(lambda v: v["k"], repartition=False).window(Tumbling(60_000)).aggregate(Mean("x")).sink("out")
+    return Executor(stream.pipeline, 0, keyed_state=spilling_factory(bound, directory))
+
+
+def test_incremental_checkpoints_write_the_changed_keys_and_restore_base_plus_delta(tmp_path: Path) -> None:
+    """With a spill store a checkpoint holds the keys changed since a base (and those gone), not every
+    key; restoring the newest head on top of its base gives exactly the state a full checkpoint has."""
+    keys, bound, tp = 2_000, 50, ("in", 0)
+    ex = _windows_executor(tmp_path / "a", bound)
+    ex.add_partition(tp, 0)
+    ex.process(tp, [_Rec(i, {"k": f"k{i}", "x": i, "ts": T0}) for i in range(keys)], 0)
+    codec = CheckpointCodec()
+    log: list[tuple[bytes, bytes | None]] = []
+
+    def checkpoint(offset: int) -> int:
+        records = codec.encode(take_checkpoint("inc", ex, {tp: offset}, 0, codec.delta))
+        log.extend(records)
+        return sum(len(k) + len(v or b"") for k, v in records)
+
+    full = checkpoint(keys)  # the first one is a base
+    ex.process(tp, [_Rec(keys + i, {"k": f"k{i}", "x": 1_000, "ts": T0 + 1}) for i in range(20)], 0)
+    small = checkpoint(keys + 20)  # 20 keys changed: a head with their state only
+    ex.process(tp, [_Rec(keys + 20 + i, {"k": f"k{i}", "x": 7, "ts": T0 + 2}) for i in range(10, 30)], 0)
+    small2 = checkpoint(keys + 40)  # cumulative: the 30 keys changed since the base
+    assert small < full / 20 and small < small2 < full / 10, (full, small, small2)
+
+    restored = CheckpointCodec().decode(log)[tp]
+    assert restored.offset == keys + 40 and restored.base is not None
+    assert sorted(restored.touched["1"]) == sorted(f"k{i}" for i in range(30))
+    other = _windows_executor(tmp_path / "b", bound)
+    restore_executor(other, [(tp, restored)], 0)
+    assert sorted(map(repr, other.snapshot()["1"])) == sorted(map(repr, ex.snapshot()["1"]))
+    # keys that go away (their windows closed) are listed gone, and stay gone after a restore
+    ex.process(tp, [_Rec(keys + 40, {"k": "k0", "x": 0, "ts": T0 + 61_000})], 0)
+    checkpoint(keys + 41)
+    after = CheckpointCodec().decode(log)[tp]
+    assert [e[0] for e in after.ops["1"]] == ["k0"]  # only k0's new window is left
+    ex.close()
+    other.close()
+
+
+async def test_a_restore_reads_back_to_the_base_of_the_newest_incremental_checkpoint(tmp_path: Path) -> None:
+    """The restore reads the checkpoint log from its tail; a head whose base lies further back makes it
+    read further (an older self-contained checkpoint found first must not stand in for it: its
+    results may be committed already), and a base the log lost is an error, not a silent fallback."""
+    tp = ("in", 0)
+    ex = _windows_executor(tmp_path / "a", 10)
+    ex.add_partition(tp, 0)
+    ex.process(tp, [_Rec(i, {"k": f"k{i}", "x": i, "ts": T0}) for i in range(100)], 0)
+    codec = CheckpointCodec()
+    log = codec.encode(take_checkpoint("inc", ex, {tp: 100}, 0, codec.delta))  # a base and its head
+    for n in range(80):  # many small heads after it: the base is far from the tail
+        ex.process(tp, [_Rec(100 + n, {"k": "k1", "x": n, "ts": T0 + 1})], 0)
+        log += codec.encode(take_checkpoint("inc", ex, {tp: 101 + n}, 0, codec.delta))
+        if n == 30:  # a self-contained checkpoint in between (as a version without increments wrote)
+            log += CheckpointCodec().encode(take_checkpoint("inc", ex, {tp: 101 + n}, 0))
+
+    async def read(lo: int, hi: int) -> list[tuple[bytes, bytes | None]]:
+        return log[lo:hi]
+
+    restored = await load_from_tail(read, 0, len(log), [tp], CheckpointCodec())
+    assert restored[tp].offset == 180 and restored[tp].base is not None
+    first_base = next(i for i, (k, _) in enumerate(log) if b":b" in k)
+    with pytest.raises(CheckpointError, match="no longer holds"):
+        await load_from_tail(read, first_base + 1, len(log), [tp], CheckpointCodec())
     ex.close()
