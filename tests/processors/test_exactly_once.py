@@ -9,14 +9,18 @@ import asyncio
 import os
 import random
 import time
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from tests.broker.server.conftest import SluiceProcess
 from tests.processors.test_standalone import (
+    PARTITIONS,
     Processor,
     finals,
     heartbeat_all,
@@ -31,39 +35,69 @@ from tests.processors.workloads import batch_window_means, sensor_readings
 __all__ = ["sluice"]  # the fixture, imported for the tests below
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["sluice", "external-kafka"])
+def eos_bootstrap(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A real Sluice, or the external Kafka-protocol cluster SLUICE_TEST_KAFKA_BOOTSTRAP names (as the
+    client and scale-out tests do)."""
+    if request.param == "external-kafka":
+        external = os.environ.get("SLUICE_TEST_KAFKA_BOOTSTRAP")
+        if not external:
+            pytest.skip("SLUICE_TEST_KAFKA_BOOTSTRAP is not set (no second Kafka-protocol endpoint to run against)")
+        yield external
+        return
+    server = SluiceProcess(tmp_path / "data", partitions=PARTITIONS)
+    server.start()
+    yield server.bootstrap
+    server.stop()
+
+
+async def eos_topics(bootstrap: str) -> dict[str, str]:
+    """The sensor example's topics, created with PARTITIONS partitions under fresh names (an external
+    cluster keeps topics between runs, and its default partition count is its own)."""
+    env = topics(f"eos-{uuid.uuid4().hex[:8]}")
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        names = [env["SENSORS_INPUT"], env["SENSORS_OUTPUT"], env["SENSORS_LATE"], env["SENSORS_ALERTS"]]
+        await admin.create_topics([NewTopic(name, PARTITIONS, 1) for name in names])
+    finally:
+        await admin.close()
+    return env
 # 1 s intervals (the later flag wins over Processor's 0.3 s): the kills below land before or after a
 # commit, so some cut an interval whose results are written but not committed
 EXACTLY_ONCE = ("--guarantee", "exactly-once", "--instance-id", "eos-test", "--checkpoint-interval", "1")
 
 
 async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_once(
-        sluice: SluiceProcess, tmp_path: Path) -> None:
+        eos_bootstrap: str, tmp_path: Path) -> None:
     seed = int(os.environ.get("SLUICE_TEST_SEED", "17"))
     rng = random.Random(seed)
     readings = sensor_readings(120)
     expected = batch_window_means(readings, 10_000)
-    env = topics("eos")
+    env = await eos_topics(eos_bootstrap)
     log = tmp_path / "eos.log"
-    proc = Processor(sluice.bootstrap, env, log, *EXACTLY_ONCE)
+    proc = Processor(eos_bootstrap, env, log, *EXACTLY_ONCE)
     chunks = [readings[i : i + 1_000] for i in range(0, len(readings), 1_000)]
     kills = failed_restarts = 0
 
     async def open_alerts() -> int:
         """Alerts (emitted per record, as it is processed) written but not committed, aborted ones
         included: the uncommitted view is read first."""
-        written = len(await read_all(sluice.bootstrap, env["SENSORS_ALERTS"]))
-        return written - len(await read_all(sluice.bootstrap, env["SENSORS_ALERTS"], "read_committed"))
+        written = len(await read_all(eos_bootstrap, env["SENSORS_ALERTS"]))
+        return written - len(await read_all(eos_bootstrap, env["SENSORS_ALERTS"], "read_committed"))
 
     try:
         for i, chunk in enumerate(chunks):
             if i % 3 != 1:
-                await produce(sluice.bootstrap, env["SENSORS_INPUT"], chunk)
+                await produce(eos_bootstrap, env["SENSORS_INPUT"], chunk)
                 continue
             deadline = time.monotonic() + 60
             while len(proc.restored()) < kills + 1:  # this instance owns the partitions
                 assert time.monotonic() < deadline and proc.proc.poll() is None, log.read_text()[-3000:]
                 await asyncio.sleep(0.05)
-            feeding = asyncio.create_task(produce(sluice.bootstrap, env["SENSORS_INPUT"], chunk))
+            feeding = asyncio.create_task(produce(eos_bootstrap, env["SENSORS_INPUT"], chunk))
             if rng.random() < 0.5:
                 await asyncio.sleep(rng.uniform(0.1, 2.5))  # anywhere in its work
             else:  # right after it wrote results its open transaction has not committed yet
@@ -76,18 +110,18 @@ async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_
             kills += 1
             await feeding
             # same instance id: its start fences the killed one and aborts the transaction it left open
-            proc = Processor(sluice.bootstrap, env, log, *EXACTLY_ONCE)
-        await heartbeat_all(sluice.bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
+            proc = Processor(eos_bootstrap, env, log, *EXACTLY_ONCE)
+        await heartbeat_all(eos_bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
         # Like a supervisor (systemd, Kubernetes), restart an instance that exited 1: seen when aiokafka's
         # transactional producer kept refreshing metadata for one topic only, so batches for another found
         # no leader for 40 s (NotLeaderForPartitionError). A failed transaction aborts; nothing may repeat.
         deadline = time.monotonic() + 180
-        while len(finals(await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"], "read_committed"))) < len(expected):
+        while len(finals(await read_all(eos_bootstrap, env["SENSORS_OUTPUT"], "read_committed"))) < len(expected):
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             if proc.proc.poll() is not None:
                 assert proc.proc.returncode == 1, log.read_text()[-3000:]
                 failed_restarts += 1
-                proc = Processor(sluice.bootstrap, env, log, *EXACTLY_ONCE)
+                proc = Processor(eos_bootstrap, env, log, *EXACTLY_ONCE)
             await asyncio.sleep(0.3)
     finally:
         assert proc.stop() == 0, log.read_text()[-3000:]
@@ -95,8 +129,8 @@ async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_
     restores = proc.restored()
     assert len(restores) == 5 + failed_restarts and restores[0] == "{}"
     assert any(r != "{}" for r in restores[1:]), restores
-    rows = await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"], "read_committed")
-    uncommitted = await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"])
+    rows = await read_all(eos_bootstrap, env["SENSORS_OUTPUT"], "read_committed")
+    uncommitted = await read_all(eos_bootstrap, env["SENSORS_OUTPUT"])
     print(f"seed {seed}: {failed_restarts} restarts after exit 1; restored offsets per start: {restores}; "
           f"read_committed {len(rows)} rows, "
           f"read_uncommitted {len(uncommitted)} (aborted intervals included), windows {len(expected)}")
@@ -109,10 +143,10 @@ async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_
         assert r["_emit_header"] == r["emit"] == "first"
     # the alerts (one per jump, emitted as each reading is processed) too: each exactly once
     alerts = [(a["sensor"], a["ts"], a["temp"]) for a in
-              await read_all(sluice.bootstrap, env["SENSORS_ALERTS"], "read_committed")]
+              await read_all(eos_bootstrap, env["SENSORS_ALERTS"], "read_committed")]
     assert sorted(alerts) == batch_jump_alerts(readings)
     # the kills did cut intervals short: results were written in them, and aborted
-    written = await read_all(sluice.bootstrap, env["SENSORS_ALERTS"])
+    written = await read_all(eos_bootstrap, env["SENSORS_ALERTS"])
     print(f"alerts: {len(alerts)} committed, {len(written)} written")
     assert len(written) > len(alerts)
 
