@@ -39,3 +39,9 @@ class OutboundAliases:
             return packet
         alias = self._by_topic[packet.topic] = len(self._by_topic) + 1
         return replace(packet, properties=replace(packet.properties, topic_alias=alias))
+
+    def forget(self, topic: str) -> None:
+        """The PUBLISH that was to introduce ``topic``'s alias was not sent (too large for the client): the
+        next one introduces it again. Only the latest alias is ever forgotten, so numbers stay dense."""
+        if self._by_topic.get(topic) == len(self._by_topic):
+            del self._by_topic[topic]

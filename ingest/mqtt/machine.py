@@ -66,7 +66,8 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
     closed. Packets after a bad one are never processed; those before it are (and are appended).
 11. PUBLISH out: QoS = min(published, granted); at most the client's Receive Maximum QoS 1/2 in flight,
     the rest queued in the session (bounded; ``session_state.py``); a PUBLISH larger than the client's
-    Maximum Packet Size is dropped and counted (§3.1.2.11.4).
+    Maximum Packet Size is dropped and counted, and behaves as if sent (§3.1.2.11.4): it leaves the
+    in-flight window, and a topic alias it would have introduced is introduced by the next one.
 12. Once CLOSED nothing more is written (except the CONNACK of a refusal) and input is discarded.
 13. ACLs (``hub.access``, with ``security.auth = required``), as Mosquitto applies them: a CONNECT whose
     will topic may not be published to is refused (5.0 0x87, 3.1.1 0x05). A PUBLISH the ACLs refuse is
@@ -347,13 +348,22 @@ class ConnectionMachine:
     def _send_publish(self, packet: Publish) -> None:
         if self.state == CLOSED:
             return
-        if self._out_aliases is not None:
-            packet = self._out_aliases.apply(packet)
-        wire = encode_publish(packet, self.version == MQTT_5)
+        sent = packet if self._out_aliases is None else self._out_aliases.apply(packet)
+        wire = encode_publish(sent, self.version == MQTT_5)
         if self.client_max_packet and len(wire) > self.client_max_packet:
-            self.hub.stats.dropped_deliveries += 1  # §3.1.2.11.4: too large for this client, discard
+            self._unsendable(packet, sent)
             return
         self._emit(wire)
+
+    def _unsendable(self, packet: Publish, sent: Publish) -> None:
+        """Rule 11: a PUBLISH larger than the client's Maximum Packet Size is discarded as if it had been sent
+        (§3.1.2.11.4): counted, its in-flight slot freed (it would hold one for ever), and an alias it was to
+        introduce forgotten (the client never learnt it)."""
+        self.hub.stats.dropped_deliveries += 1
+        if sent.topic and sent.properties.topic_alias is not None and self._out_aliases is not None:
+            self._out_aliases.forget(sent.topic)
+        if packet.qos and packet.packet_id and self.session is not None:
+            self.session.unsendable(packet.packet_id)
 
     def _send_acks(self, data: bytes) -> None:
         if self.state == CONNECTED:

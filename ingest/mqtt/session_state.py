@@ -280,6 +280,15 @@ class SessionState:
                 self.shared_inflight.pop(pid, None)
             self.pump()
 
+    def unsendable(self, pid: int) -> None:
+        """An outbound PUBLISH too large for the client was discarded: it counts as delivered (§3.1.2.11.4),
+        so it leaves the in-flight window (the caller goes on sending; no pump here)."""
+        if self.inflight_out.pop(pid, 0) != 0:
+            if self.store is not None:
+                self.store.finished(self, pid)
+            if self.shared_inflight:
+                self.shared_inflight.pop(pid, None)
+
     def take_shared(self, group: GroupRef) -> list[tuple[Publish, float | None]]:
         """Remove and return this session's unacknowledged and queued messages of ``group`` (shared rule 4);
         a QoS 2 message already PUBREC'd is the client's, and stays."""
@@ -323,7 +332,8 @@ class SessionState:
                     self.store.finished(self, packet.packet_id)
                 continue
             self._send_new(conn, ready, group)
-            last = ready.packet_id or 0
+            if ready.packet_id in self.inflight_out:  # not discarded as too large for the client
+                last = ready.packet_id
         if last and self.store is not None:
             self.store.sent(self, last)  # one mark for the batch (session_store.py rule 7)
         if not queue:
@@ -351,7 +361,7 @@ class SessionState:
         conn = self.connection
         if conn is None:
             return
-        for pid, packet in self.inflight_out.items():
+        for pid, packet in list(self.inflight_out.items()):  # a PUBLISH too large for the client leaves it
             if packet is None:
                 conn.send(Pubrel(pid))
             else:

@@ -26,6 +26,8 @@ from ingest.mqtt.packets import (
     Packet,
     Pingreq,
     Properties,
+    Puback,
+    Publish,
     Pubrel,
     Subscribe,
     Subscription,
@@ -161,3 +163,25 @@ async def test_subscribe_is_unaffected_by_a_large_enough_maximum_packet_size(ser
     got = await exchange(server.port, Connect("sub-size", MQTT_5, properties=Properties(maximum_packet_size=64)),
                          Subscribe(1, (Subscription("a/#", 1),)))
     assert got[1] == b"\x90\x04\x00\x01\x00\x01"
+
+
+async def test_a_publish_too_large_for_the_client_counts_as_sent(server: MqttServer) -> None:
+    """§3.1.2.11.4: discarded "as if it had completed sending": a QoS 1 one leaves the client's Receive
+    Maximum window (it held the only slot for ever before: nothing more reached the client; Mosquitto 2.0
+    does the same), and a topic alias it would have introduced comes with the next one."""
+    sub = await RawClient.open(server.port, MQTT_5)
+    await sub.connect("small-sub", properties=Properties(maximum_packet_size=60, receive_maximum=1,
+                                                          topic_alias_maximum=4))
+    sub.send(Subscribe(1, (Subscription("size/#", 1),)))
+    assert (await sub.recv_bytes())[0] == 0x90
+    pub = await RawClient.open(server.port, MQTT_5)
+    await pub.connect("size-pub")
+    for pid, payload in enumerate((b"x" * 100, b"small"), start=1):
+        pub.send(Publish("size/t", payload, 1, False, False, pid))
+        assert await pub.recv() == Puback(pid)
+    got = await sub.recv_bytes()
+    # PUBLISH QoS 1, topic "size/t" in full with Topic Alias 1 (0x23 0x0001), packet id 2, "small"
+    assert got == b"\x32\x13\x00\x06size/t\x00\x02\x03\x23\x00\x01small"
+    assert server.hub.stats.dropped_deliveries == 1
+    await sub.close()
+    await pub.close()
