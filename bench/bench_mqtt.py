@@ -365,7 +365,8 @@ async def main(args: argparse.Namespace) -> None:
                       f" ratio always/Mosquitto {row[2] / row[4]:.2f}x, os/Mosquitto {row[3] / row[4]:.2f}x;"
                       f" CPU us/msg: Sluice {cpu_always * us:.1f} / {cpu_os * us:.1f}, Mosquitto {m_cpu * us:.1f},"
                       f" load generator {gen_always * us:.2f} / {gen_os * us:.2f} / {m_gen * us:.2f}"
-                      f" (+ subscriber {m_sub * us:.2f}); load {os.getloadavg()[0]:.1f}", flush=True)
+                      f" (+ subscriber {f'{m_sub * us:.2f}' if args.loadgen == 'raw' else 'not measured'});"
+                      f" load {os.getloadavg()[0]:.1f}", flush=True)
         if args.connections:
             before, after = await asyncio.to_thread(sluice_memory, args.connections, tmp / "s-mem")
             per = (after - before) * 1024 / args.connections
