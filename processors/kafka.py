@@ -57,6 +57,7 @@ from processors.checkpoint import (
 from processors.errors import CheckpointError, SourceError
 from processors.executor import OutRecord, RecordLike
 from processors.executor import TopicPartition as TP
+from processors.kafka_records import use_parser_records
 from processors.purge import RepartitionPurger
 from processors.sources import AssignmentListener
 
@@ -116,6 +117,7 @@ class KafkaSource:
         except KafkaError as exc:
             await self.consumer.stop()
             raise SourceError(f"cannot join group {self.group!r} at {self.bootstrap}: {exc}") from exc
+        use_parser_records(self.consumer)  # records without ConsumerRecord objects (processors.kafka_records)
 
     async def stop(self) -> None:
         if self.consumer is not None:
@@ -173,7 +175,8 @@ class KafkaSource:
             data = await self.consumer.getmany(timeout_ms=int(timeout * 1000), max_records=max_records)
         except KafkaError as exc:
             raise SourceError(f"fetch failed: {exc}") from exc
-        # getmany's lists are fresh per call, and ConsumerRecord has every attribute a processor reads
+        # getmany's lists are fresh per call, and its records (the C parser's, see use_parser_records, or
+        # ConsumerRecord) have every attribute a processor reads
         return [((tp.topic, tp.partition), messages) for tp, messages in data.items() if messages]
 
 

@@ -1,0 +1,97 @@
+"""Standalone processors read aiokafka's parser records (processors.kafka_records): the same records,
+positions and transaction filtering as aiokafka's own ConsumerRecords, against a real Sluice."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from processors.kafka_records import use_parser_records
+from tests.broker.server.conftest import SluiceProcess
+
+Seen = tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]
+
+
+@pytest.fixture
+def sluice(tmp_path: Path) -> Iterator[SluiceProcess]:
+    server = SluiceProcess(tmp_path / "data", partitions=1)
+    server.start()
+    yield server
+    server.stop()
+
+
+async def produce(bootstrap: str, topic: str) -> int:
+    """Plain batches with headers, a committed transaction, an aborted one, and more plain batches."""
+    plain = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, enable_idempotence=True)
+    txn = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id="parser-records-test")
+    await plain.start()
+    await txn.start()
+    count = 0
+    try:
+        async def burst(tag: str, n: int) -> None:
+            nonlocal count
+            futures = [await plain.send(topic, f"{tag}-{i}".encode(), key=f"k{i % 3}".encode(),
+                                        headers=[("h", str(i).encode())] if i % 2 else [], timestamp_ms=1_000 + i)
+                       for i in range(n)]
+            for f in futures:
+                await f
+            count += n
+
+        await burst("a", 50)
+        async with txn.transaction():
+            for i in range(20):
+                await txn.send(topic, f"committed-{i}".encode(), timestamp_ms=2_000 + i)
+        count += 20
+        await txn.begin_transaction()
+        for i in range(20):
+            await txn.send(topic, f"aborted-{i}".encode(), timestamp_ms=3_000 + i)
+        await txn.flush()
+        await txn.abort_transaction()
+        await burst("b", 30)
+        return count
+    finally:
+        await plain.stop()
+        await txn.stop()
+
+
+async def read(bootstrap: str, topic: str, isolation: str, *, parser: bool) -> tuple[list[Seen], list[Any]]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level=isolation)
+    await consumer.start()
+    try:
+        if parser:
+            assert use_parser_records(consumer)  # the aiokafka pinned in pyproject.toml has the internals it needs
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        seen: list[Seen] = []
+        raw: list[Any] = []
+        while await consumer.position(tp) < end:
+            # 7 at a time: most calls stop inside a batch, so the position must follow each record
+            for records in (await consumer.getmany(tp, timeout_ms=1_000, max_records=7)).values():
+                raw += records
+                seen += [(r.offset, r.timestamp, r.key, r.value, tuple(r.headers)) for r in records]
+        return seen, raw
+    finally:
+        await consumer.stop()
+
+
+@pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])
+async def test_parser_records_are_the_records_aiokafka_returns(sluice: SluiceProcess, isolation: str) -> None:
+    topic = f"parser-records-{isolation}"
+    produced = await produce(sluice.bootstrap, topic)
+    want, wrapped = await read(sluice.bootstrap, topic, isolation, parser=False)
+    got, parsed = await read(sluice.bootstrap, topic, isolation, parser=True)
+    assert got == want
+    assert all(isinstance(r, ConsumerRecord) for r in wrapped)
+    assert parsed and not any(isinstance(r, ConsumerRecord) for r in parsed)  # the parser's own records
+    values = [v for _, _, _, v, _ in got]
+    aborted = [v for v in values if v is not None and v.startswith(b"aborted-")]
+    assert len(aborted) == (0 if isolation == "read_committed" else 20)
+    assert len(values) == produced + len(aborted)
+    assert len(set(o for o, *_ in got)) == len(got)  # no record twice across the 7-record calls
