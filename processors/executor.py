@@ -304,8 +304,10 @@ class Executor:
         self.tracker.observe(tp, max_ts, now)
         self.advance(now)
 
-    def _decode(self, tp: TopicPartition, records: Sequence[RecordLike], now: int) -> list[tuple[int, Any]]:
-        """The JSON fast path: orjson where it agrees with the stdlib, no per-record function layers."""
+    def _decode(self, tp: TopicPartition, records: Sequence[RecordLike], now: int,
+                raws: list[bytes | None] | None = None) -> list[tuple[int, Any]]:
+        """The JSON fast path: orjson where it agrees with the stdlib, no per-record function layers.
+        ``raws``: also collect the value bytes of each item (a repartition forwards them as they came)."""
         loads = _ORJSON_LOADS
         orjson_error = _ORJSON_ERROR
         to_nines = _DIGITS_TO_9
@@ -330,6 +332,9 @@ class Executor:
                 append((r.timestamp if event_time is None else int(event_time(v)), v))
             except Exception as exc:
                 self._undecodable(tp, r, exc)
+                continue
+            if raws is not None:
+                raws.append(raw)
         return items
 
     def _decode_generic(self, tp: TopicPartition, records: Sequence[RecordLike], now: int) -> list[tuple[int, Any]]:

@@ -12,7 +12,9 @@ every instance, each a consumer group of its own (``plan_shuffle`` splits the gr
   hashes to, so a rebalance moves state with partitions (checkpoint on revoke, restore on assign).
 
 Repartition records: key = the key as JSON (tuples become lists and come back as tuples), value =
-the item as JSON (values crossing a shuffle must be JSON-serializable), timestamp = event time,
+the item as JSON (values crossing a shuffle must be JSON-serializable; a key_by straight on a JSON
+source forwards the input value's bytes, which the downstream decodes as the upstream did: no
+second encoding), timestamp = event time,
 header ``sluice-shuffle-seq: <topic>:<partition>:<n>``: the input partition it came from and its
 sequence number among that partition's records sent to this repartition partition.
 
@@ -57,8 +59,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.log.partitioner import partition_for_key
+from processors import jsonvalues
 from processors.errors import PipelineDefinitionError
-from processors.executor import Executor, KeyedStateFactory, OutRecord, RecordLike, TopicPartition, _Node
+from processors.executor import (
+    _SLICE,
+    Executor,
+    KeyedStateFactory,
+    OutRecord,
+    RecordLike,
+    TopicPartition,
+    _first,
+    _Node,
+)
 from processors.pipeline import NodeSpec, Pipeline, SourceConfig
 from processors.serde import to_json
 from processors.time import NO_TIME
@@ -84,7 +96,6 @@ MARK_REFRESH_MS = 1_000  # and at least this often (ticks), or after an ownershi
 # one encoder for every record (json.dumps builds one per call when given options); no fallback: a
 # value JSON cannot carry is dead-lettered rather than turned into something else
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
-_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner json.loads uses
 _STATELESS = ("map", "filter", "flat_map")
 log = logging.getLogger("processors.repartition")
 
@@ -99,15 +110,6 @@ def encode_key(key: Any) -> bytes:
 
 def decode_key(raw: bytes | None) -> Hashable:
     return _hashable(json.loads(raw)) if raw is not None else None
-
-
-def _decode_value(raw: bytes) -> Any:
-    text = raw.decode()
-    try:
-        value, end = _SCAN(text, 0)
-    except StopIteration:
-        end = -1
-    return value if end == len(text) else json.loads(text)  # json.loads for the error message
 
 
 def _hashable(value: Any) -> Any:
@@ -256,6 +258,26 @@ class _RepartitionNode(_Node):
             counters[p] = seq + 1
             out.append(OutRecord(topic, raw_key, raw_value, ((HEADER_SHUFFLE_SEQ, f"{origin}{seq}".encode()),), ts, p))
 
+    def push_forwarding(self, items: list[tuple[int, Any]], raws: list[bytes | None]) -> None:
+        """``push`` for a key_by straight on a JSON source: each item's value goes out as the bytes it
+        came in (the downstream decodes them with the same decoder, so it sees the same value)."""
+        ex = self.writer
+        tp = ex.current_tp
+        assert isinstance(tp, tuple)
+        counters = ex.counters.of(tp)
+        origin = f"{tp[0]}:{tp[1]}:"
+        out = ex.outputs
+        topic, fn, place = self.topic, self.fn, self._place
+        for (ts, value), raw in zip(items, raws, strict=True):
+            try:
+                raw_key, p = place(fn(value))
+            except Exception as exc:
+                ex.dead_letter(value, ts, f"key_by failed: {exc!r}")
+                continue
+            seq = counters[p]
+            counters[p] = seq + 1
+            out.append(OutRecord(topic, raw_key, raw, ((HEADER_SHUFFLE_SEQ, f"{origin}{seq}".encode()),), ts, p))
+
     def watermark(self, wm: int, now: int) -> None:
         if now - self.writer.marked_at >= MARK_MIN_INTERVAL_MS:
             self.writer.publish_marks(now)
@@ -280,6 +302,28 @@ class ShuffleWriter(Executor):
         self.marks_sent = 0
         super().__init__(pipeline, now, keyed_state=keyed_state)  # keyed branches not under the key_by
         self.extensions.append(self.counters)
+        # key_by straight on a JSON source, nothing else reading the source: values are forwarded as
+        # their input bytes, not decoded and encoded again
+        only = self.root.children[0] if len(self.root.children) == 1 else None
+        self._forwarding = only if self._json and isinstance(only, _RepartitionNode) else None
+
+    def process(self, tp: TopicPartition, records: Sequence[RecordLike], now: int) -> None:
+        node = self._forwarding
+        if node is None:
+            super().process(tp, records, now)
+            return
+        self.now = now
+        max_ts = NO_TIME
+        for i in range(0, len(records), _SLICE):
+            raws: list[bytes | None] = []
+            items = self._decode(tp, records[i : i + _SLICE], now, raws)
+            if items:
+                self.records_in += len(items)
+                self.current_tp = tp
+                node.push_forwarding(items, raws)
+                max_ts = max(max_ts, max(map(_first, items)))
+        self.tracker.observe(tp, max_ts, now)
+        self.advance(now)
 
     def _build(self, spec: NodeSpec) -> _Node:
         if spec.kind == "repartition":
@@ -387,6 +431,7 @@ class ShuffleReader(Executor):
         seqs = part.seqs
         items: list[tuple[int, Hashable, Any]] = []
         loads = json.loads
+        json_loads = jsonvalues.loads
         keys = self._keys
         duplicates_before = self.duplicates
         for r in records:
@@ -419,7 +464,7 @@ class ShuffleReader(Executor):
                     if len(keys) >= 100_000:
                         keys.clear()
                     key = keys[raw_key] = decode_key(raw_key)
-                items.append((r.timestamp, key, None if r.value is None else _decode_value(r.value)))
+                items.append((r.timestamp, key, None if r.value is None else json_loads(r.value)))
                 seqs[origin] = seq
             except Exception as exc:
                 self._undecodable(tp, r, exc)
