@@ -39,35 +39,23 @@ from typing import Any
 
 import msgspec
 
-from broker.protocol.records import Headers, encode_headers, encode_key
+from broker import native
+from broker.protocol.records import encode_headers, encode_key
+from ingest import line_kernels
 from ingest.errors import PayloadError
 from ingest.formats import parse_influx
+from ingest.line_kernels import LineTarget
 from ingest.routing import RawMessage, Rejected, RouteRule, SourceRoutes, event_time_ms
 
 __all__ = ["InfluxLinePlan", "JsonLinePlan", "LinePlan", "LineTarget", "line_plan"]
 
+_kernels = native.select(line_kernels)
 _CACHE_MAX = 100_000  # distinct field values / series / shapes per plan; cleared when full
 _DIGITS_TO_9 = bytes(0x39 if 0x30 <= b <= 0x39 else b for b in range(256))
 _LONG_DIGITS = b"9" * 19  # parse_json hands payloads with 19+ digits in a row to the stdlib
 _SLOW: Any = object()  # a cached "route_each decides lines like this one"
 _NONE_TYPE = type(None)
 _SCALARS = (str, int, float, _NONE_TYPE)  # field values a target may be keyed on (bool is not: True == 1)
-
-
-class LineTarget:
-    """Where lines that route alike go: log topic, device, key, headers (and the last two encoded)."""
-
-    __slots__ = ("device", "header_part", "headers", "key", "key_part", "partition", "partitions", "topic")
-
-    def __init__(self, topic: str, device: str | None, key: bytes | None, headers: Headers) -> None:
-        self.topic = topic
-        self.device = device
-        self.key = key
-        self.headers = headers
-        self.key_part = encode_key(key)
-        self.header_part = encode_headers(headers)
-        self.partition = -1  # the key's partition when the topic had ``partitions`` partitions (sink cache)
-        self.partitions = -1
 
 
 class LinePlan:
@@ -89,7 +77,10 @@ class LinePlan:
         routed_topic, device, (value, key, headers, timestamp) = results[0]
         if routed_topic != topic or value is not line or timestamp != stamp:
             return None
-        return LineTarget(routed_topic, device, key, headers)
+        # The kernels' own class (compiled, when they are): they read its fields directly.
+        target: LineTarget = _kernels.LineTarget(routed_topic, device, key, headers, encode_key(key),
+                                                 encode_headers(headers))
+        return target
 
 
 # ---------------------------------------------------------------- which chains have a plan
@@ -325,6 +316,7 @@ class InfluxLinePlan(LinePlan):
         )
         self._series: dict[bytes, LineTarget] = {}
         self._shapes: dict[bytes, bool] = {}
+        self._arrival_ms = 0
 
     @classmethod
     def build(cls, routes: SourceRoutes, rule: RouteRule) -> InfluxLinePlan | None:
@@ -337,77 +329,21 @@ class InfluxLinePlan(LinePlan):
         return cls(routes, rule)
 
     def route(self, lines: Sequence[bytes], arrival_ms: int) -> tuple[list[LineTarget | None], list[int] | None]:
-        joined = b"\n".join(lines)
-        screened = b'"' not in joined and b"\\" not in joined
-        series_targets = self._series
-        shapes = self._shapes
-        time_format = self._time_format
-        topic = self._rule.topic
-        out: list[LineTarget | None] = []
-        stamps: list[int] = []
-        append = out.append
-        stamp_append = stamps.append
-        for line in lines:
-            if not screened and (b'"' in line or b"\\" in line):
-                append(None)
-                stamp_append(arrival_ms)
-                continue
-            sections = line.split(b" ")
-            stamp = arrival_ms
-            if len(sections) == 3:
-                series, fields, timestamp = sections
-                if time_format is not None:
-                    if not timestamp.isdigit():
-                        append(None)
-                        stamp_append(arrival_ms)
-                        continue
-                    if time_format == "epoch_ns":
-                        stamp = int(timestamp) // 1_000_000
-                        if stamp >= 2**53:
-                            append(None)
-                            stamp_append(arrival_ms)
-                            continue
-                    else:
-                        try:
-                            stamp = event_time_ms(int(timestamp), time_format)
-                        except PayloadError:
-                            append(None)
-                            stamp_append(arrival_ms)
-                            continue
-                elif not timestamp.isdigit():
-                    append(None)
-                    stamp_append(arrival_ms)
-                    continue
-            elif len(sections) == 2:
-                series, fields = sections
-            else:
-                append(None)
-                stamp_append(arrival_ms)
-                continue
-            shape = fields.translate(_DIGITS_TO_9)
-            valid = shapes.get(shape)
-            if valid is None:
-                if len(shapes) >= _CACHE_MAX:
-                    shapes.clear()
-                valid = shapes[shape] = _valid_fields(shape)
-            target = series_targets.get(series)
-            if target is None:
-                if len(series_targets) >= _CACHE_MAX:
-                    series_targets.clear()
-                target = series_targets[series] = self._learn_series(series, line, arrival_ms, topic, stamp)
-            if not valid or target is _SLOW:
-                append(None)
-                stamp_append(arrival_ms)
-                continue
-            append(target)
-            stamp_append(stamp)
-        return out, stamps
+        if len(self._series) >= _CACHE_MAX:
+            self._series.clear()
+        if len(self._shapes) >= _CACHE_MAX:
+            self._shapes.clear()
+        self._arrival_ms = arrival_ms  # for _learn_series
+        return _kernels.route_influx_lines(
+            lines if isinstance(lines, list) else list(lines), arrival_ms, self._time_format, self._series,
+            self._shapes, self._learn_series, _valid_fields, event_time_ms, _SLOW,
+        )
 
-    def _learn_series(self, series: bytes, line: bytes, arrival_ms: int, topic: str, stamp: int) -> LineTarget:
+    def _learn_series(self, series: bytes, line: bytes, stamp: int) -> LineTarget:
         # A series starting with whitespace could make a line whose fields start with '#' a comment.
         if not series or series[:1].isspace():
             return _SLOW
-        return self._learn(line, arrival_ms, topic, stamp) or _SLOW
+        return self._learn(line, self._arrival_ms, self._rule.topic, stamp) or _SLOW
 
 
 def _valid_fields(shape: bytes) -> bool:

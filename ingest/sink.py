@@ -30,25 +30,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from broker import native
 from broker.errors import BrokerError, StorageError
 from broker.log.api import LogStore
-from broker.protocol.records import (
-    Headers,
-    PreparedRecord,
-    RecordTuple,
-    encode_headers,
-    encode_key,
-    encode_prepared_records,
-    encode_record_tuples,
-)
+from broker.protocol import prepared_records
+from broker.protocol.prepared_records import PreparedRecord
+from broker.protocol.records import Headers, RecordTuple, encode_headers, encode_key, encode_record_tuples
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
-from ingest.line_routes import LineTarget, line_plan
-from ingest.routing import RawMessage, Rejected, RoutedTuple, Router, SourceRef, SourceRoutes
+from ingest.line_kernels import LineTarget
+from ingest.routing import RawMessage, Rejected, RoutedTuple, Router, SourceRef
 
 __all__ = ["DEFAULT_MAX_PENDING_BYTES", "DeviceMessage", "IngestSink", "Placement", "WriteOutcome"]
 
 log = logging.getLogger("ingest.sink")
+_encode_prepared = native.select(prepared_records).encode_prepared_records  # compiled when built
 
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
 _MESSAGE_OVERHEAD = 64  # bytes charged per message beyond its payload (headers, bookkeeping)
@@ -232,14 +228,16 @@ class IngestSink:
     async def ingest_lines(self, source: SourceRef, lines: Sequence[bytes], arrival_ms: int) -> None:
         """``ingest`` of ``RawMessage(line, arrival_ms=arrival_ms)`` for each of a line source's lines
         (lines its format skips already removed): the same records and dead letters, routed a read at a
-        time where the source's rules allow it (``ingest/line_routes.py``)."""
+        time where the source's rules allow it (``ingest/line_writes.py``)."""
         if not lines:
             return
         charge = _MESSAGE_OVERHEAD * len(lines) + sum(map(len, lines))
         await self._reserve(source, charge)
         self.health.add_in_flight(source, len(lines))
+        from ingest.line_writes import write_lines  # imports this module: imported on first use
+
         try:
-            await self._write_lines(source, lines, arrival_ms)
+            await write_lines(self, source, lines, arrival_ms)
         finally:
             self.health.add_in_flight(source, -len(lines))
             self._release(charge)
@@ -422,128 +420,6 @@ class IngestSink:
                 for i in range(len(messages))
             )
 
-    async def _write_lines(self, source: SourceRef, lines: Sequence[bytes], arrival_ms: int) -> None:
-        """``_write`` for ``ingest_lines``: the plan routes the lines it can, ``SourceRoutes.route`` the rest
-        (in line order, so each partition gets its records in the order the lines came)."""
-        routes = self.router.for_source(source)
-        plan = line_plan(routes)
-        if plan is None:
-            await self._write(source, [RawMessage(line, None, None, arrival_ms) for line in lines], None)
-            return
-        targets, stamps = plan.route(lines, arrival_ms)
-        groups: dict[tuple[str, int], _LineGroup] = {}
-        by_target: dict[LineTarget, tuple[_LineGroup, list[int]]] = {}  # keyed targets: group, its device's counts
-        topics: dict[str, int] = {}  # topic -> partitions, looked up once per call
-        letters: list[_Letter] = []
-        routed: dict[int, RawMessage] = {}  # the lines routed one by one
-        devices: dict[int, str | None] = {}  # their devices, for their records' dead letters
-        seen: dict[str | None, list[int]] = {}
-        for index, target in enumerate(targets):
-            line = lines[index]
-            if target is None:
-                message = routed[index] = RawMessage(line, None, None, arrival_ms)
-                device = self._route_line(source, routes, message, index, groups, topics, letters, devices)
-                counts = seen.get(device)
-                if counts is None:
-                    seen[device] = [1, len(line)]
-                else:
-                    counts[0] += 1
-                    counts[1] += len(line)
-                continue
-            entry = by_target.get(target)
-            if entry is None:
-                try:
-                    group = self._line_group(groups, topics, target.topic, target.key, target)
-                except StorageError as exc:
-                    raise self._storage_failed(source, target.topic, exc) from exc
-                except BrokerError as exc:
-                    letters.append(_Letter(index, f"log refused topic {target.topic!r}: {exc}", line, target.device))
-                    counts = seen.setdefault(target.device, [0, 0])
-                    counts[0] += 1
-                    counts[1] += len(line)
-                    continue
-                if target.key is None:  # keyless: a partition per record (round-robin), as _write does
-                    group.records.append((line, target.key_part, target.header_part,
-                                          stamps[index] if stamps is not None else arrival_ms))
-                    group.owners.append(index)
-                    counts = seen.setdefault(target.device, [0, 0])
-                    counts[0] += 1
-                    counts[1] += len(line)
-                    continue
-                counts = seen.get(target.device)
-                if counts is None:
-                    counts = seen[target.device] = [0, 0]
-                entry = by_target[target] = (group, counts)
-            group, tally = entry
-            group.records.append((line, target.key_part, target.header_part,
-                                  stamps[index] if stamps is not None else arrival_ms))
-            group.owners.append(index)
-            tally[0] += 1
-            tally[1] += len(line)
-        self.health.record_batch(source, seen)
-
-        if groups:
-            if len(groups) == 1:
-                failures = [await self._append_line_group(next(iter(groups.values())))]
-            else:
-                failures = await asyncio.gather(*(self._append_line_group(group) for group in groups.values()))
-            for group, failure in zip(groups.values(), failures, strict=True):
-                if isinstance(failure, StorageError):
-                    raise self._storage_failed(source, group.topic, failure) from failure
-            for group, failure in zip(groups.values(), failures, strict=True):
-                if isinstance(failure, str):  # the log refused the batch: each record becomes a dead letter
-                    for owner in group.owners:
-                        target = targets[owner]
-                        device = target.device if target is not None else devices.get(owner)
-                        letters.append(_Letter(owner, failure, lines[owner], device))
-        if letters:
-            messages = {
-                letter.owner: routed.get(letter.owner) or RawMessage(lines[letter.owner], None, None, arrival_ms)
-                for letter in letters
-            }
-            await self._append_dead_letters(source, messages, letters, {})
-            for letter in letters:
-                self.health.error(source, letter.device, letter.reason)
-            self.dead_lettered += len(letters)
-        self.messages_written += len(lines)
-
-    def _route_line(
-        self,
-        source: SourceRef,
-        routes: SourceRoutes,
-        message: RawMessage,
-        index: int,
-        groups: dict[tuple[str, int], _LineGroup],
-        topics: dict[str, int],
-        letters: list[_Letter],
-        devices: dict[int, str | None],
-    ) -> str | None:
-        """One line the plan left to the rules, as ``_write`` routes a message; returns its device."""
-        device = None
-        for result in routes.route(message):
-            if isinstance(result, Rejected):
-                letters.append(_Letter(index, result.reason, result.original, result.device or message.device))
-                device = device or result.device
-                continue
-            topic, routed_device, (value, key, headers, timestamp) = result
-            device = device or routed_device
-            try:
-                group = self._line_group(groups, topics, topic, key, None)
-            except StorageError as exc:
-                raise self._storage_failed(source, topic, exc) from exc
-            except BrokerError as exc:
-                letters.append(_Letter(index, f"log refused topic {topic!r}: {exc}", message.payload, routed_device))
-                continue
-            hbytes = self._header_cache.get(headers)
-            if hbytes is None:
-                if len(self._header_cache) >= 100_000:
-                    self._header_cache.clear()
-                hbytes = self._header_cache[headers] = encode_headers(headers)
-            group.records.append((value if value is not None else b"", encode_key(key), hbytes, timestamp))
-            group.owners.append(index)
-            devices[index] = routed_device
-        return device
-
     def _line_group(
         self,
         groups: dict[tuple[str, int], _LineGroup],
@@ -568,8 +444,8 @@ class IngestSink:
                     self._partition_cache.clear()
                 cached = self._partition_cache[cache_key] = self.store.partition_for(topic, key)
             partition = cached
-            if target is not None:
-                target.partition, target.partitions = partition, partitions
+            if target is not None:  # the line kernels read these (ingest/line_kernels.bucket_lines)
+                target.partition, target.partitions, target.slot = partition, partitions, (topic, partition)
         group = groups.get((topic, partition))
         if group is None:
             group = groups[(topic, partition)] = _LineGroup(topic, partition)
@@ -579,12 +455,12 @@ class IngestSink:
         """``_append_group`` for a ``_LineGroup`` (no placements: ``ingest_lines`` reports none)."""
         try:
             records = group.records
-            whole = encode_prepared_records(records)
+            whole = _encode_prepared(records)
             if len(whole) <= _MAX_BATCH_BYTES:
                 await self.store.append(group.topic, group.partition, whole)
             else:
                 for start, end in _prepared_chunks(records):
-                    await self.store.append(group.topic, group.partition, encode_prepared_records(records[start:end]))
+                    await self.store.append(group.topic, group.partition, _encode_prepared(records[start:end]))
         except StorageError as exc:
             return exc
         except BrokerError as exc:

@@ -44,11 +44,9 @@ __all__ = [
     "decode_header",
     "decode_records",
     "RecordTuple",
-    "PreparedRecord",
     "encode_batch",
     "encode_headers",
     "encode_key",
-    "encode_prepared_records",
     "encode_record_tuples",
     "recompress_batches",
     "stamp_log_append_time",
@@ -323,11 +321,6 @@ def encode_record_tuples(
     return _BEFORE_CRC.pack(base_offset, batch_length, 0, MAGIC_V2, crc32c.crc32c(after_crc)) + after_crc
 
 
-# (value, encoded key, encoded headers, timestamp ms): a record whose key and headers were encoded
-# once for many records (``encode_key``, ``encode_headers``): ingest lines of one device share both.
-PreparedRecord = tuple[bytes, bytes, bytes, int]
-
-
 def encode_key(key: bytes | None) -> bytes:
     """A record key as it sits in a record: its varint length, then the bytes (-1 for none)."""
     return _varint(-1) if key is None else _varint(len(key)) + key
@@ -336,32 +329,6 @@ def encode_key(key: bytes | None) -> bytes:
 def encode_headers(headers: Headers) -> bytes:
     """Record headers as they sit in a record (their count, then each header)."""
     return _encode_headers(headers)
-
-
-def encode_prepared_records(records: Sequence[PreparedRecord], *, base_offset: int = 0) -> bytes:
-    """The same bytes as ``encode_record_tuples`` for the same records, with the key and headers of
-    each already encoded: per record only the lengths, deltas and the value are left to do."""
-    if not records:
-        raise ValueError("a record batch needs at least one record")
-    stamps = [rec[3] for rec in records]
-    base_ts = min(stamps)
-    small = _SMALL_VARINTS
-    lim = _SMALL_VARINT_LIMIT
-    slow = _encode_varint_slow
-    parts: list[bytes] = []
-    extend = parts.extend
-    for delta, (value, key, headers, ts) in enumerate(records):
-        ts_delta = ts - base_ts
-        tsv = small[ts_delta + lim] if ts_delta < lim else slow(ts_delta)
-        dv = small[delta + lim] if delta < lim else slow(delta)
-        n = len(value)
-        vv = small[n + lim] if n < lim else slow(n)
-        size = 1 + len(tsv) + len(dv) + len(key) + len(vv) + n + len(headers)
-        extend((small[size + lim] if size < lim else slow(size), b"\x00", tsv, dv, key, vv, value, headers))
-    payload = b"".join(parts)
-    after_crc = _AFTER_CRC.pack(0, len(records) - 1, base_ts, max(stamps), -1, -1, -1, len(records)) + payload
-    batch_length = BATCH_HEADER_SIZE - LOG_OVERHEAD + len(payload)
-    return _BEFORE_CRC.pack(base_offset, batch_length, 0, MAGIC_V2, crc32c.crc32c(after_crc)) + after_crc
 
 
 def _encode_headers(headers: Headers) -> bytes:

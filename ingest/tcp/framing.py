@@ -58,13 +58,17 @@ class LineFramer:
             complete = bytes(buf[:last])
             del buf[: last + 1]
             limit = self.max_line_bytes
-            for line in complete.split(b"\n"):
-                if line.endswith(b"\r"):
-                    line = line[:-1]
-                if len(line) > limit:
-                    out.append(LineTooLong(line[:limit], len(line)))
-                else:
-                    out.append(line)
+            lines = complete.split(b"\n")
+            if b"\r" not in complete and (len(complete) <= limit or max(map(len, lines)) <= limit):
+                out.extend(lines)  # the usual read: nothing to strip or cut, no loop over the lines
+            else:
+                for line in lines:
+                    if line.endswith(b"\r"):
+                        line = line[:-1]
+                    if len(line) > limit:
+                        out.append(LineTooLong(line[:limit], len(line)))
+                    else:
+                        out.append(line)
         if len(buf) > self.max_line_bytes:
             self._discarding = True
             self._prefix = bytes(buf[: self.max_line_bytes])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ingest.tcp.framing import LineFramer, LineTooLong
 from ingest.tcp.lines import LineStream
@@ -77,3 +79,25 @@ def test_line_stream_numbers_skips_and_csv_header() -> None:
     influx = LineStream("influx")
     msgs, nums = influx.messages([b"# comment", b"m v=1"], 5)
     assert nums == [2] and len(msgs) == 1
+
+
+def _model(stream: bytes, limit: int) -> list[bytes | LineTooLong]:
+    """The module docstring's rules, applied to the whole stream at once."""
+    out: list[bytes | LineTooLong] = []
+    lines = stream.split(b"\n")
+    for i, line in enumerate(lines):
+        if i == len(lines) - 1 and not line:
+            break  # the stream ended with a newline
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        out.append(LineTooLong(line[:limit], len(line)) if len(line) > limit else line)
+    return out
+
+
+# Without "\r": a line of exactly the limit followed by "\r" is cut or not depending on whether its "\n"
+# came in the same read (the buffer holds the "\r" until then); reads with "\r" take the per-line loop.
+@given(pieces=st.lists(st.sampled_from([b"\n", b"ab", b"x" * 7, b"y" * 20, b""]), max_size=30),
+       cuts=st.lists(st.integers(1, 25), max_size=10), limit=st.integers(1, 24))
+def test_framing_follows_its_rules_for_any_chunking(pieces: list[bytes], cuts: list[int], limit: int) -> None:
+    stream = b"".join(pieces)
+    assert _feed(LineFramer(limit), stream, cuts) == _model(stream, limit)

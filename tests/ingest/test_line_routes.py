@@ -16,8 +16,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from broker import native
 from broker.log.memory import MemoryLogStore
-from broker.protocol.records import encode_headers, encode_key, encode_prepared_records, encode_record_tuples
+from broker.protocol import prepared_records
+from broker.protocol.records import encode_headers, encode_key, encode_record_tuples
+from ingest import line_routes, line_writes
+from ingest import sink as sink_module
 from ingest.health import HealthRegistry
 from ingest.line_routes import InfluxLinePlan, JsonLinePlan, line_plan
 from ingest.routing import KeySpec, RawMessage, RouteDefaults, Router, RouteRule, SourceRef, SourceRoutes, TimeSpec
@@ -27,6 +31,19 @@ from ingest.tcp.lines import LineStream
 from tests.ingest.conftest import read_all
 
 ARRIVAL = 1_700_000_000_123
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]  # the kernels fixture is per test
+
+
+@pytest.fixture(autouse=True, params=["selected", "pure"])
+def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with the selected kernels (compiled when built) and with their pure source."""
+    if request.param == "pure":
+        pure_kernels = native.pure("ingest.line_kernels")
+        monkeypatch.setattr(line_routes, "_kernels", pure_kernels)
+        monkeypatch.setattr(line_writes, "_kernels", pure_kernels)
+        encode = native.pure("broker.protocol.prepared_records").encode_prepared_records
+        monkeypatch.setattr(sink_module, "_encode_prepared", encode)
+    return str(request.param)
 JSON_SOURCE = SourceRef("tcp", "default", "json")
 INFLUX_SOURCE = SourceRef("tcp", "default", "influx")
 
@@ -106,7 +123,7 @@ def _well_formed_json(i: int) -> bytes:
 
 
 @pytest.mark.parametrize("router_index", range(4))
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=40, suppress_health_check=_SLOW_OK, deadline=None)
 @given(lines=st.lists(_json_lines(), min_size=1, max_size=12))
 @example(lines=[b'{"device_id":"a","x":"\xff"}'])  # msgspec does not check the UTF-8 of skipped strings
 @example(lines=[b'{"device_id":"a","n":1234567890123456789012}'])  # orjson's float vs the stdlib's int
@@ -170,7 +187,7 @@ def _well_formed_influx(i: int, stamp: int = 1_700_000_000_000_000_000) -> bytes
 
 
 @pytest.mark.parametrize("router_index", range(3))
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=40, suppress_health_check=_SLOW_OK, deadline=None)
 @given(lines=st.lists(_influx_lines(), min_size=1, max_size=12))
 @example(lines=[b"m,t=1 f=1 5", b"m,t=1 f=1e400 5", b"m,t=1 f=9e99 5", b"m,t=1 f=1_0 5", b"m,t=1 f=1,f=2 5"])
 @example(lines=[b"\t g=1 5", b"\t #f=1 5", b"# comment here", b"m f=1\r", b"m f=1 5\r"])
@@ -227,14 +244,14 @@ async def _both_ways(router: Router, source: SourceRef, lines: list[bytes]) -> N
     assert sinks[1].health.snapshot() == sinks[0].health.snapshot()
 
 
-@settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=30, suppress_health_check=_SLOW_OK, deadline=None)
 @given(lines=st.lists(_json_lines(), min_size=1, max_size=10), router_index=st.integers(0, 3))
 async def test_ingest_lines_stores_what_ingest_stores_json(lines: list[bytes], router_index: int) -> None:
     good = [_well_formed_json(i) for i in range(8)]
     await _both_ways(_json_routers()[router_index], JSON_SOURCE, good + lines + good)
 
 
-@settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=30, suppress_health_check=_SLOW_OK, deadline=None)
 @given(lines=st.lists(_influx_lines(), min_size=1, max_size=10), router_index=st.integers(0, 2))
 async def test_ingest_lines_stores_what_ingest_stores_influx(lines: list[bytes], router_index: int) -> None:
     good = [_well_formed_influx(i) for i in range(8)]
@@ -259,7 +276,7 @@ async def test_refused_topic_and_refused_append_become_dead_letters_on_both_path
         assert sinks[1].dead_lettered == sinks[0].dead_lettered
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(chunks=st.lists(st.binary(max_size=40) | st.sampled_from([b"\n\n", b"  \n", b"#c\n", b" # c\n", b"a b\r\n"]),
                        max_size=8), fmt=st.sampled_from(["ndjson", "influx", "raw"]))
 def test_line_stream_lines_are_the_messages_payloads(chunks: list[bytes], fmt: str) -> None:
@@ -278,10 +295,12 @@ def test_line_stream_lines_are_the_messages_payloads(chunks: list[bytes], fmt: s
         assert streams[1].line_no == streams[0].line_no
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(records=st.lists(st.tuples(st.binary(max_size=300), st.none() | st.binary(max_size=20),
                                   st.sampled_from([(), (("source", b"tcp:x"),), (("a", None), ("device", b"d"))]),
                                   st.integers(0, 2**41)), min_size=1, max_size=40))
 def test_prepared_records_encode_like_record_tuples(records: list[tuple[bytes, bytes | None, tuple, int]]) -> None:
     prepared = [(value, encode_key(key), encode_headers(headers), ts) for value, key, headers, ts in records]
-    assert encode_prepared_records(prepared) == encode_record_tuples(records)
+    expected = encode_record_tuples(records)
+    assert native.pure("broker.protocol.prepared_records").encode_prepared_records(prepared) == expected
+    assert native.select(prepared_records).encode_prepared_records(prepared) == expected

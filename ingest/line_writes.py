@@ -1,0 +1,168 @@
+"""``IngestSink.ingest_lines``: the sink's write path for a read's worth of lines from a line source.
+
+The same records, dead letters, health counts and failures as ``IngestSink.ingest`` of one
+``RawMessage(line, arrival_ms=...)`` per line (tests/ingest/test_line_routes.py compares both):
+
+- the source's ``LinePlan`` (``ingest/line_routes.py``) gives most lines a target; the rest are routed
+  by ``SourceRoutes.route`` as ``ingest`` routes them, at their place in the read;
+- records go to their (topic, partition) in line order, keyed ones to the partition of their key
+  (cached on the target per partition count), keyless ones round-robin one by one, as ``ingest`` does;
+- a topic the log refuses, a batch it refuses, a line the rules reject: dead letters with the reason;
+  a storage failure raises ``SinkError`` and nothing is acknowledged.
+
+Records are encoded with their target's key and headers encoded once (``prepared_records``); the
+per-line loop is ``line_kernels.bucket_lines`` (compiled when built), which leaves to ``resolve`` the
+lines without a target, keyless ones, and the first line of a target whose partition is not yet known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from broker import native
+from broker.errors import BrokerError, StorageError
+from broker.protocol.records import encode_headers, encode_key
+from ingest import line_kernels
+from ingest.line_kernels import Group, LineTarget
+from ingest.line_routes import line_plan
+from ingest.routing import RawMessage, Rejected, SourceRef, SourceRoutes
+from ingest.sink import _Letter, _LineGroup
+
+if TYPE_CHECKING:
+    from ingest.sink import IngestSink
+
+__all__ = ["write_lines"]
+
+_kernels = native.select(line_kernels)
+
+
+class _LineBatch:
+    """One ``write_lines`` call's state; ``resolve`` is the kernel's callback for the lines it leaves."""
+
+    def __init__(self, sink: IngestSink, source: SourceRef, routes: SourceRoutes, lines: list[bytes],
+                 targets: list[LineTarget | None], stamps: list[int] | None, arrival_ms: int) -> None:
+        self.sink = sink
+        self.source = source
+        self.routes = routes
+        self.lines = lines
+        self.targets = targets
+        self.stamps = stamps
+        self.arrival_ms = arrival_ms
+        self.groups: dict[tuple[str, int], _LineGroup] = {}
+        self.lists: dict[tuple[str, int], Group] = {}  # the kernel's view of ``groups``: (records, lines)
+        self.partitions: dict[str, int] = {}  # topic -> partitions, looked up once per call
+        self.letters: list[_Letter] = []
+        self.routed: dict[int, RawMessage] = {}  # the lines routed one by one
+        self.devices: dict[int, str | None] = {}  # their devices, for their records' dead letters
+        self.seen: dict[str | None, list[int]] = {}  # device -> [lines, bytes]
+
+    def _count(self, device: str | None, line: bytes) -> None:
+        counts = self.seen.get(device)
+        if counts is None:
+            self.seen[device] = [1, len(line)]
+        else:
+            counts[0] += 1
+            counts[1] += len(line)
+
+    def resolve(self, index: int) -> None:
+        line = self.lines[index]
+        target = self.targets[index]
+        if target is None:
+            message = self.routed[index] = RawMessage(line, None, None, self.arrival_ms)
+            self._count(self._route(message, index), line)
+            return
+        try:
+            group = self._group(target.topic, target.key, target)
+        except StorageError as exc:
+            raise self.sink._storage_failed(self.source, target.topic, exc) from exc
+        except BrokerError as exc:
+            self.letters.append(_Letter(index, f"log refused topic {target.topic!r}: {exc}", line, target.device))
+            self._count(target.device, line)
+            return
+        group[0].append((line, target.key_part, target.header_part,
+                         self.stamps[index] if self.stamps is not None else self.arrival_ms))
+        group[1].append(index)
+        self._count(target.device, line)
+
+    def _route(self, message: RawMessage, index: int) -> str | None:
+        """One line the plan left to the rules, as ``IngestSink._write`` routes a message; its device."""
+        device = None
+        for result in self.routes.route(message):
+            if isinstance(result, Rejected):
+                self.letters.append(_Letter(index, result.reason, result.original, result.device or message.device))
+                device = device or result.device
+                continue
+            topic, routed_device, (value, key, headers, timestamp) = result
+            device = device or routed_device
+            try:
+                group = self._group(topic, key, None)
+            except StorageError as exc:
+                raise self.sink._storage_failed(self.source, topic, exc) from exc
+            except BrokerError as exc:
+                self.letters.append(_Letter(index, f"log refused topic {topic!r}: {exc}", message.payload,
+                                           routed_device))
+                continue
+            cache = self.sink._header_cache
+            hbytes = cache.get(headers)
+            if hbytes is None:
+                if len(cache) >= 100_000:
+                    cache.clear()
+                hbytes = cache[headers] = encode_headers(headers)
+            group[0].append((value if value is not None else b"", encode_key(key), hbytes, timestamp))
+            group[1].append(index)
+            self.devices[index] = routed_device
+        return device
+
+    def _group(self, topic: str, key: bytes | None, target: LineTarget | None) -> Group:
+        """The (records, lines) of the group for a record of ``topic`` with ``key``; caches the key's
+        partition on ``target`` (``IngestSink._line_group``)."""
+        group = self.sink._line_group(self.groups, self.partitions, topic, key, target)
+        slot = (group.topic, group.partition)
+        lists = self.lists.get(slot)
+        if lists is None:
+            lists = self.lists[slot] = (group.records, group.owners)
+        return lists
+
+
+async def write_lines(sink: IngestSink, source: SourceRef, lines: Sequence[bytes], arrival_ms: int) -> None:
+    """Route, append and wait for durability (``IngestSink._write`` for lines; see the module docstring)."""
+    routes = sink.router.for_source(source)
+    plan = line_plan(routes)
+    if plan is None:
+        await sink._write(source, [RawMessage(line, None, None, arrival_ms) for line in lines], None)
+        return
+    listed = lines if isinstance(lines, list) else list(lines)
+    targets, stamps = plan.route(listed, arrival_ms)
+    batch = _LineBatch(sink, source, routes, listed, targets, stamps, arrival_ms)
+    _kernels.bucket_lines(listed, targets, stamps, arrival_ms, batch.partitions, batch.lists, batch.seen,
+                          batch.resolve)
+    sink.health.record_batch(source, batch.seen)
+
+    groups = list(batch.groups.values())
+    letters = batch.letters
+    if groups:
+        if len(groups) == 1:
+            failures = [await sink._append_line_group(groups[0])]
+        else:
+            failures = await asyncio.gather(*(sink._append_line_group(group) for group in groups))
+        for group, failure in zip(groups, failures, strict=True):
+            if isinstance(failure, StorageError):
+                raise sink._storage_failed(source, group.topic, failure) from failure
+        for group, failure in zip(groups, failures, strict=True):
+            if isinstance(failure, str):  # the log refused the batch: each record becomes a dead letter
+                for owner in group.owners:
+                    target = targets[owner]
+                    device = target.device if target is not None else batch.devices.get(owner)
+                    letters.append(_Letter(owner, failure, listed[owner], device))
+    if letters:
+        messages = {
+            letter.owner: batch.routed.get(letter.owner) or RawMessage(listed[letter.owner], None, None, arrival_ms)
+            for letter in letters
+        }
+        await sink._append_dead_letters(source, messages, letters, {})
+        for letter in letters:
+            sink.health.error(source, letter.device, letter.reason)
+        sink.dead_lettered += len(letters)
+    sink.messages_written += len(listed)
