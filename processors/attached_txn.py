@@ -10,7 +10,7 @@ commit is ``EndTxn(commit)``: the coordinator makes it durable in ``__transactio
 the markers. The checkpoint holds the input positions, so outputs, state and positions commit
 together. A kill -9 leaves the interval open; at the next start ``InitProducerId`` on the same id
 bumps the epoch and aborts it (the coordinator's rule), and the restore reads only committed
-checkpoints (``load`` follows the markers). Read with ``isolation.level=read_committed``.
+checkpoints (``load`` reads ``read_committed``). Read with ``isolation.level=read_committed``.
 
 The checkpoint topic keeps no history here: after each commit its log start moves to the first
 offset of the checkpoint just committed (``delete_records``), since the log cleaner keeps
@@ -26,7 +26,6 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Collection
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import crc32c
@@ -35,17 +34,14 @@ from broker.errors import BrokerError
 from broker.log.api import LogStore, PartitionLog
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import (
-    ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
-    BatchHeader,
     RecordSpec,
     decode_records,
     encode_batch,
     iter_batches,
     unpack_header,
 )
-from broker.txn.committed import read_committed
-from broker.txn.markers import COMMIT, marker_type
+from broker.txn.committed import StableOffsets, read_committed
 from processors.checkpoint import (
     MAX_CHECKPOINT_BYTES,
     AnchorOffsets,
@@ -209,8 +205,7 @@ class TxnLogSource(LogSource):
 
 class TxnCheckpointStore:
     """Checkpoints in ``_checkpoints.<pipeline>`` written inside the transaction; ``load`` returns only
-    committed ones (transactional batches are held until their producer's marker: commit keeps them,
-    abort drops them)."""
+    committed ones (read as a read_committed consumer reads: ``committed_records``)."""
 
     def __init__(self, txn: AttachedTransaction, pipeline: str) -> None:
         self.txn = txn
@@ -233,9 +228,8 @@ class TxnCheckpointStore:
             plog = self._log()
 
             async def read(lo: int, hi: int) -> list[CheckpointRecord]:
-                return committed_records(plog, lo, hi)
+                return committed_records(self.txn.coordinator, plog, lo, hi)
 
-            # the whole (trimmed) topic: a transaction's marker must be seen with its records
             return await load_from_tail(read, plog.log_start_offset, plog.high_watermark, None, self.codec)
         except BrokerError as exc:
             raise CheckpointError(f"cannot read {self.topic}: {exc}") from exc
@@ -254,33 +248,18 @@ class TxnCheckpointStore:
             raise CheckpointError(f"cannot write {self.topic}: {exc}") from exc
 
 
-def _marker(batch: memoryview, header: BatchHeader) -> int | None:
-    """ABORT or COMMIT: the type in a control batch's record key (``decode_records`` skips control
-    records, so the batch is read as an ordinary one)."""
-    plain = decode_records(batch, replace(header, attributes=header.attributes & ~ATTR_CONTROL))
-    return marker_type(plain[0].key) if plain else None
-
-
-def committed_records(plog: PartitionLog, lo: int, hi: int) -> list[CheckpointRecord]:
-    """The records of ``[lo, hi)`` that are not transactional, or whose transaction committed."""
+def committed_records(txns: StableOffsets, plog: PartitionLog, lo: int, hi: int) -> list[CheckpointRecord]:
+    """The records of ``[lo, hi)`` a read_committed consumer gets: below the last stable offset, none
+    of an aborted transaction (``broker.txn.committed``, the broker's own rules)."""
     out: list[CheckpointRecord] = []
-    pending: dict[int, list[CheckpointRecord]] = defaultdict(list)
     offset = max(lo, plog.log_start_offset)
     while offset < hi:
-        data = plog.read(offset, 4 * 1024 * 1024)
-        if not data:
-            break
-        view = memoryview(data)
+        read = read_committed(txns, plog, offset, 4 * 1024 * 1024)
+        if read.next_offset <= offset:
+            break  # at the last stable offset: what follows is not committed (yet)
+        view = memoryview(read.data)
         for pos, header in iter_batches(view, verify=False):
-            batch = view[pos : pos + header.size]
-            records = [(r.key or b"", r.value) for r in decode_records(batch, header) if offset <= r.offset < hi]
-            offset = header.last_offset + 1
-            if header.is_control:
-                kept = pending.pop(header.producer_id, [])
-                if _marker(batch, header) == COMMIT:
-                    out += kept
-            elif header.is_transactional:
-                pending[header.producer_id] += records
-            else:
-                out += records
-    return out  # still pending: an open (or later aborted) transaction, not committed
+            out += [(r.key or b"", r.value) for r in decode_records(view[pos : pos + header.size], header)
+                    if offset <= r.offset < hi]
+        offset = read.next_offset
+    return out
