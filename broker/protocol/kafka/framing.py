@@ -31,7 +31,7 @@ DIRECT_FRAME_BYTES = 4 * 1024  # frames above this are read into a buffer of the
 # connection holds one, idle or not.
 _SCRATCH_BYTES = 16 * 1024
 _SIZE = struct.Struct(">i")
-DEFAULT_POOL_BYTES = 32 * 1024 * 1024  # large-frame buffers kept for reuse (FramePool)
+DEFAULT_POOL_BYTES = 16 * 1024 * 1024  # large-frame buffers kept for reuse (FramePool): RSS it may hold
 
 
 def _check_size(size: int, max_frame_bytes: int) -> None:
@@ -122,7 +122,8 @@ class FramePool:
     """Buffers for large frames, handed out again once nothing refers to them.
 
     A fresh megabyte for every Produce request cost more in the kernel (page faults and zeroing when it
-    was first touched, unmapping when freed) than reading the request itself (bench/RESULTS.md). A
+    was first touched, unmapping when freed: ``sluice serve`` gives every large block its own mapping,
+    returned on free, see ``sluice.malloc_tuning``) than reading the request itself (bench/RESULTS.md). A
     buffer is free when its only references are the pool's: every view of a frame (the request being
     decoded, a refusal being logged) holds one, so a buffer is never reused under a live view. The pool
     keeps at most ``max_bytes``; a frame that finds no free buffer and no room gets one of its own."""
