@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 import time
 import uuid
 from collections import Counter
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from tests.broker.server.conftest import SluiceProcess
@@ -77,16 +79,47 @@ async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_
     readings = sensor_readings(120)
     expected = batch_window_means(readings, 10_000)
     env = await eos_topics(eos_bootstrap)
-    log = tmp_path / "eos.log"
-    proc = Processor(eos_bootstrap, env, log, *EXACTLY_ONCE)
-    chunks = [readings[i : i + 1_000] for i in range(0, len(readings), 1_000)]
-    kills = failed_restarts = 0
+    instances: list[Processor] = []  # each with its own log: a rebalance may assign an instance twice
 
-    async def open_alerts() -> int:
-        """Alerts (emitted per record, as it is processed) written but not committed, aborted ones
-        included: the uncommitted view is read first."""
-        written = len(await read_all(eos_bootstrap, env["SENSORS_ALERTS"]))
-        return written - len(await read_all(eos_bootstrap, env["SENSORS_ALERTS"], "read_committed"))
+    def start() -> Processor:
+        instances.append(Processor(eos_bootstrap, env, tmp_path / f"eos-{len(instances)}.log", *EXACTLY_ONCE))
+        return instances[-1]
+
+    proc = start()
+    chunks = [readings[i : i + 1_000] for i in range(0, len(readings), 1_000)]
+    kills = failed_restarts = frozen_in_open_transaction = 0
+
+    async def freeze_inside_open_transaction(proc: Processor, feeding: asyncio.Task[None]) -> bool:
+        """Stop the processor (SIGSTOP) while its open transaction holds results (an alerts partition's high
+        watermark past its last stable offset) and look again: stopped, it cannot commit, so the kill that
+        follows cuts that transaction. A commit that landed between the look and the stop lets it go on
+        (SIGCONT; stopped for two offset look-ups, well inside its session timeout). The input comes in
+        slices meanwhile, so there are new results to catch (10 s at most after it: a long pause would make
+        every partition idle for the pipeline)."""
+        tps = [TopicPartition(env["SENSORS_ALERTS"], p) for p in range(PARTITIONS)]
+        ends = {level: AIOKafkaConsumer(bootstrap_servers=eos_bootstrap, isolation_level=level)
+                for level in ("read_uncommitted", "read_committed")}
+        for consumer in ends.values():
+            await consumer.start()
+
+        async def results_open() -> bool:
+            high = await ends["read_uncommitted"].end_offsets(tps)
+            stable = await ends["read_committed"].end_offsets(tps)
+            return any(high[tp] > stable[tp] for tp in tps)
+
+        try:
+            until = time.monotonic() + 10
+            while not feeding.done() or time.monotonic() < until:
+                if await results_open():
+                    proc.proc.send_signal(signal.SIGSTOP)
+                    if await results_open():
+                        return True
+                    proc.proc.send_signal(signal.SIGCONT)
+                await asyncio.sleep(rng.uniform(0, 0.05))
+            return False
+        finally:
+            for consumer in ends.values():
+                await consumer.stop()
 
     try:
         for i, chunk in enumerate(chunks):
@@ -94,41 +127,43 @@ async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_
                 await produce(eos_bootstrap, env["SENSORS_INPUT"], chunk)
                 continue
             deadline = time.monotonic() + 60
-            while len(proc.restored()) < kills + 1:  # this instance owns the partitions
-                assert time.monotonic() < deadline and proc.proc.poll() is None, log.read_text()[-3000:]
+            while not proc.restored():  # this instance owns the partitions
+                assert time.monotonic() < deadline and proc.proc.poll() is None, proc.log.read_text()[-3000:]
                 await asyncio.sleep(0.05)
-            feeding = asyncio.create_task(produce(eos_bootstrap, env["SENSORS_INPUT"], chunk))
-            if rng.random() < 0.5:
+            if kills != 1 and rng.random() < 0.5:
+                feeding = asyncio.create_task(produce(eos_bootstrap, env["SENSORS_INPUT"], chunk))
                 await asyncio.sleep(rng.uniform(0.1, 2.5))  # anywhere in its work
-            else:  # right after it wrote results its open transaction has not committed yet
-                before = await open_alerts()
-                # (a few seconds at most: a long pause would make every partition idle for the pipeline)
-                until = time.monotonic() + 5
-                while await open_alerts() <= before and time.monotonic() < until:
-                    await asyncio.sleep(rng.uniform(0, 0.05))
+            else:  # inside an open transaction with results written (always in the second round)
+                # once a transaction has committed (the next instance restores a checkpoint, not nothing)
+                while not await read_all(eos_bootstrap, env["SENSORS_ALERTS"], "read_committed"):
+                    assert time.monotonic() < deadline and proc.proc.poll() is None, proc.log.read_text()[-3000:]
+                    await asyncio.sleep(0.3)
+                feeding = asyncio.create_task(produce_in_slices(eos_bootstrap, env["SENSORS_INPUT"], chunk))
+                frozen_in_open_transaction += await freeze_inside_open_transaction(proc, feeding)
             proc.kill9()
             kills += 1
             await feeding
             # same instance id: its start fences the killed one and aborts the transaction it left open
-            proc = Processor(eos_bootstrap, env, log, *EXACTLY_ONCE)
+            proc = start()
         await heartbeat_all(eos_bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
         # Like a supervisor (systemd, Kubernetes), restart an instance that exited 1: seen when aiokafka's
         # transactional producer kept refreshing metadata for one topic only, so batches for another found
         # no leader for 40 s (NotLeaderForPartitionError). A failed transaction aborts; nothing may repeat.
         deadline = time.monotonic() + 180
         while len(finals(await read_all(eos_bootstrap, env["SENSORS_OUTPUT"], "read_committed"))) < len(expected):
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, proc.log.read_text()[-3000:]
             if proc.proc.poll() is not None:
-                assert proc.proc.returncode == 1, log.read_text()[-3000:]
+                assert proc.proc.returncode == 1, proc.log.read_text()[-3000:]
                 failed_restarts += 1
-                proc = Processor(eos_bootstrap, env, log, *EXACTLY_ONCE)
+                proc = start()
             await asyncio.sleep(0.3)
     finally:
-        assert proc.stop() == 0, log.read_text()[-3000:]
+        assert proc.stop() == 0, proc.log.read_text()[-3000:]
     assert kills == 4
-    restores = proc.restored()
-    assert len(restores) == 5 + failed_restarts and restores[0] == "{}"
-    assert any(r != "{}" for r in restores[1:]), restores
+    assert len(instances) == 5 + failed_restarts
+    restores = [i.restored() for i in instances]  # per instance, what each assignment restored
+    assert all(restores) and restores[0][0] == "{}", restores
+    assert any(r[0] != "{}" for r in restores[1:]), restores
     rows = await read_all(eos_bootstrap, env["SENSORS_OUTPUT"], "read_committed")
     uncommitted = await read_all(eos_bootstrap, env["SENSORS_OUTPUT"])
     print(f"seed {seed}: {failed_restarts} restarts after exit 1; restored offsets per start: {restores}; "
@@ -147,8 +182,16 @@ async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_
     assert sorted(alerts) == batch_jump_alerts(readings)
     # the kills did cut intervals short: results were written in them, and aborted
     written = await read_all(eos_bootstrap, env["SENSORS_ALERTS"])
-    print(f"alerts: {len(alerts)} committed, {len(written)} written")
+    print(f"alerts: {len(alerts)} committed, {len(written)} written; "
+          f"kills of a processor stopped inside an open transaction: {frozen_in_open_transaction}")
+    assert frozen_in_open_transaction >= 1
     assert len(written) > len(alerts)
+
+
+async def produce_in_slices(bootstrap: str, topic: str, rows: list[dict[str, Any]], size: int = 100) -> None:
+    """``rows`` a slice at a time: the processor keeps writing new results for a while."""
+    for i in range(0, len(rows), size):
+        await produce(bootstrap, topic, rows[i : i + size])
 
 
 def batch_jump_alerts(readings: list[dict[str, Any]], ratio: float = 1.1) -> list[tuple[str, int, float]]:
