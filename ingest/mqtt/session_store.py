@@ -50,11 +50,12 @@ Rules
 8. Wills (§3.1.2.5, §3.1.3.2.2): the will of every open connection is journaled when the client
    connects (any session, as Mosquitto 2.1's persistence does), rewritten with the wall time it is due
    when its connection ends without DISCONNECT and a Will Delay Interval applies, and tombstoned once it
-   is published (after its append), cancelled by a reconnect in time, or discarded by a normal
-   DISCONNECT. On restore a will whose connection was open at the crash counts as ended then: it is due
-   after its Will Delay Interval counted from the restore, or at once when its session did not survive (a
-   clean session, or one that expired); a pending will is due at its time, or at once when that passed or
-   its session ended meanwhile. Due wills go out at the hub's next sweep; a client that reconnects to its
+   is published (after its append), cancelled by a reconnect in time, discarded by a normal
+   DISCONNECT, or replaced by the client's next CONNECT (with its own will, or none). On restore a will
+   whose connection was open at the crash counts as ended then: it is due after its Will Delay Interval
+   counted from the restore, or at once when its session did not survive (a clean session, or one that
+   expired); a pending will is due at its time, or at once when that passed or its session ended
+   meanwhile. Due wills go out at the hub's next sweep; a client that reconnects to its
    session in time cancels its will, as without a restart.
 9. Not durable: QoS 0 deliveries, the round-robin position of shared subscriptions (a member's journaled
    messages stay that member's after a restart).
