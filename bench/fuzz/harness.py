@@ -39,11 +39,13 @@ __all__ = [
     "CampaignReport",
     "Finding",
     "Hang",
+    "Mismatch",
     "ProcessFigures",
     "Target",
     "closes_after_eof",
     "free_port",
     "recv_exactly",
+    "send_split",
     "signature",
 ]
 
@@ -117,6 +119,27 @@ def closes_after_eof(sock: socket.socket, limit: float) -> bool:
 
 class Hang(Exception):
     """The broker neither answered nor closed within the deadline."""
+
+
+class Mismatch(Exception):
+    """What the broker acknowledged does not read back as it was sent (stored data corrupted or lost)."""
+
+
+def send_split(sock: socket.socket, data: bytes, rng: random.Random) -> None:
+    """Send ``data`` in pieces cut at random places (at every byte for short inputs, now and then), with a
+    short pause between pieces so that the broker sees them as separate reads: frames, lines and packets
+    split at every kind of boundary (inside a size prefix, a header, a body, between two of them)."""
+    if len(data) <= 64 and rng.random() < 0.3:
+        cuts = list(range(1, len(data)))
+    else:
+        cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.choice((1, 2, 3, 8))))) if len(
+            data) > 1 else []
+    start = 0
+    for cut in [*cuts, len(data)]:
+        sock.sendall(data[start:cut])
+        start = cut
+        if cut < len(data):
+            time.sleep(0.0005)
 
 
 def answer_contains(address: tuple[str, int], request: bytes, marker: bytes, timeout: float) -> bool:
@@ -296,7 +319,7 @@ class BrokerProcess:
 
 @dataclass(slots=True)
 class Finding:
-    kind: str  # crash | hang | unresponsive | traceback | error-log | fd-leak | rss-growth | client-check
+    kind: str  # crash | hang | mismatch | unresponsive | traceback | error-log | fd-leak | rss-growth | client-check
     detail: str
     connections: list[list[bytes]] = field(default_factory=list)  # inputs per connection, the last one last
 
@@ -362,7 +385,8 @@ class CampaignReport:
             f"target {self.target}: {self.inputs:,} inputs in {self.seconds:.0f} s "
             f"({self.inputs / max(self.seconds, 1e-9):,.0f}/s), seed {self.seed}",
             f"  crashes {c.get('crash', 0)}, hangs {c.get('hang', 0)}, unresponsive {c.get('unresponsive', 0)}, "
-            f"tracebacks {c.get('traceback', 0)}, ERROR lines {c.get('error-log', 0)}",
+            f"tracebacks {c.get('traceback', 0)}, ERROR lines {c.get('error-log', 0)}, "
+            f"acknowledged data not read back intact {c.get('mismatch', 0)}",
             f"  fds {self.before.fds} -> {self.after.fds} (sockets {self.before.sockets} -> {self.after.sockets}; "
             f"partitions {self.before.partitions} -> {self.after.partitions}), "
             f"RSS {self.before.rss_kib / 1024:.0f} -> {self.after.rss_kib / 1024:.0f} MiB, "
@@ -524,6 +548,9 @@ class Campaign:
                     target.step(rng)
                 else:
                     target.flush()
+            except Mismatch as exc:
+                self._save(Finding("mismatch", str(exc), target.recent()))
+                target.close_all()
             except Hang as exc:
                 self._save(Finding("hang", str(exc), target.recent()))
                 target.close_all()

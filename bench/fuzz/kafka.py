@@ -30,7 +30,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from bench.fuzz.harness import BrokerProcess, Hang, SocketTarget, closes_after_eof, recv_exactly
+from bench.fuzz.harness import BrokerProcess, Hang, SocketTarget, closes_after_eof, recv_exactly, send_split
+from bench.fuzz.kafka_verify import verified_pipeline
 from bench.fuzz.mutate import mutate
 from broker.protocol.kafka import (
     SUPPORTED_APIS,
@@ -56,6 +57,8 @@ _MAX_PARKED = 64
 _LONG_WAIT_GRACE = 0.5
 _PIPELINE = 16  # decodable requests sent before the sentinel
 _PIPELINE_MAX_WAIT = 1.0  # requests that may wait longer are sent one at a time
+_VERIFY_SHARE = 0.02  # inputs that are a verified Produce pipeline (kafka_verify.py)
+_SPLIT_SHARE = 0.2  # inputs sent in pieces, each piece its own read
 
 
 def load_captured(path: Path = CORPUS) -> list[bytes]:
@@ -214,6 +217,9 @@ class KafkaTarget(SocketTarget):
         self.conn_budget = 0
         self.pending = 0  # pipelined requests sent since the last sentinel
         self.pending_wait = 0.0
+        self.verify_topic = ""
+        self.answered_at_once: list[bytes] = []  # seeds the broker answers without waiting
+        self.verified = 0  # acknowledged batches read back intact
 
     def broker_env(self) -> dict[str, str]:
         return {"SLUICE_MQTT__ENABLED": "false", "SLUICE_TCP__ENABLED": "false"}
@@ -222,6 +228,9 @@ class KafkaTarget(SocketTarget):
         self.broker = broker
         if not self.seeds:
             self.seeds = load_captured() + _generated(self.per_version)
+        if not self.answered_at_once:
+            self.answered_at_once = [s for s in self.seeds if _declared_wait(s) == (0.0, True)]
+        self.verify_topic = f"verify-{rng.randrange(1 << 32):08x}"
 
     # ------------------------------------------------------------------ inputs
 
@@ -252,6 +261,10 @@ class KafkaTarget(SocketTarget):
             return seed
         if roll < 0.45:  # pipelined well-formed requests
             return b"".join(rng.choice(self.seeds) for _ in range(rng.randint(2, 6)))
+        if roll < 0.50:  # a size prefix that lies (short: the rest reads as the next frame; long: a wait)
+            lie = rng.choice((-5, -1, 1, 7, 1 << 16, (1 << 31) - 1, -(1 << 31), _MAX_REQUEST + 1))
+            size = (len(seed) - 4 + lie) & 0xFFFFFFFF
+            return size.to_bytes(4, "big") + seed[4:] + (rng.choice(self.seeds) if rng.random() < 0.5 else b"")
         body = mutate(seed[4:], rng, self.seeds)
         if rng.random() < 0.8:  # keep the length honest: the body's own fields lie instead
             return len(body).to_bytes(4, "big") + body
@@ -280,6 +293,9 @@ class KafkaTarget(SocketTarget):
             self.conn_budget = rng.choice((1, 10, 100, 1000))
             self.pending, self.pending_wait = 0, 0.0
         self.conn_budget -= 1
+        if rng.random() < _VERIFY_SHARE:
+            self._verify(rng)
+            return
         self.sent.append(data)
         frames, state = split_frames(data)
         classified = [_declared_wait(f) for f in frames]
@@ -289,7 +305,7 @@ class KafkaTarget(SocketTarget):
             if self.sock is None:
                 return
             try:
-                self.sock.sendall(data)
+                self._send(data, rng)
             except OSError:
                 self._drop()
                 return
@@ -303,7 +319,7 @@ class KafkaTarget(SocketTarget):
         if state == "whole" and wait <= _PIPELINE_MAX_WAIT and all(ok for _, ok in classified):
             # requests the broker can decode are pipelined, the sentinel follows every few of them
             try:
-                self.sock.sendall(data)
+                self._send(data, rng)
             except OSError:
                 self._drop()
                 return
@@ -318,7 +334,7 @@ class KafkaTarget(SocketTarget):
         self.corr = (self.corr + 1) % 0xFFFF
         sentinel = _SENTINEL_BASE + self.corr
         try:
-            self.sock.sendall(data + (_sentinel(sentinel) if state == "whole" else b""))
+            self._send(data + (_sentinel(sentinel) if state == "whole" else b""), rng)
         except OSError:
             self._drop()  # the broker closed on an earlier input of this connection
             return
@@ -329,6 +345,25 @@ class KafkaTarget(SocketTarget):
                 self._park()  # a long poll or rebalance wait, declared by the request itself
                 return
             raise Hang(f"no answer to {len(frames)} frame(s) ({state}) within {limit:.1f} s")
+
+    def _send(self, data: bytes, rng: random.Random) -> None:
+        assert self.sock is not None
+        if rng.random() < _SPLIT_SHARE:
+            send_split(self.sock, data, rng)
+        else:
+            self.sock.sendall(data)
+
+    def _verify(self, rng: random.Random) -> None:
+        """A verified Produce pipeline on this connection, behind what it has pending (kafka_verify.py)."""
+        self._flush()
+        if self.sock is None:
+            self.sock = self._connect()
+        assert self.broker is not None
+        self.sent.append(b"<verified Produce pipeline>")
+        checked = verified_pipeline(self.sock, self.broker.endpoints["kafka"], self.verify_topic,
+                                    self.answered_at_once, rng, self.deadline)
+        self.verified += checked
+        self._drop()  # answers to the mixed-in requests may still be in flight: start afresh
 
     def _flush(self) -> None:
         """Send the sentinel after the pipelined requests and wait for its answer (or the close)."""

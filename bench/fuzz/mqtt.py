@@ -17,13 +17,22 @@ import subprocess
 import time
 import uuid
 
-from bench.fuzz.harness import BrokerProcess, Hang, SocketTarget, answer_contains, closes_after_eof, recv_exactly
+from bench.fuzz.harness import (
+    BrokerProcess,
+    Hang,
+    SocketTarget,
+    answer_contains,
+    closes_after_eof,
+    recv_exactly,
+    send_split,
+)
 from bench.fuzz.mutate import mutate
 
-__all__ = ["MqttTarget", "encode_varint", "packet_state", "seed_packets"]
+__all__ = ["MqttTarget", "encode_varint", "packet_state", "plain_publish", "publish_run", "seed_packets"]
 
 MAX_PACKET = 1024 * 1024 + 1024  # mqtt.max_packet_bytes default
 PINGREQ = b"\xc0\x00"
+_SPLIT_SHARE = 0.3  # inputs sent in pieces (a packet split at any byte, a run split between its packets)
 ROUTES = [
     {"name": "json", "source": "mqtt", "filter": "json/#", "topic": "mqtt-json", "format": "json",
      "key": "field:device", "time_field": "ts", "time_format": "epoch_ms", "value": "json"},
@@ -59,7 +68,7 @@ def _props(rng: random.Random, kind: str) -> bytes:
     choices: dict[str, list[bytes]] = {
         "connect": [b"\x11" + rng.choice((0, 60, 0xFFFFFFFF)).to_bytes(4, "big"),
                     b"\x21" + rng.choice((1, 10, 65535)).to_bytes(2, "big"),
-                    b"\x27" + rng.choice((128, 65536, MAX_PACKET)).to_bytes(4, "big"),
+                    b"\x27" + rng.choice((0, 20, 128, 65536, MAX_PACKET)).to_bytes(4, "big"),
                     b"\x22" + rng.choice((0, 10)).to_bytes(2, "big"),
                     b"\x19\x01", b"\x17\x00", b"\x26" + _s("k") + _s("v"), b"\x15" + _s("SCRAM-SHA-1")],
         "publish": [b"\x01" + bytes((rng.choice((0, 1)),)), b"\x02" + (60).to_bytes(4, "big"),
@@ -114,6 +123,33 @@ def publish(rng: random.Random, version: int) -> bytes:
         body += _props(rng, "publish")
     body += _payload(rng, topic)
     return _packet(0x30 | (qos << 1) | (1 if rng.random() < 0.1 else 0) | (8 if rng.random() < 0.05 else 0), body)
+
+
+def plain_publish(rng: random.Random, version: int, pid: int) -> bytes:
+    """The PUBLISH the broker's short loop takes (QoS 0 or 1, no properties, no retain, a valid topic)."""
+    qos = rng.choice((0, 1, 1))
+    topic = rng.choice(("json/dev1", "raw/t", "a/b/c", "site/s1/x", "t/\u00e9"))
+    body = _s(topic) + (pid.to_bytes(2, "big") if qos else b"") + (b"\x00" if version == 5 else b"")
+    return _packet(0x30 | (qos << 1), body + _payload(rng, topic)[:200])
+
+
+def publish_run(rng: random.Random, version: int) -> bytes:
+    """A run of plain PUBLISHes broken now and then by another packet (properties, QoS 2, retain, a repeated
+    packet id, PINGREQ, SUBSCRIBE, a DISCONNECT): where the short loop hands over to the full rules."""
+    pid = rng.randrange(1, 60000)
+    out = []
+    for _ in range(rng.choice((2, 10, 50, 300))):
+        roll = rng.random()
+        if roll < 0.8:
+            pid += 1
+            out.append(plain_publish(rng, version, pid))
+        elif roll < 0.85:
+            out.append(plain_publish(rng, version, pid))  # the same packet id again
+        elif roll < 0.95:
+            out.append(publish(rng, version))
+        else:
+            out.append(rng.choice((PINGREQ, subscribe(rng, version), acks(rng, version), disconnect(rng, version))))
+    return b"".join(out)
 
 
 def subscribe(rng: random.Random, version: int) -> bytes:
@@ -217,8 +253,10 @@ class MqttTarget(SocketTarget):
     def _packet_input(self, rng: random.Random) -> bytes:
         roll = rng.random()
         makers = (publish, publish, publish, subscribe, subscribe, unsubscribe, acks, disconnect, auth)
-        if roll < 0.45:
+        if roll < 0.40:
             return rng.choice(makers)(rng, self.version)
+        if roll < 0.50:
+            return publish_run(rng, self.version)
         if roll < 0.90:
             return mutate(rng.choice(makers)(rng, self.version), rng, self.corpus)
         if roll < 0.93:
@@ -256,7 +294,10 @@ class MqttTarget(SocketTarget):
             self._drop()
             return
         try:
-            self.sock.sendall(data + (PINGREQ if state == "whole" else b""))
+            if rng.random() < _SPLIT_SHARE:
+                send_split(self.sock, data + (PINGREQ if state == "whole" else b""), rng)
+            else:
+                self.sock.sendall(data + (PINGREQ if state == "whole" else b""))
         except OSError:
             self._drop()
             return

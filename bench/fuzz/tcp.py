@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import Any
 
-from bench.fuzz.harness import BrokerProcess, Hang, SocketTarget, answer_contains
+from bench.fuzz.harness import BrokerProcess, Hang, SocketTarget, answer_contains, send_split
 from bench.fuzz.mutate import mutate
 
 __all__ = ["LISTENERS", "ROUTES", "TcpTarget", "hostile_line", "valid_line"]
@@ -40,6 +40,7 @@ MAX_LINE = 64 * 1024
 ENDPOINTS = {"ndjson": "tcp", "influx": "tcp:influx", "csv": "tcp:csv", "raw": "tcp:raw"}
 CSV_HEADER = b"device,ts,temp"
 _PIPELINE = 8  # inputs sent before waiting for the ACK that covers them
+_SPLIT_SHARE = 0.3  # inputs sent in pieces (lines split across reads, a read ending inside a CR LF)
 
 
 def valid_line(rng: random.Random, fmt: str) -> bytes:
@@ -112,12 +113,19 @@ class TcpTarget(SocketTarget):
             lines = [hostile_line(rng, self.fmt)]
         elif roll < 0.85:
             lines = [mutate(valid_line(rng, self.fmt), rng, self.corpus)]
-        elif roll < 0.95:  # valid lines around a hostile one: the neighbours must survive
+        elif roll < 0.90:  # valid lines around a hostile one: the neighbours must survive
             lines = [valid_line(rng, self.fmt), hostile_line(rng, self.fmt), valid_line(rng, self.fmt)]
+        elif roll < 0.95:  # one read of many lines, valid, hostile and mutated mixed (the whole-read routes)
+            makers = (valid_line, valid_line, valid_line, hostile_line,
+                      lambda r, f: mutate(valid_line(r, f), r, self.corpus))
+            lines = [rng.choice(makers)(rng, self.fmt) for _ in range(rng.choice((5, 30, 200)))]
         else:
             return rng.randbytes(rng.choice((1, 100, 5000)))
-        end = rng.choice((b"\n", b"\n", b"\r\n"))
-        return end.join(lines) + end
+        if rng.random() < 0.7:
+            end = rng.choice((b"\n", b"\n", b"\r\n"))
+            return end.join(lines) + end
+        # a CR/LF mix: each line its own ending, stray CRs before and after the LF
+        return b"".join(line + rng.choice((b"\n", b"\r\n", b"\r\r\n", b"\n\r", b"\r\n\r\n")) for line in lines)
 
     def step(self, rng: random.Random) -> None:
         if self.sock is None or self.conn_budget <= 0:
@@ -134,7 +142,7 @@ class TcpTarget(SocketTarget):
         self.conn_budget -= 1
         data = self.next_input(rng)
         sentinel = b"\n" + valid_line(rng, self.fmt) + b"\n"
-        if not self._send(data + sentinel):
+        if not self._send(data + sentinel, rng):
             return
         if self.fmt == "raw":
             if self.conn_budget <= 0 or rng.random() < 0.05:
@@ -152,12 +160,15 @@ class TcpTarget(SocketTarget):
         if not self._await_ack(self.lines):
             raise Hang(f"no ACK {self.lines} and no close within {self.deadline:.1f} s ({self.fmt}, {count} inputs)")
 
-    def _send(self, data: bytes) -> bool:
+    def _send(self, data: bytes, rng: random.Random | None = None) -> bool:
         assert self.sock is not None
         self.sent.append(data)
         self.lines += data.count(b"\n")
         try:
-            self.sock.sendall(data)
+            if rng is not None and rng.random() < _SPLIT_SHARE:
+                send_split(self.sock, data, rng)
+            else:
+                self.sock.sendall(data)
             return True
         except OSError:
             self._drop()
