@@ -1,7 +1,7 @@
 """``python -m bench.fuzz <target> --inputs N [--seed S]``: one fuzz campaign against a live ``sluice serve``.
 
-Targets: kafka, mqtt, mqtt-tls (the MQTT inputs inside TLS), tcp, http. Prints progress every 30 s and a
-report at the end; reproducers (the bytes each offending connection sent) and the broker log go to
+Targets: kafka, kafka-tls, mqtt, mqtt-tls, tcp, tcp-tls (the same inputs inside TLS), http. Prints progress
+every 30 s and a report at the end; reproducers (the bytes each offending connection sent) and the broker log go to
 ``bench/out/fuzz-<target>-<UTC time>/`` (``--out`` to change). Exit code 0 when nothing was found, 1 on any
 finding (crash, hang, traceback or ERROR line in the broker log, leaked sockets/fds, RSS growth beyond the
 limit, a real client failing afterwards), 2 for a usage error.
@@ -20,7 +20,7 @@ from bench.fuzz.harness import Campaign, Target
 
 __all__ = ["build_target", "main"]
 
-TARGETS = ("kafka", "mqtt", "mqtt-tls", "tcp", "http")
+TARGETS = ("kafka", "kafka-tls", "mqtt", "mqtt-tls", "tcp", "tcp-tls", "http")
 
 
 def build_target(name: str, deadline: float, kafka_seeds_per_version: int = 12) -> Target:
@@ -28,6 +28,14 @@ def build_target(name: str, deadline: float, kafka_seeds_per_version: int = 12) 
         from bench.fuzz.kafka import KafkaTarget
 
         return KafkaTarget(deadline, kafka_seeds_per_version)
+    if name == "kafka-tls":
+        from bench.fuzz.tls import KafkaTlsTarget
+
+        return KafkaTlsTarget(deadline, kafka_seeds_per_version)
+    if name == "tcp-tls":
+        from bench.fuzz.tls import TcpTlsTarget
+
+        return TcpTlsTarget(deadline)
     if name == "mqtt":
         from bench.fuzz.mqtt import MqttTarget
 

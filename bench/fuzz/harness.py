@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -220,6 +221,7 @@ class BrokerProcess:
         self.workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
         self.endpoints: dict[str, tuple[str, int]] = {}
+        self.http_tls: ssl.SSLContext | None = None  # set when the broker's HTTP API speaks TLS
         self.starts = 0
         self.log_path = workdir / "broker.log"
         self._log_offset = 0
@@ -279,8 +281,10 @@ class BrokerProcess:
     def partitions(self) -> int:
         """Partitions of every topic (internal ones too), from the HTTP API; -1 when it cannot say."""
         host, port = self.endpoints["http"]
+        scheme = "https" if self.http_tls is not None else "http"
         try:
-            with urllib.request.urlopen(f"http://{host}:{port}/topics?internal=true", timeout=30) as answer:
+            with urllib.request.urlopen(f"{scheme}://{host}:{port}/topics?internal=true", timeout=30,
+                                        context=self.http_tls) as answer:
                 return sum(int(t["partitions"]) for t in json.loads(answer.read()))
         except (OSError, ValueError, KeyError, TypeError):
             return -1
@@ -468,6 +472,7 @@ class Campaign:
     def _broker(self) -> Iterator[BrokerProcess]:
         workdir = Path(tempfile.mkdtemp(prefix=f"sluice-fuzz-{self.target.name}-"))
         broker = BrokerProcess(self.target.broker_env(), workdir)
+        broker.http_tls = getattr(self.target, "http_tls", None)
         try:
             yield broker
         finally:

@@ -360,8 +360,8 @@ class KafkaTarget(SocketTarget):
             self.sock = self._connect()
         assert self.broker is not None
         self.sent.append(b"<verified Produce pipeline>")
-        checked = verified_pipeline(self.sock, self.broker.endpoints["kafka"], self.verify_topic,
-                                    self.answered_at_once, rng, self.deadline)
+        checked = verified_pipeline(self.sock, self._connect, self.verify_topic, self.answered_at_once, rng,
+                                    self.deadline)
         self.verified += checked
         self._drop()  # answers to the mixed-in requests may still be in flight: start afresh
 
@@ -427,19 +427,25 @@ class KafkaTarget(SocketTarget):
         except OSError:
             return False
 
+    def kcat_options(self) -> list[str]:
+        """How kcat reaches the Kafka port (``tls.py`` adds TLS)."""
+        return []
+
     def client_check(self) -> list[str]:
         assert self.broker is not None
         host, port = self.broker.endpoints["kafka"]
         topic = f"fuzz-check-{uuid.uuid4().hex[:8]}"
         failures = []
         produce = subprocess.run(
-            ["kcat", "-b", f"{host}:{port}", "-P", "-t", topic, "-X", "allow.auto.create.topics=true"],
+            ["kcat", "-b", f"{host}:{port}", *self.kcat_options(), "-P", "-t", topic, "-X",
+             "allow.auto.create.topics=true"],
             input=b"after-fuzz\n", capture_output=True, timeout=60,
         )
         if produce.returncode != 0:
             failures.append(f"kcat produce failed: {produce.stderr.decode()[-500:]}")
         consume = subprocess.run(
-            ["kcat", "-b", f"{host}:{port}", "-C", "-t", topic, "-o", "beginning", "-c", "1", "-e"],
+            ["kcat", "-b", f"{host}:{port}", *self.kcat_options(), "-C", "-t", topic, "-o", "beginning", "-c",
+             "1", "-e"],
             capture_output=True, timeout=60,
         )
         if consume.stdout.strip() != b"after-fuzz":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import socket
 import time
+from collections.abc import Callable
 
 from bench.fuzz.harness import Hang, Mismatch, recv_exactly, send_split
 from broker.protocol.kafka import ApiKey, RequestHeader, decode_response_body, encode_request
@@ -70,11 +71,11 @@ def _batches(records: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-def _fetch_all(address: tuple[str, int], topic: str, first: int, last: int, deadline: float) -> dict[int, bytes]:
+def _fetch_all(connect: Callable[[], socket.socket], topic: str, first: int, last: int) -> dict[int, bytes]:
     """The batches of partition 0 of ``topic`` from offset ``first`` on, by base offset, through ``last``."""
     found: dict[int, bytes] = {}
     offset, corr = first, 1
-    with socket.create_connection(address, timeout=deadline) as sock:
+    with connect() as sock:
         while offset <= last:
             part = FetchPartition(0, offset, _FETCH_BYTES)
             request = FetchRequest(-1, 0, 0, _FETCH_BYTES, 0, (FetchTopic(topic, (part,)),))
@@ -96,11 +97,12 @@ def _fetch_all(address: tuple[str, int], topic: str, first: int, last: int, dead
 
 
 def verified_pipeline(
-    sock: socket.socket, address: tuple[str, int], topic: str, others: list[bytes], rng: random.Random,
-    deadline: float,
+    sock: socket.socket, connect: Callable[[], socket.socket], topic: str, others: list[bytes],
+    rng: random.Random, deadline: float,
 ) -> int:
     """Pipeline Produce requests (mixed with ``others``, requests answered at once) on ``sock``, then check
-    every acknowledged batch reads back intact. Returns how many were checked; raises Mismatch."""
+    every acknowledged batch reads back intact on a second connection (``connect()``). Returns how many
+    were checked; raises Mismatch."""
     count = rng.choice((2, 4, 16, 64))
     sent: dict[int, bytes] = {}
     versions: dict[int, int] = {}
@@ -130,7 +132,7 @@ def verified_pipeline(
             acked[part.base_offset] = sent[corr]
     if not acked:
         return 0
-    stored = _fetch_all(address, topic, min(acked), max(acked), deadline)
+    stored = _fetch_all(connect, topic, min(acked), max(acked))
     for base, batch in sorted(acked.items()):
         got = stored.get(base)
         if got is None:

@@ -132,7 +132,7 @@ class TcpTarget(SocketTarget):
             self._drop()
             assert self.broker is not None
             self.fmt = rng.choice(("ndjson", "ndjson", "influx", "csv", "raw"))
-            self.sock = socket.create_connection(self.broker.endpoints[ENDPOINTS[self.fmt]], timeout=self.deadline)
+            self.sock = self._open(ENDPOINTS[self.fmt])
             self.conn_budget = rng.choice((1, 10, 100, 1000))
             self.lines = 0
             self.unacked = 0
@@ -201,6 +201,21 @@ class TcpTarget(SocketTarget):
             self._drop()
             return True
 
+    def _open(self, endpoint: str) -> socket.socket:
+        """A new connection to a line listener (``tls.py`` opens it through TLS)."""
+        assert self.broker is not None
+        return socket.create_connection(self.broker.endpoints[endpoint], timeout=self.deadline)
+
+    def kcat_options(self) -> list[str]:
+        return []
+
+    def send_line(self, line: bytes) -> bytes:
+        """A real client's round trip on the ndjson listener: nc sends ``line`` and prints the answers."""
+        assert self.broker is not None
+        host, port = self.broker.endpoints["tcp"]
+        sent = subprocess.run(["nc", "-q", "5", host, str(port)], input=line, capture_output=True, timeout=30)
+        return sent.stdout + sent.stderr
+
     def probe(self) -> bool:
         assert self.broker is not None
         return answer_contains(self.broker.endpoints["tcp"], b'{"device": "probe", "ts": 1700000000000}\n',
@@ -209,17 +224,16 @@ class TcpTarget(SocketTarget):
     def client_check(self) -> list[str]:
         """nc sends a line in ack mode; kcat finds it in the topic its route names."""
         assert self.broker is not None
-        host, port = self.broker.endpoints["tcp"]
         marker = uuid.uuid4().hex
         line = json.dumps({"device": "check", "ts": 1_700_000_000_000, "marker": marker}).encode() + b"\n"
         failures = []
-        sent = subprocess.run(["nc", "-q", "5", host, str(port)], input=line, capture_output=True, timeout=30)
-        if b"ACK 1" not in sent.stdout:
-            failures.append(f"nc got {sent.stdout[:200]!r} instead of ACK 1: {sent.stderr.decode()[-300:]}")
+        answer = self.send_line(line)
+        if b"ACK 1" not in answer:
+            failures.append(f"the line client got {answer[:300]!r} instead of ACK 1")
         khost, kport = self.broker.endpoints["kafka"]
         with contextlib.suppress(subprocess.TimeoutExpired):
-            read = subprocess.run(["kcat", "-b", f"{khost}:{kport}", "-C", "-t", "tcp-json", "-o", "-2000", "-e",
-                                   "-q"], capture_output=True, timeout=60)
+            read = subprocess.run(["kcat", "-b", f"{khost}:{kport}", *self.kcat_options(), "-C", "-t", "tcp-json",
+                                   "-o", "-2000", "-e", "-q"], capture_output=True, timeout=60)
             if marker.encode() not in read.stdout:
                 failures.append(f"kcat did not find the nc line in tcp-json: {read.stderr.decode()[-300:]}")
         return failures
