@@ -19,7 +19,7 @@ from bench.fuzz.kafka import KafkaTarget, _sentinel
 from bench.fuzz.tcp import TcpTarget
 from sluice.dev_certs import write_dev_certificates
 
-__all__ = ["KafkaTlsTarget", "TcpTlsTarget"]
+__all__ = ["KafkaTlsTarget", "TcpTlsTarget", "campaign_tls"]
 
 
 class _Tls:
@@ -48,7 +48,7 @@ class _Tls:
 
 
 @functools.cache
-def _campaign_tls() -> _Tls:
+def campaign_tls() -> _Tls:
     """One set of certificates per process: the broker is started with the first target's environment."""
     return _Tls()
 
@@ -58,7 +58,7 @@ class KafkaTlsTarget(KafkaTarget):
 
     def __init__(self, deadline: float = 10.0, per_version: int = 12) -> None:
         super().__init__(deadline, per_version)
-        self.tls = _campaign_tls()
+        self.tls = campaign_tls()
         self.http_tls = self.tls.http_tls
 
     def broker_env(self) -> dict[str, str]:
@@ -86,7 +86,7 @@ class TcpTlsTarget(TcpTarget):
 
     def __init__(self, deadline: float = 10.0) -> None:
         super().__init__(deadline)
-        self.tls = _campaign_tls()
+        self.tls = campaign_tls()
         self.http_tls = self.tls.http_tls
 
     def broker_env(self) -> dict[str, str]:

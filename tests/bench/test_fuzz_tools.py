@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import random
+import socket
+import threading
 from pathlib import Path
+
+import pytest
 
 from bench.fuzz.harness import BrokerProcess, signature
 from bench.fuzz.kafka import load_captured, split_frames
@@ -113,3 +117,69 @@ def test_a_server_that_reads_and_never_answers_is_reported_as_a_hang() -> None:
         listener.close()
         for conn in held:
             conn.close()
+
+
+def _serve_produce_and_fetch(listener: socket.socket, corrupt: bool) -> None:
+    """A stand-in log behind the Kafka codec: stores each produced batch, answers Fetch with them; with
+    ``corrupt`` the last byte of every stored batch is flipped (what a reused request buffer would do)."""
+    from broker.protocol.kafka import ApiKey, FrameDecoder, decode_request, encode_response
+    from broker.protocol.kafka.fetch import FetchPartitionResponse, FetchResponse, FetchTopicResponse
+    from broker.protocol.kafka.produce import ProducePartitionResponse, ProduceResponse, ProduceTopicResponse
+
+    stored: list[bytes] = []
+    next_offset = 0
+
+    def serve(conn: socket.socket) -> None:
+        nonlocal next_offset
+        with conn:
+            decoder = FrameDecoder()
+            while chunk := conn.recv(1 << 20):
+                for frame in decoder.feed(chunk):
+                    request = decode_request(frame)
+                    if request.header.api_key == ApiKey.PRODUCE:
+                        topic = request.body.topic_data[0]
+                        batch = bytearray(topic.partition_data[0].records)
+                        batch[:8] = next_offset.to_bytes(8, "big")
+                        batch[-1] ^= 0xFF if corrupt else 0
+                        stored.append(bytes(batch))
+                        part = ProducePartitionResponse(0, 0, next_offset)
+                        next_offset += int.from_bytes(batch[23:27], "big") + 1
+                        body: object = ProduceResponse((ProduceTopicResponse(topic.name, (part,)),))
+                    elif request.header.api_key == ApiKey.FETCH:
+                        topic = request.body.topics[0]
+                        start = topic.partitions[0].fetch_offset
+                        records = b"".join(b for b in stored if int.from_bytes(b[:8], "big") >= start)
+                        fetched = FetchPartitionResponse(0, 0, next_offset, next_offset, 0, records)
+                        body = FetchResponse((FetchTopicResponse(topic.topic, (fetched,)),))
+                    else:
+                        continue  # the mixed-in requests: no answer needed by the verifier
+                    conn.sendall(encode_response(request.header, body))
+
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_the_kafka_verifier_reads_acknowledged_batches_back_and_reports_a_changed_byte(corrupt: bool) -> None:
+    from bench.fuzz.harness import Mismatch
+    from bench.fuzz.kafka_verify import verified_pipeline
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_serve_produce_and_fetch, args=(listener, corrupt), daemon=True).start()
+
+    def connect() -> socket.socket:
+        return socket.create_connection(listener.getsockname(), timeout=10)
+
+    try:
+        with connect() as sock:
+            if corrupt:
+                with pytest.raises(Mismatch, match="reads back different"):
+                    verified_pipeline(sock, connect, "verify-t", [], random.Random(3), 10.0)
+            else:
+                assert verified_pipeline(sock, connect, "verify-t", [], random.Random(3), 10.0) > 0
+    finally:
+        listener.close()
