@@ -376,6 +376,7 @@ class CampaignReport:
     broker_starts: int
     command: str
     out_dir: Path
+    verified: int = 0  # acknowledged items read back intact (targets that check: kafka_verify.py)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -397,6 +398,7 @@ class CampaignReport:
             f"broker started {self.broker_starts}x",
             f"  leaks: fd {c.get('fd-leak', 0)}, rss {c.get('rss-growth', 0)}; real client check failures "
             f"{c.get('client-check', 0)}",
+            *([f"  acknowledged batches read back byte-identical: {self.verified:,}"] if self.verified else []),
             f"  reproducers and broker log: {self.out_dir}",
             f"  command: {self.command}",
         ]
@@ -523,7 +525,7 @@ class Campaign:
             self._check_log(broker, final=True)
             return CampaignReport(
                 self.target.name, self.seed, self._sent, seconds, before, after, self.findings,
-                broker.starts, command, self.out_dir,
+                broker.starts, command, self.out_dir, sum(getattr(t, "verified", 0) for t in self.targets),
             )
 
     def _recent(self) -> list[list[bytes]]:

@@ -1,10 +1,11 @@
 """TCP line front door: NDJSON, InfluxDB line protocol and CSV lines, well-formed, mutated and hostile
 (garbage, invalid UTF-8, deep nesting, huge numbers and timestamps, lines past ``max_line_bytes``).
 
-Three listeners run in ack mode (ndjson, influx, csv), one without acks (raw ndjson). On an ack listener
+Three listeners run in ack mode (ndjson, influx, csv), two without acks (raw ndjson, raw influx: reads routed
+together by the default rules, ``ingest/line_routes.py``). On an ack listener
 the input is followed by a newline and a sentinel line; the server acknowledges lines in order (``ACK
 <line>``), so an ACK covering the sentinel (or a FATAL/close) ends the input; ``ERR`` lines are expected
-for bad input. The no-ack listener gets inputs and a close: only the broker log and the probes judge it.
+for bad input. The no-ack listeners get inputs and a close: only the broker log and the probes judge it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ LISTENERS = [
     {"name": "influx", "port": 0, "format": "influx", "ack": True},
     {"name": "csv", "port": 0, "format": "csv", "ack": True},
     {"name": "raw", "port": 0, "format": "ndjson", "ack": False},
+    # no ack and the default rules: reads of InfluxDB lines are routed together (ingest/line_routes.py)
+    {"name": "raw-influx", "port": 0, "format": "influx", "ack": False},
 ]
 ROUTES = [
     {"name": "tcp-json", "source": "tcp", "source_name": "default", "topic": "tcp-json", "format": "json",
@@ -37,13 +40,16 @@ ROUTES = [
      "time_field": "ts", "time_format": "rfc3339"},
 ]
 MAX_LINE = 64 * 1024
-ENDPOINTS = {"ndjson": "tcp", "influx": "tcp:influx", "csv": "tcp:csv", "raw": "tcp:raw"}
+ENDPOINTS = {"ndjson": "tcp", "influx": "tcp:influx", "csv": "tcp:csv", "raw": "tcp:raw",
+             "raw-influx": "tcp:raw-influx"}
+_NO_ACK = ("raw", "raw-influx")
 CSV_HEADER = b"device,ts,temp"
 _PIPELINE = 8  # inputs sent before waiting for the ACK that covers them
 _SPLIT_SHARE = 0.3  # inputs sent in pieces (lines split across reads, a read ending inside a CR LF)
 
 
 def valid_line(rng: random.Random, fmt: str) -> bytes:
+    fmt = "influx" if fmt == "raw-influx" else fmt
     if fmt in ("ndjson", "raw"):
         doc: dict[str, Any] = {
             "device": rng.choice(("d1", "d2", "pump-7")),
@@ -52,6 +58,10 @@ def valid_line(rng: random.Random, fmt: str) -> bytes:
         }
         if rng.random() < 0.3:
             doc["nested"] = {"a": [1, 2, {"b": None}], "s": "\u00e9\u4e2d"}
+        if rng.random() < 0.5:  # the default rules' fields: key (device_id) and the sensors topic (sensor)
+            doc["device_id"] = rng.choice(("pump-7", "d\u00e9", "", 7, None, "x" * 300))
+        if rng.random() < 0.2:
+            doc["sensor"] = rng.choice(("sensor_1", "s2", 3, {"x": 1}))
         return json.dumps(doc).encode()
     if fmt == "influx":
         ts = rng.choice(("", " 1700000000000000000", f" {1_700_000_000_000_000_000 + rng.randrange(10**9)}"))
@@ -81,7 +91,7 @@ def hostile_line(rng: random.Random, fmt: str) -> bytes:
                 b"\x00,\x00,\x00",
                 b"d1,+275760-09-13T00:00:00Z,1"],
     }
-    return rng.choice(common + per_format["ndjson" if fmt == "raw" else fmt])
+    return rng.choice(common + per_format[{"raw": "ndjson", "raw-influx": "influx"}.get(fmt, fmt)])
 
 
 class TcpTarget(SocketTarget):
@@ -131,7 +141,7 @@ class TcpTarget(SocketTarget):
         if self.sock is None or self.conn_budget <= 0:
             self._drop()
             assert self.broker is not None
-            self.fmt = rng.choice(("ndjson", "ndjson", "influx", "csv", "raw"))
+            self.fmt = rng.choice(("ndjson", "ndjson", "influx", "csv", "raw", "raw-influx"))
             self.sock = self._open(ENDPOINTS[self.fmt])
             self.conn_budget = rng.choice((1, 10, 100, 1000))
             self.lines = 0
@@ -144,7 +154,7 @@ class TcpTarget(SocketTarget):
         sentinel = b"\n" + valid_line(rng, self.fmt) + b"\n"
         if not self._send(data + sentinel, rng):
             return
-        if self.fmt == "raw":
+        if self.fmt in _NO_ACK:
             if self.conn_budget <= 0 or rng.random() < 0.05:
                 self._drop()
             return
