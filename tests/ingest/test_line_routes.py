@@ -34,9 +34,10 @@ ARRIVAL = 1_700_000_000_123
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]  # the kernels fixture is per test
 
 
-@pytest.fixture(autouse=True, params=["selected", "pure"])
+@pytest.fixture(params=["selected", "pure"])
 def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs with the selected kernels (compiled when built) and with their pure source."""
+    """The tests that run the kernels run with the selected ones (compiled when built) and their pure source
+    (the NDJSON plan's routing uses none)."""
     if request.param == "pure":
         pure_kernels = native.pure("ingest.line_kernels")
         monkeypatch.setattr(line_routes, "_kernels", pure_kernels)
@@ -137,6 +138,7 @@ def test_json_lines_get_the_old_verdicts(router_index: int, lines: list[bytes]) 
     assert new == old
 
 
+@pytest.mark.usefixtures("kernels")
 @pytest.mark.parametrize("router_index", range(4))
 def test_json_plan_takes_well_formed_lines(router_index: int) -> None:
     routes = _json_routers()[router_index].for_source(JSON_SOURCE)
@@ -186,6 +188,7 @@ def _well_formed_influx(i: int, stamp: int = 1_700_000_000_000_000_000) -> bytes
     return f"weather,device_id=dev-{i % 7},host=h{i % 3} temp={i / 3},n={i}i,ok=t {stamp + i}".encode()
 
 
+@pytest.mark.usefixtures("kernels")
 @pytest.mark.parametrize("router_index", range(3))
 @settings(max_examples=40, suppress_health_check=_SLOW_OK, deadline=None)
 @given(lines=st.lists(_influx_lines(), min_size=1, max_size=12))
@@ -201,6 +204,7 @@ def test_influx_lines_get_the_old_verdicts(router_index: int, lines: list[bytes]
     assert new == old
 
 
+@pytest.mark.usefixtures("kernels")
 @pytest.mark.parametrize("router_index", range(3))
 def test_influx_plan_takes_well_formed_lines(router_index: int) -> None:
     routes = _influx_routers()[router_index].for_source(INFLUX_SOURCE)
@@ -244,6 +248,7 @@ async def _both_ways(router: Router, source: SourceRef, lines: list[bytes]) -> N
     assert sinks[1].health.snapshot() == sinks[0].health.snapshot()
 
 
+@pytest.mark.usefixtures("kernels")
 @settings(max_examples=30, suppress_health_check=_SLOW_OK, deadline=None)
 @given(lines=st.lists(_json_lines(), min_size=1, max_size=10), router_index=st.integers(0, 3))
 async def test_ingest_lines_stores_what_ingest_stores_json(lines: list[bytes], router_index: int) -> None:
@@ -251,6 +256,7 @@ async def test_ingest_lines_stores_what_ingest_stores_json(lines: list[bytes], r
     await _both_ways(_json_routers()[router_index], JSON_SOURCE, good + lines + good)
 
 
+@pytest.mark.usefixtures("kernels")
 @settings(max_examples=30, suppress_health_check=_SLOW_OK, deadline=None)
 @given(lines=st.lists(_influx_lines(), min_size=1, max_size=10), router_index=st.integers(0, 2))
 async def test_ingest_lines_stores_what_ingest_stores_influx(lines: list[bytes], router_index: int) -> None:
@@ -258,6 +264,7 @@ async def test_ingest_lines_stores_what_ingest_stores_influx(lines: list[bytes],
     await _both_ways(_influx_routers()[router_index], INFLUX_SOURCE, good + lines + good)
 
 
+@pytest.mark.usefixtures("kernels")
 async def test_refused_topic_and_refused_append_become_dead_letters_on_both_paths() -> None:
     from broker.log.config import TopicConfig
 
