@@ -1,10 +1,11 @@
 """``python -m bench.fuzz <target> --inputs N [--seed S]``: one fuzz campaign against a live ``sluice serve``.
 
-Targets: kafka, kafka-tls, mqtt, mqtt-tls, tcp, tcp-tls (the same inputs inside TLS), http. Prints progress
-every 30 s and a report at the end; reproducers (the bytes each offending connection sent) and the broker log go to
-``bench/out/fuzz-<target>-<UTC time>/`` (``--out`` to change). Exit code 0 when nothing was found, 1 on any
-finding (crash, hang, traceback or ERROR line in the broker log, leaked sockets/fds, RSS growth beyond the
-limit, a real client failing afterwards), 2 for a usage error.
+Targets: kafka, kafka-tls, mqtt, mqtt-tls, tcp, tcp-tls, http, https (-tls and https: the same inputs inside
+TLS). Prints progress every 30 s and a report at the end; reproducers (the bytes each offending connection
+sent) and the broker log go to ``bench/out/fuzz-<target>-<UTC time>/`` (``--out`` to change). Exit code 0
+when nothing was found, 1 on any finding (crash, hang, traceback or ERROR line in the broker log, leaked
+sockets/fds, RSS growth beyond the limit, acknowledged data not read back intact, a real client failing
+afterwards), 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from bench.fuzz.harness import Campaign, Target
 
 __all__ = ["build_target", "main"]
 
-TARGETS = ("kafka", "kafka-tls", "mqtt", "mqtt-tls", "tcp", "tcp-tls", "http")
+TARGETS = ("kafka", "kafka-tls", "mqtt", "mqtt-tls", "tcp", "tcp-tls", "http", "https")
 
 
 def build_target(name: str, deadline: float, kafka_seeds_per_version: int = 12) -> Target:
@@ -52,6 +53,10 @@ def build_target(name: str, deadline: float, kafka_seeds_per_version: int = 12) 
         from bench.fuzz.http import HttpTarget
 
         return HttpTarget(deadline)
+    if name == "https":
+        from bench.fuzz.tls import HttpsTarget
+
+        return HttpsTarget(deadline)
     raise ValueError(name)
 
 

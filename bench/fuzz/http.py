@@ -16,6 +16,7 @@ import json
 import random
 import re
 import socket
+import ssl
 import time
 import urllib.parse
 import urllib.request
@@ -133,14 +134,15 @@ class HttpTarget(SocketTarget):
         self.operations: list[Operation] = []
         self.conn_budget = 0
         self.corpus: list[bytes] = []
+        self.http_tls: ssl.SSLContext | None = None  # https (``tls.py``): the client side of TLS
+        self.ca_file: str | None = None  # the CA the real clients (httpx, curl) verify the broker with
 
     def broker_env(self) -> dict[str, str]:
         return {"SLUICE_MQTT__ENABLED": "false", "SLUICE_TCP__ENABLED": "false"}
 
     def attach(self, broker: BrokerProcess, rng: random.Random) -> None:
         self.broker = broker
-        host, port = broker.endpoints["http"]
-        with urllib.request.urlopen(f"http://{host}:{port}/openapi.json", timeout=30) as answer:
+        with urllib.request.urlopen(f"{self._base()}/openapi.json", timeout=30, context=self.http_tls) as answer:
             self.spec = json.loads(answer.read())
         self.operations = []
         for path, ops in self.spec["paths"].items():
@@ -232,11 +234,22 @@ class HttpTarget(SocketTarget):
 
     # ------------------------------------------------------------------ connections
 
+    def _base(self) -> str:
+        assert self.broker is not None
+        host, port = self.broker.endpoints["http"]
+        return f"{'https' if self.http_tls is not None else 'http'}://{host}:{port}"
+
     def _connect(self) -> socket.socket:
         assert self.broker is not None
         sock = socket.create_connection(self.broker.endpoints["http"], timeout=self.deadline)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
+        if self.http_tls is None:
+            return sock
+        try:
+            return self.http_tls.wrap_socket(sock, server_hostname="localhost")
+        except BaseException:
+            sock.close()
+            raise
 
     def step(self, rng: random.Random) -> None:
         op = rng.choice(self.operations)
@@ -329,13 +342,11 @@ class HttpTarget(SocketTarget):
 
         import httpx
 
-        assert self.broker is not None
-        host, port = self.broker.endpoints["http"]
-        base = f"http://{host}:{port}"
+        base = self._base()
         failures = []
         topic = f"check-{uuid.uuid4().hex[:8]}"
         try:
-            with httpx.Client(base_url=base, timeout=30) as client:
+            with httpx.Client(base_url=base, timeout=30, verify=self.ca_file or True) as client:
                 client.post("/topics", json={"name": topic, "partitions": 1}).raise_for_status()
                 client.post(f"/topics/{topic}/records", json={"records": [{"value": {"after": "fuzz"}}]}
                             ).raise_for_status()
@@ -346,7 +357,8 @@ class HttpTarget(SocketTarget):
         except httpx.HTTPError as exc:
             failures.append(f"httpx: {exc!r}")
         with contextlib.suppress(subprocess.TimeoutExpired):
-            ready = subprocess.run(["curl", "-sf", f"{base}/health"], capture_output=True, timeout=30)
+            cafile = ["--cacert", self.ca_file] if self.ca_file else []
+            ready = subprocess.run(["curl", "-sf", *cafile, f"{base}/health"], capture_output=True, timeout=30)
             if ready.returncode != 0:
                 failures.append(f"curl /health exited {ready.returncode}")
         return failures

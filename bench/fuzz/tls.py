@@ -1,9 +1,10 @@
-"""The Kafka and TCP campaigns through TLS: with ``security.tls_cert``/``tls_key`` set every listener of the
-broker speaks TLS (Kafka SSL on its port, the TCP line listeners, HTTPS), so the same hostile inputs reach
-the decoders inside TLS records, and every end of a connection (EOF without close_notify, a reset in the
-middle of a record, a request split over many records) passes the TLS layer. Dev certificates are made
-for the run; the probes, the real clients (kcat with ``security.protocol=ssl``, ``openssl s_client``) and
-the harness's partition count (HTTPS) go through TLS too."""
+"""The Kafka, TCP and HTTP campaigns through TLS: with ``security.tls_cert``/``tls_key`` set every listener of
+the broker speaks TLS (Kafka SSL on its port, the TCP line listeners, HTTPS), so the same hostile inputs
+reach the decoders inside TLS records, and every end of a connection (EOF without close_notify, a reset in
+the middle of a record, a request split over many records) passes the TLS layer. Dev certificates are made
+for the run (one CA per campaign); the probes, the real clients (kcat with ``security.protocol=ssl``,
+``openssl s_client``, httpx and curl verifying the CA) and the harness's partition count go through TLS
+too."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import tempfile
 from pathlib import Path
 
 from bench.fuzz.harness import recv_exactly
+from bench.fuzz.http import HttpTarget
 from bench.fuzz.kafka import KafkaTarget, _sentinel
 from bench.fuzz.tcp import TcpTarget
 from sluice.dev_certs import write_dev_certificates
 
-__all__ = ["KafkaTlsTarget", "TcpTlsTarget", "campaign_tls"]
+__all__ = ["HttpsTarget", "KafkaTlsTarget", "TcpTlsTarget", "campaign_tls"]
 
 
 class _Tls:
@@ -133,3 +135,18 @@ class TcpTlsTarget(TcpTarget):
                 return True
         except OSError:
             return False
+
+
+class HttpsTarget(HttpTarget):
+    """The HTTP API campaign over HTTPS (raw requests inside TLS; httpx and curl verify the dev CA)."""
+
+    name = "https"
+
+    def __init__(self, deadline: float = 10.0) -> None:
+        super().__init__(deadline)
+        self.tls = campaign_tls()
+        self.http_tls = self.tls.http_tls
+        self.ca_file = str(self.tls.certs.ca)
+
+    def broker_env(self) -> dict[str, str]:
+        return {**super().broker_env(), **self.tls.env()}
