@@ -10,6 +10,7 @@ is read straight into a buffer of its own, with no copy in user space. A negativ
 
 from __future__ import annotations
 
+import mmap
 import struct
 import sys
 
@@ -32,6 +33,10 @@ DIRECT_FRAME_BYTES = 4 * 1024  # frames above this are read into a buffer of the
 _SCRATCH_BYTES = 16 * 1024
 _SIZE = struct.Struct(">i")
 DEFAULT_POOL_BYTES = 16 * 1024 * 1024  # large-frame buffers kept for reuse (FramePool): RSS it may hold
+# A fresh buffer above this is an anonymous mapping, whose pages become memory only when a read fills them:
+# a size prefix announcing 100 MB costs nothing until the bytes come (a zero-filled bytearray of that size
+# was resident at once; a few connections sending 8 bytes each could take gigabytes). Below it, a bytearray.
+_MAPPED_BUFFER_BYTES = 64 * 1024
 
 
 def _check_size(size: int, max_frame_bytes: int) -> None:
@@ -126,13 +131,15 @@ class FramePool:
     returned on free, see ``sluice.malloc_tuning``) than reading the request itself (bench/RESULTS.md). A
     buffer is free when its only references are the pool's: every view of a frame (the request being
     decoded, a refusal being logged) holds one, so a buffer is never reused under a live view. The pool
-    keeps at most ``max_bytes``; a frame that finds no free buffer and no room gets one of its own."""
+    keeps at most ``max_bytes``; a frame that finds no free buffer and no room gets one of its own. A fresh
+    buffer above ``_MAPPED_BUFFER_BYTES`` is an anonymous ``mmap``: memory only where reads wrote, so what
+    a size prefix announces is not resident before the client sends it."""
 
     __slots__ = ("_buffers", "_held", "max_bytes")
 
     def __init__(self, max_bytes: int = DEFAULT_POOL_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._buffers: list[bytearray] = []
+        self._buffers: list[bytearray | mmap.mmap] = []
         self._held = 0
 
     @property
@@ -142,14 +149,14 @@ class FramePool:
     def take(self, size: int) -> memoryview:
         """``size`` writable bytes (their content is whatever was there)."""
         buffers = self._buffers
-        best: bytearray | None = None
+        best: bytearray | mmap.mmap | None = None
         for buffer in buffers:
             # references to a free buffer: the list, the loop variable, getrefcount's argument
             if len(buffer) >= size and (best is None or len(buffer) < len(best)) and sys.getrefcount(buffer) <= 3:
                 best = buffer
         if best is not None:
             return memoryview(best)[:size]
-        fresh = bytearray(size)
+        fresh = bytearray(size) if size <= _MAPPED_BUFFER_BYTES else mmap.mmap(-1, size)
         if self._held + size > self.max_bytes:
             self._evict(self._held + size - self.max_bytes)
         if self._held + size <= self.max_bytes:
