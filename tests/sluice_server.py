@@ -30,7 +30,9 @@ class SluiceProcess:
         self.endpoints: dict[str, Endpoint] = {}
         self.log = data_dir.parent / f"{data_dir.name}.log"
 
-    def start(self, timeout: float = 30.0) -> SluiceProcess:
+    # A deadline, not a wait: start-up takes ~1 s, but on a machine shared by several suites (load 20 on two
+    # cores) the interpreter's imports alone took 15 s and 43 tests failed "did not become ready" at 30 s.
+    def start(self, timeout: float = 120.0) -> SluiceProcess:
         env = {
             **os.environ,
             "SLUICE_KAFKA__PORT": "0",

@@ -6,7 +6,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_soak_samples_memory_and_reads_the_log_back() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "bench.bench_soak", "--duration", "8", "--devices", "6", "--sample-s", "1"],

@@ -160,6 +160,7 @@ async def test_restart_resumes_from_the_checkpoint_and_re_emits_only_same_keys(s
         await second.stop()
 
 
+@pytest.mark.slow
 async def test_a_slow_sink_pauses_fetching_and_a_burst_stays_in_the_log(store: MemoryLogStore) -> None:
     """1M small records land in the log in one burst while the sink is blocked: the processor
     reads only what its bounded queues hold; memory stays flat; opening the sink drains it."""

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.sluice_server import SluiceProcess
@@ -51,6 +52,7 @@ def sluice(*args: str, env: dict[str, str] | None = None, timeout: float = 90) -
                           env={**full_env, "PYTHONPATH": str(ROOT), **(env or {})}, check=False)
 
 
+@pytest.mark.slow
 def test_the_compose_stack_logs_in_over_tls(tmp_path: Path) -> None:
     tls_root, data = tmp_path / "tls-volume", tmp_path / "data-volume"
     default_password = "sluice-dev-only"  # compose's ${SLUICE_ADMIN_PASSWORD:-...} default

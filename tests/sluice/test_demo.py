@@ -29,6 +29,8 @@ import pytest
 
 from sluice.cli_demo import GROUP, TOPICS, DemoConfig, DemoStack
 
+pytestmark = pytest.mark.slow  # a ~30 s run of the whole stack, shared by the module
+
 RUN_S = 32.0
 WINDOW_MS = 10_000
 BOUND_MS = 5_000  # the sensor pipeline's out-of-orderness bound

@@ -55,7 +55,7 @@ class SluiceProcess:
             [sys.executable, "-m", "sluice.cli", "serve", "--data-dir", str(self.data_dir)],
             env=env, stderr=stderr, stdout=subprocess.DEVNULL, text=True,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a deadline, not a wait (see tests/sluice_server.py)
         while True:
             if endpoints.exists():
                 data = json.loads(endpoints.read_text())

@@ -8,6 +8,8 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.broker.server.conftest import SluiceProcess, check_records, values_in_key_order
 
 N = 100_000
@@ -126,6 +128,7 @@ async def _aiokafka_round_trip(bootstrap: str) -> Received:
     return received
 
 
+@pytest.mark.slow
 def test_aiokafka_producer_and_group_consumer(tmp_path: Path, sluice_factory: type[SluiceProcess]) -> None:
     server = sluice_factory(tmp_path / "data", partitions=PARTITIONS)
     server.start()
@@ -136,6 +139,7 @@ def test_aiokafka_producer_and_group_consumer(tmp_path: Path, sluice_factory: ty
     values_in_key_order(received)
 
 
+@pytest.mark.slow
 def test_kafka_python_producer_and_group_consumer(tmp_path: Path, sluice_factory: type[SluiceProcess]) -> None:
     from kafka import KafkaConsumer, KafkaProducer
 

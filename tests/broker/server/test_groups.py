@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.broker.server.conftest import SluiceProcess
@@ -102,6 +103,7 @@ class CommitWatcher(threading.Thread):
         return {p: h[-1] for p, h in self.history.items() if h}
 
 
+@pytest.mark.slow
 def test_group_survives_a_killed_member_and_a_broker_restart(
     tmp_path: Path, sluice_factory: type[SluiceProcess]
 ) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from broker.protocol.kafka import ApiKey
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import RecordSpec, decode_all, encode_batch
@@ -52,6 +54,7 @@ async def _values(port: int) -> list[bytes | None]:
         await client.close()
 
 
+@pytest.mark.slow
 def test_retry_after_restart_is_not_appended_twice(tmp_path: Path, sluice_factory: type[SluiceProcess]) -> None:
     server = sluice_factory(tmp_path / "data")
     server.start()

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -64,6 +65,7 @@ class CommittedReader:
         self.consumer.close()
 
 
+@pytest.mark.slow
 def test_quix_exactly_once_survives_kill_9(sluice: SluiceProcess, tmp_path: Path) -> None:
     rows = sensor_readings(SECONDS, sensors=SENSORS)
     expected = batch_windows(rows)

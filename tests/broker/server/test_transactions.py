@@ -141,6 +141,7 @@ def test_read_committed_stops_at_an_open_transaction(tmp_path: Path,
     assert _consume_all(server, "read_committed", 2) == [b"in-txn", b"after-the-open-txn"]
 
 
+@pytest.mark.slow
 def test_open_transaction_survives_kill_9_and_is_aborted_by_its_successor(
     tmp_path: Path, sluice_factory: type[SluiceProcess]
 ) -> None:

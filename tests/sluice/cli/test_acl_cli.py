@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from broker.security import AclStore, Operation, Principal, ResourceType, UserStore
 from broker.security.acl_authorizer import Authorizer
 from tests.sluice_server import SluiceProcess
@@ -50,6 +52,7 @@ def test_acl_offline(tmp_path: Path) -> None:
     assert nothing.returncode == 2 and "name what to delete" in nothing.stderr
 
 
+@pytest.mark.slow
 def test_acl_over_http_with_credentials(tmp_path: Path) -> None:
     data = tmp_path / "data"
     users = UserStore(data)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from broker.security import UserStore
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -20,6 +22,7 @@ def sluice(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
                           text=True, env=env, timeout=60, check=False)
 
 
+@pytest.mark.slow
 def test_users_add_list_delete_offline(tmp_path: Path) -> None:
     data = str(tmp_path)
     added = sluice("users", "add", "alice", "--data-dir", data, stdin="wonder land\n")

@@ -50,6 +50,7 @@ def curl_status(server: SluiceProcess, user: str, password: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_a_super_user_manages_users_over_http(server: SluiceProcess) -> None:
     added = sluice(server, "add", "bob", user="admin", password="admin pw", stdin="bob pw\n")
     assert added.returncode == 0, added.stderr

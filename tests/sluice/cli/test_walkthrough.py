@@ -123,6 +123,7 @@ def walkthrough(tmp_path: Path) -> Iterator[Walkthrough]:
     w.stop()
 
 
+@pytest.mark.slow
 def test_the_walkthrough_prints_what_the_readme_shows(walkthrough: Walkthrough) -> None:
     steps = walkthrough_steps()
     commands = [s.command for s in steps]
