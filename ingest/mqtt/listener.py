@@ -47,7 +47,7 @@ class SinkPort:
         # ingest(), not write(): acks need only "durable now", not per-message placements.
         # MQTT 5 properties become record headers after Sluice's own (ingest/mqtt/properties.py rule 2).
         plain = [(m.topic, m.payload, at, () if m.properties is NO_PROPERTIES else to_headers(m.properties))
-                 for m, _, at in messages if at != REFUSED]  # refused by the ACLs: never stored (machine.py 13)
+                 for m, _, at in messages if at != REFUSED]  # refused by the ACLs: never stored (publish_in.py rule 13)
         if plain:
             await self.sink.ingest_from(self.source, client_id, plain)
 

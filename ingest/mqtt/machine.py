@@ -12,7 +12,9 @@ machine is running (the hub routing a message back to its own publisher) adds it
 call's list, so the actions of one input always come out in the order the rules produced them.
 
 Shared state (sessions by client id, subscriptions, retained messages, routing) is the hub's, passed in
-at construction; the hub reaches other connections only through their ``Link`` (``ports.py``).
+at construction; the hub reaches other connections only through their ``Link`` (``ports.py``). The
+PUBLISHes the client sends (rules 3-6, 13) are ``publish_in.py``'s (``InboundPublishes``, a base class
+of ``ConnectionMachine``); the states, ``Action``s and ``Endpoint`` are in ``actions.py``.
 
 Rules
 -----
@@ -28,25 +30,14 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
    ``session_expiry_s``; a 5.0 client whose interval was cut is told the granted one in the CONNACK).
    On reconnect in-flight messages are re-sent (DUP=1, or PUBREL after PUBREC) before queued ones. A
    second connection with the same client id takes the session over (the old one gets DISCONNECT 0x8E).
-3. PUBLISH in: QoS 0/1/2 messages of one connection are appended in arrival order, in batches (one
-   batch per read; reads that arrive while an append runs join the waiting batch, up to 4096 messages:
-   one append, one fsync, covers many reads). PUBACK (QoS 1) / PUBREC (QoS 2) are sent ONLY after the
-   batch's durable append, in arrival order, to the session's current connection. When the append fails
-   (the disk is full or failing), nothing of the batch is acknowledged: a 5.0 client gets PUBACK /
-   PUBREC 0x80 for each of its QoS 1/2 messages and stays connected; a 3.1.1 client (no negative acks)
-   is disconnected, and resends what was not acknowledged when it reconnects. Messages are routed to
-   subscribers (and the retained store) after the durable append, after the acks. With durable
-   sessions (``session_store.py`` rule 4) the adapter writes the acks ``appended`` returns only once
-   what routing journaled is durable (``Hub.journaled``), PUBREL and PUBCOMP wait for their journal
-   record, and SUBACK for the subscription's.
-4. Duplicates: a QoS 1/2 PUBLISH whose packet id is still being appended is a retry and is dropped; a
-   QoS 2 PUBLISH whose id awaits PUBREL gets its PUBREC again and is not appended twice.
-   PUBREL → PUBCOMP (5.0: 0x92 if unknown). A Subscription Identifier in a PUBLISH is a protocol error.
-5. Flow control: reads pause while this connection has ``receive_maximum`` messages waiting for the
-   append, or while the ingest backlog is above its high-water mark, and resume when the queue has
-   drained to half. A 5.0 client that exceeds the advertised Receive Maximum gets DISCONNECT 0x93.
-6. Topic aliases (5.0): alias 0 or above Topic Alias Maximum → DISCONNECT 0x94; an unknown alias → 0x82.
-   Outbound aliases when the client allows them: ``aliases.py``.
+3. PUBLISH in — batches, the durable append, and acks only after it: ``publish_in.py`` rule 3. PUBREL and
+   PUBCOMP wait for their journal record and SUBACK for the subscription's when sessions are durable
+   (``session_store.py`` rule 4).
+4. Duplicates of a PUBLISH, and a Subscription Identifier in one: ``publish_in.py`` rule 4.
+   PUBREL → PUBCOMP (5.0: 0x92 if unknown).
+5. Flow control (reads paused while appends are behind; Receive Maximum): ``publish_in.py`` rule 5.
+6. Topic aliases (5.0) from the client: ``publish_in.py`` rule 6. Outbound aliases when the client allows
+   them: ``aliases.py``.
 7. Keepalive: no packet for 1.5 × keepalive → close (5.0: DISCONNECT 0x8D). Time spent with reads
    paused by backpressure does not count against the client. A keep alive above ``max_keepalive`` (or
    0) becomes ``max_keepalive``; a 5.0 client is told by Server Keep Alive in the CONNACK.
@@ -70,23 +61,17 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
     in-flight window, and a topic alias it would have introduced is introduced by the next one.
 12. Once CLOSED nothing more is written (except the CONNACK of a refusal) and input is discarded.
 13. ACLs (``hub.access``, with ``security.auth = required``), as Mosquitto applies them: a CONNECT whose
-    will topic may not be published to is refused (5.0 0x87, 3.1.1 0x05). A PUBLISH the ACLs refuse is
-    not stored nor delivered, and logged (rate-limited) and counted by the authorizer: QoS 0 is dropped;
-    QoS 1/2 are answered in arrival order with the others' acks: 5.0 PUBACK / PUBREC 0x87, 3.1.1 (no
-    negative acks) a plain PUBACK / PUBREC, as Mosquitto does. SUBSCRIBE: ``subscribe.py``.
+    will topic may not be published to is refused (5.0 0x87, 3.1.1 0x05). PUBLISH: ``publish_in.py`` rule
+    13. SUBSCRIBE: ``subscribe.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import struct
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
-from typing import Any, ParamSpec, Protocol
+from typing import ParamSpec
 
-from ingest.errors import IngestError
+from ingest.mqtt.actions import CLOSED, CONNECTED, NEW, Action, Do, Endpoint, Linger
 from ingest.mqtt.aliases import OutboundAliases
 from ingest.mqtt.codec import Decoder, encode, encode_publish
 from ingest.mqtt.connect import Refused, admit, expiry_seconds
@@ -94,7 +79,6 @@ from ingest.mqtt.errors import ProtocolError, UnsupportedProtocol
 from ingest.mqtt.hub import Hub
 from ingest.mqtt.packets import (
     MQTT_5,
-    NO_PROPERTIES,
     Connack,
     Connect,
     Disconnect,
@@ -112,63 +96,27 @@ from ingest.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from ingest.mqtt.ports import REFUSED, Accepted, Link
+from ingest.mqtt.ports import Accepted
+from ingest.mqtt.publish_in import InboundPublishes
 from ingest.mqtt.session_state import SessionState
 from ingest.mqtt.subscribe import apply_subscribe
 
-__all__ = ["CLOSED", "CONNECTED", "NEW", "Action", "ConnectionMachine", "Do", "Endpoint", "Linger"]
+__all__ = ["LINGER_QUIET_S", "LINGER_S", "ConnectionMachine"]
 
 log = logging.getLogger("ingest.mqtt")
 
-NEW, CONNECTED, CLOSED = 0, 1, 2
 _PINGRESP = b"\xd0\x00"
 LINGER_S = 2.0  # after DISCONNECT 0x93, at most this long reading and discarding ...
 LINGER_QUIET_S = 0.2  # ... or until the client has sent nothing for this long
-_MAX_BATCH = 4096  # messages per append call
-_PUBACK = 0x40020000  # fixed header + remaining length 2; the packet id goes in the low 16 bits
-_PUBREC = 0x50020000
-
-
-class Do(Enum):
-    """Transport operations (``bytes`` actions are writes)."""
-
-    CLOSE = "close"  # close the transport (it then reports the loss: ``lost``)
-    PAUSE_READING = "pause"
-    RESUME_READING = "resume"
-    START_APPENDING = "append"  # run the append loop: take_batch → IngestPort.ingest → appended, until None
-
-
-@dataclass(frozen=True, slots=True)
-class Linger:
-    """Rule 10: write nothing more, keep reading (the machine discards it) and close once
-    ``linger_over(now, until)`` says so; ask it every ``LINGER_QUIET_S``."""
-
-    until: float
-
-
-Action = bytes | Do | Linger
 P = ParamSpec("P")
 
 
-class Endpoint(Link, Protocol):
-    """The connection adapter as its machine sees it: the ``Link`` it registers with the hub, and the peer
-    address for log lines."""
-
-    def peername(self) -> Any: ...
-
-
-class ConnectionMachine:
+class ConnectionMachine(InboundPublishes):
     """One client connection's rules (module header). The methods return the actions to carry out."""
 
     __slots__ = (
-        "_aliases",
-        "_appending",
-        "_arrival_ms",
-        "_batch",
         "_out",
         "_out_aliases",
-        "_queue",
-        "_queued",
         "_will",
         "certificate_user",
         "client_id",
@@ -179,7 +127,6 @@ class ConnectionMachine:
         "hub",
         "keepalive",
         "last_rx",
-        "paused",
         "session",
         "state",
         "username",
@@ -187,6 +134,7 @@ class ConnectionMachine:
     )
 
     def __init__(self, hub: Hub, endpoint: Endpoint, now: float) -> None:
+        super().__init__()
         self.hub = hub
         self.endpoint = endpoint  # the hub's handle on this connection (session.connection is this)
         # Dropped between reads once connected with nothing buffered (idle connections hold none), made again
@@ -202,14 +150,7 @@ class ConnectionMachine:
         self.last_rx = now
         self.client_receive_max = 65535
         self.client_max_packet = 0
-        self.paused = False
         self._out_aliases: OutboundAliases | None = None  # when the client accepts aliases from us
-        self._aliases: dict[int, str] | None = None
-        self._arrival_ms = 0  # receive time of the current read, shared by its packets
-        self._batch: list[Accepted] | None = None  # this read's accepted PUBLISHes
-        self._queue: deque[list[Accepted]] | None = None  # batches waiting for the append loop
-        self._queued = 0  # messages accepted and not yet appended (or refused)
-        self._appending = False  # the append loop is running (Do.START_APPENDING was returned)
         self._will: Will | None = None
         self._out: list[Action] | None = None  # the actions of the call in progress
 
@@ -242,14 +183,6 @@ class ConnectionMachine:
     def tick(self, now: float) -> list[Action]:
         """The periodic sweep: connect timeout (rule 1) and keep alive (rule 7)."""
         return self._perform(self._tick, now)
-
-    def take_batch(self) -> list[Accepted] | None:
-        """The next batch to append (the append loop calls this); None ends the loop."""
-        queue = self._queue
-        if queue:
-            return queue.popleft()  # taken: later reads start a new batch
-        self._appending = False
-        return None
 
     def appended(self, batch: list[Accepted]) -> list[Action]:
         """``batch`` is durable: acknowledge and route it (rule 3)."""
@@ -526,104 +459,6 @@ class ConnectionMachine:
         if present:
             session.resend()
 
-    def _on_publish(self, packet: Publish, session: SessionState) -> None:
-        topic = packet.topic
-        props = packet.properties
-        alias = None
-        if props is not NO_PROPERTIES:
-            if props.subscription_identifier:  # §3.3.4: only the server sends these
-                self._protocol_error(ProtocolError("subscription identifier in PUBLISH", Reason.PROTOCOL_ERROR))
-                return
-            alias = props.topic_alias
-        if alias is not None:
-            if alias == 0 or alias > self.hub.config.topic_alias_maximum:
-                self._protocol_error(ProtocolError(f"topic alias {alias} out of range", Reason.TOPIC_ALIAS_INVALID))
-                return
-            if self._aliases is None:
-                self._aliases = {}
-            if topic:
-                self._aliases[alias] = topic
-            else:
-                known = self._aliases.get(alias)
-                if known is None:
-                    self._protocol_error(ProtocolError(f"unknown topic alias {alias}", Reason.PROTOCOL_ERROR))
-                    return
-                topic = known
-        if not topic or "+" in topic or "#" in topic:  # valid_topic(), inlined on the hot path
-            self._protocol_error(ProtocolError(f"invalid topic name {topic!r}", Reason.TOPIC_NAME_INVALID))
-            return
-        qos = packet.qos
-        pid = packet.packet_id or 0
-        if qos:
-            pending_in = session.pending_in
-            if pid in pending_in:
-                self.hub.stats.duplicates += 1
-                return
-            if qos == 2 and pid in session.awaiting_rel:
-                self.hub.stats.duplicates += 1
-                self._send(Pubrec(pid))
-                return
-            if (
-                self.version == MQTT_5
-                and len(pending_in) + len(session.awaiting_rel) >= self.hub.config.receive_maximum
-            ):
-                self._protocol_error(ProtocolError("Receive Maximum exceeded", Reason.RECEIVE_MAXIMUM_EXCEEDED))
-                return
-            pending_in[pid] = None  # PacketIds.add, without the method call (per message)
-        arrival = self._arrival_ms
-        access = self.hub.access
-        if access is not None and not access.may_publish(self.username, self._peer_host(), topic):  # rule 13
-            if not qos:
-                return
-            arrival = REFUSED
-        if topic is not packet.topic:  # resolved from a topic alias
-            packet = Publish(topic, packet.payload, qos, packet.retain, packet.dup, packet.packet_id, props)
-        batch = self._batch
-        if batch is None:
-            batch = self._batch = []
-        batch.append((packet, pid, arrival))
-
-    def _plain_publishes(self, packets: list[Packet], i: int) -> int:
-        """``_on_publish`` for a run of the commonest PUBLISHes, from ``packets[i]``, in one loop: QoS 0 or 1,
-        no properties, a valid topic name, no ACLs (the caller checks), within Receive Maximum. Returns the
-        index of the first packet not taken; ``_on_publish`` decides that one (rules 3-6, 13)."""
-        session = self.session
-        assert session is not None
-        pending_in = session.pending_in
-        awaiting_rel = session.awaiting_rel
-        stats = self.hub.stats
-        limit = self.hub.config.receive_maximum if self.version == MQTT_5 else 0
-        arrival = self._arrival_ms
-        batch = self._batch
-        if batch is None:
-            batch = self._batch = []
-        take = batch.append
-        count = len(packets)
-        while i < count:
-            packet = packets[i]
-            if type(packet) is not Publish or packet.properties is not NO_PROPERTIES:
-                return i
-            topic = packet.topic
-            if not topic or "+" in topic or "#" in topic:
-                return i
-            qos = packet.qos
-            if qos:
-                pid = packet.packet_id
-                if qos != 1 or pid is None:
-                    return i
-                if pid in pending_in:  # rule 4: a retry of a message still being appended
-                    stats.duplicates += 1
-                    i += 1
-                    continue
-                if limit and len(pending_in) + len(awaiting_rel) >= limit:
-                    return i  # rule 5: Receive Maximum exceeded
-                pending_in[pid] = None
-                take((packet, pid, arrival))
-            else:
-                take((packet, 0, arrival))
-            i += 1
-        return i
-
     def _peer_host(self) -> str:
         peer = self.endpoint.peername()
         return str(peer[0]) if isinstance(peer, tuple | list) and peer else str(peer)
@@ -655,107 +490,3 @@ class ConnectionMachine:
         """Send ``packet`` when called: within a call of ours among its actions, else through the adapter
         (a journal write completed); nothing once CLOSED."""
         return lambda: self._send(packet) if self._out is not None else self.endpoint.send(packet)
-
-    # ------------------------------------------------------------------ the append pipeline (rules 3, 5)
-    def _flush_batch(self) -> None:
-        batch = self._batch
-        assert batch
-        self._batch = None
-        queue = self._queue
-        if queue is None:
-            queue = self._queue = deque()
-        # Reads that arrive while an append is running join the waiting batch: one append (one fsync)
-        # then covers many reads (group commit), and acks still leave in arrival order.
-        if queue and len(queue[-1]) < _MAX_BATCH:
-            queue[-1].extend(batch)
-        else:
-            queue.append(batch)
-        self._queued += len(batch)
-        hub = self.hub
-        stats = hub.stats
-        stats.messages_in += len(batch)
-        stats.bytes_in += sum([len(m[0].payload) for m in batch])
-        if self._queued > stats.max_queued:
-            stats.max_queued = self._queued
-        if not self._appending:
-            self._appending = True
-            self._emit(Do.START_APPENDING)
-        if not self.paused and self.state != CLOSED and (
-            self._queued >= hub.config.receive_maximum or hub.port.backlog_bytes() > hub.config.backlog_high_bytes
-        ):
-            self.paused = True
-            stats.read_pauses += 1
-            hub.port.reads_paused(True)
-            self._emit(Do.PAUSE_READING)
-
-    def _appended(self, batch: list[Accepted]) -> None:
-        session = self.session
-        assert session is not None
-        self._queued -= len(batch)
-        acks: list[Any] = []
-        pending_in = session.pending_in
-        refused = False
-        for msg, pid, arrival in batch:
-            if pid:
-                pending_in.pop(pid, None)  # PacketIds.discard, without the method call (per message)
-                if arrival == REFUSED:  # rule 13: 5.0 PUBACK/PUBREC 0x87 (remaining length 3), in order
-                    refused = True
-                    if self.version == MQTT_5:
-                        acks.append(bytes((0x40 if msg.qos == 1 else 0x50, 3, pid >> 8, pid & 0xFF,
-                                           Reason.NOT_AUTHORIZED)))
-                        continue
-                if msg.qos == 1:
-                    acks.append(_PUBACK | pid)
-                else:
-                    session.awaiting_rel.add(pid)
-                    acks.append(_PUBREC | pid)
-        conn = session.connection
-        if acks and conn is not None:
-            data = (b"".join(a if isinstance(a, bytes) else a.to_bytes(4, "big") for a in acks) if refused
-                    else struct.pack(f">{len(acks)}I", *acks))  # 4-byte PUBACK/PUBREC each
-            if conn is self.endpoint:
-                self._send_acks(data)
-            else:  # the session moved to a newer connection of the client: the acks go there
-                conn.send_acks(data)
-        self.hub.deliver(self.client_id, [m for m in batch if m[2] != REFUSED] if refused else batch)
-        self._maybe_resume()
-
-    def _append_failed(self, batch: list[Accepted], exc: BaseException) -> None:
-        session = self.session
-        assert session is not None
-        hub = self.hub
-        hub.stats.append_errors += 1
-        if isinstance(exc, IngestError):  # the sink has logged the storage failure itself
-            log.info("append failed; the client is not acknowledged",
-                     extra={"client_id": self.client_id, "messages": len(batch)})
-        else:
-            log.error("durable append failed; the client is not acknowledged",
-                      extra={"client_id": self.client_id, "messages": len(batch)}, exc_info=exc)
-        if self.version == MQTT_5 and self.state == CONNECTED:
-            self._queued -= len(batch)
-            # the batch was not stored: PUBACK/PUBREC 0x80 for each QoS 1/2 message, so the client knows now
-            for msg, pid, arrival in batch:
-                if pid:
-                    session.pending_in.discard(pid)
-                    reason = Reason.NOT_AUTHORIZED if arrival == REFUSED else Reason.UNSPECIFIED_ERROR
-                    self._send((Puback if msg.qos == 1 else Pubrec)(pid, reason))
-            self._maybe_resume()
-            return
-        # 3.1.1 has no negative ack: nothing waiting is acknowledged, the client resends after reconnecting
-        queue = self._queue or deque()
-        for failed in (batch, *queue):
-            for _, pid, _ in failed:
-                session.pending_in.discard(pid)
-        queue.clear()
-        self._queued = 0
-        if self.state != CLOSED:
-            self._disconnect(Reason.UNSPECIFIED_ERROR, f"append failed: {exc}")
-
-    def _maybe_resume(self) -> None:
-        hub = self.hub
-        if self.paused and self._queued <= hub.config.receive_maximum // 2:
-            self.paused = False
-            hub.port.reads_paused(False)
-            if self.state != CLOSED:
-                self._emit(Do.RESUME_READING)
-

@@ -20,7 +20,7 @@ __all__ = ["REFUSED", "Accepted", "Authenticator", "IngestPort", "Link", "Refusa
 # A PUBLISH accepted from a device: (the packet with its topic resolved, its packet id or 0, arrival ms).
 Accepted = tuple[Publish, int, int]
 # The arrival ms of a QoS 1/2 PUBLISH the ACLs refused: it rides in its batch only so that its answer
-# leaves in arrival order with the others' acks; nothing stores or delivers it (machine.py rule 13).
+# leaves in arrival order with the others' acks; nothing stores or delivers it (publish_in.py rule 13).
 REFUSED = -1
 
 # (client_id, username, password) -> accepted?

@@ -1,6 +1,6 @@
 """The asyncio adapter of one MQTT connection: carries out what its ``ConnectionMachine`` decides.
 
-The rules live in ``machine.py`` (sans-IO); this module only moves bytes and runs the append loop:
+The rules live in ``machine.py`` and ``publish_in.py`` (sans-IO); this module only moves bytes and runs the append loop:
 
 * It reads into one buffer shared by every connection (``READ_SIZE``), hands the bytes to the machine
   with the time, and carries out the actions it returns (writes, close, pause/resume reading, the append
@@ -24,8 +24,9 @@ import time
 from typing import Any, Protocol
 
 from broker.security.tls import peer_common_name
+from ingest.mqtt.actions import CONNECTED, Do, Linger
 from ingest.mqtt.hub import Hub
-from ingest.mqtt.machine import CONNECTED, LINGER_QUIET_S, ConnectionMachine, Do, Linger
+from ingest.mqtt.machine import LINGER_QUIET_S, ConnectionMachine
 from ingest.mqtt.packets import Packet, Publish
 from ingest.mqtt.session_state import SessionState
 

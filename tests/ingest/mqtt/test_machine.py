@@ -16,9 +16,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ingest.mqtt.actions import CLOSED, CONNECTED, Do, Linger
 from ingest.mqtt.codec import Decoder, encode
 from ingest.mqtt.hub import Hub, HubConfig
-from ingest.mqtt.machine import CLOSED, CONNECTED, ConnectionMachine, Do, Linger
+from ingest.mqtt.machine import ConnectionMachine
 from ingest.mqtt.packets import (
     MQTT_5,
     MQTT_311,
@@ -291,11 +292,12 @@ def test_receive_maximum_exceeded_lingers() -> None:
 def test_modules_import_alone_without_a_circle() -> None:
     """Item 10: each MQTT module imports on its own in a fresh interpreter (no import circle), and the hub
     and session state do not import the state machine or its adapter."""
-    modules = ["ports", "hub_config", "session_state", "hub", "connect", "machine", "session", "listener", "subscribe"]
+    modules = ["ports", "hub_config", "session_state", "hub", "connect", "actions", "publish_in", "machine", "session",
+               "listener", "subscribe"]
     for name in modules:
         done = subprocess.run([sys.executable, "-c", f"import ingest.mqtt.{name}"], capture_output=True, text=True)
         assert done.returncode == 0, (name, done.stderr)
-    for name in ("hub", "session_state", "ports", "hub_config", "connect"):
+    for name in ("hub", "session_state", "ports", "hub_config", "connect", "actions", "publish_in"):
         source = importlib.import_module(f"ingest.mqtt.{name}").__file__
         assert source is not None
         with open(source) as f:
