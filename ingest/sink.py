@@ -461,14 +461,8 @@ class IngestSink:
             else:
                 for start, end in _prepared_chunks(records):
                     await self.store.append(group.topic, group.partition, _encode_prepared(records[start:end]))
-        except StorageError as exc:
-            return exc
-        except BrokerError as exc:
-            log.warning(
-                "log refused an ingest append; records go to the dead-letter topic",
-                extra={"topic": group.topic, "partition": group.partition, "error": str(exc)},
-            )
-            return f"log refused append to {group.topic}-{group.partition}: {exc}"
+        except BrokerError as exc:  # StorageError included
+            return _append_failure(group.topic, group.partition, exc)
         return None
 
     def _group_for(self, groups: dict[tuple[str, int], _Group], topic: str, key: bytes | None) -> _Group:
@@ -505,14 +499,8 @@ class IngestSink:
                 if placements is not None:
                     for offset, owner in enumerate(group.owners[start:end], start=result.base_offset):
                         placements[owner].append(Placement(group.topic, group.partition, offset))
-        except StorageError as exc:
-            return exc
-        except BrokerError as exc:
-            log.warning(
-                "log refused an ingest append; records go to the dead-letter topic",
-                extra={"topic": group.topic, "partition": group.partition, "error": str(exc)},
-            )
-            return f"log refused append to {group.topic}-{group.partition}: {exc}"
+        except BrokerError as exc:  # StorageError included
+            return _append_failure(group.topic, group.partition, exc)
         return None
 
     def _batches(self, records: Sequence[RecordTuple]) -> list[tuple[int, int, bytes]]:
@@ -573,6 +561,16 @@ class IngestSink:
             raise SinkError(f"cannot write to the dead-letter topic {topic!r}: {exc}") from exc
         for letter in letters:
             log.debug("dead letter", extra={"source": source.label, "device": letter.device, "reason": letter.reason})
+
+
+def _append_failure(topic: str, partition: int, exc: BrokerError) -> str | StorageError:
+    """What a failed group append means: a storage failure as it is (not the records' fault: the caller
+    raises it), or why the log refused the records (they go to the dead-letter topic with it)."""
+    if isinstance(exc, StorageError):
+        return exc
+    log.warning("log refused an ingest append; records go to the dead-letter topic",
+                extra={"topic": topic, "partition": partition, "error": str(exc)})
+    return f"log refused append to {topic}-{partition}: {exc}"
 
 
 def _chunks(records: Sequence[RecordTuple]) -> list[tuple[int, int]]:
