@@ -45,7 +45,8 @@ from ingest import line_kernels
 from ingest.errors import PayloadError
 from ingest.formats import parse_influx
 from ingest.line_kernels import LineTarget
-from ingest.routing import RawMessage, Rejected, RouteRule, SourceRoutes, event_time_ms
+from ingest.router import SourceRoutes
+from ingest.routing import RawMessage, Rejected, RouteRule, event_time_ms
 
 __all__ = ["InfluxLinePlan", "JsonLinePlan", "LinePlan", "LineTarget", "line_plan"]
 

@@ -27,7 +27,8 @@ from broker.protocol.records import encode_headers, encode_key
 from ingest import line_kernels
 from ingest.line_kernels import Group, LineTarget
 from ingest.line_routes import line_plan
-from ingest.routing import RawMessage, Rejected, SourceRef, SourceRoutes
+from ingest.router import SourceRoutes
+from ingest.routing import RawMessage, Rejected, SourceRef
 from ingest.sink import _Letter, _LineGroup
 
 if TYPE_CHECKING:

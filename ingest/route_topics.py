@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 
-from ingest.routing import RouteRule, SourceRoutes
+from ingest.router import SourceRoutes
+from ingest.routing import RouteRule
 
 __all__ = ["filters_overlap", "publish_topics", "subscribe_topics"]
 

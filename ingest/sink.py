@@ -39,7 +39,8 @@ from broker.protocol.records import Headers, RecordTuple, encode_headers, encode
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
 from ingest.line_kernels import LineTarget
-from ingest.routing import RawMessage, Rejected, RoutedTuple, Router, SourceRef
+from ingest.router import RoutedTuple, Router
+from ingest.routing import RawMessage, Rejected, SourceRef
 
 __all__ = ["DEFAULT_MAX_PENDING_BYTES", "DeviceMessage", "IngestSink", "Placement", "WriteOutcome"]
 

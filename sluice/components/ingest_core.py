@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from ingest.errors import ConfigError
 from ingest.health import HealthRegistry
-from ingest.routing import RouteDefaults, Router, RouteRule
+from ingest.router import Router
+from ingest.routing import RouteDefaults, RouteRule
 from ingest.sink import IngestSink
 from sluice.config import IngestSettings
 from sluice.runtime import Runtime

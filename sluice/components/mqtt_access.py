@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 from broker.security import ANONYMOUS, Authorizer, Operation, Principal, ResourceType
 from ingest.route_topics import publish_topics, subscribe_topics
-from ingest.routing import Router, SourceRef
+from ingest.router import Router
+from ingest.routing import SourceRef
 
 __all__ = ["MqttAccess", "tcp_writer_check"]
 

@@ -11,7 +11,8 @@ import pytest
 from broker.log.memory import MemoryLogStore
 from ingest.formats import FORMATS, parse_payload
 from ingest.health import HealthRegistry
-from ingest.routing import RawMessage, RouteDefaults, Router, SourceRef
+from ingest.router import Router
+from ingest.routing import RawMessage, RouteDefaults, SourceRef
 from ingest.sink import IngestSink
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
 from tests.ingest.conftest import records

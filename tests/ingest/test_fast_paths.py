@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from broker.log.memory import MemoryLogStore
 from ingest.errors import RouteError
 from ingest.health import HealthRegistry
+from ingest.router import Router
 from ingest.routing import (
     _EPOCH_SCALE,
     KeySpec,
@@ -28,11 +29,10 @@ from ingest.routing import (
     Rejected,
     Routed,
     RouteDefaults,
-    Router,
     RouteRule,
     SourceRef,
     TimeSpec,
-    _to_ms,
+    event_time_ms,
 )
 from ingest.sink import _MAX_BATCH_BYTES, IngestSink
 from tests.ingest.conftest import read_all, records
@@ -262,10 +262,10 @@ def test_record_batch_counts_like_one_record_per_message(
 
 @given(value=st.integers(min_value=-(2**70), max_value=2**70), fmt=st.sampled_from(list(_EPOCH_SCALE)))
 def test_integer_event_times_convert_like_their_decimal_text(value: int, fmt: str) -> None:
-    # ints take a shortcut in _to_ms; the same number as text goes the general way
+    # ints take a shortcut in event_time_ms; the same number as text goes the general way
     def outcome(v: object) -> int | str:
         try:
-            return _to_ms(v, fmt)
+            return event_time_ms(v, fmt)
         except RouteError:
             return "error"
 

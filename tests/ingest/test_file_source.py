@@ -15,7 +15,8 @@ from broker.log.api import AppendResult, LogStore
 from broker.log.memory import MemoryLogStore
 from ingest.file.source import FileSource, FileSourceConfig, PositionStore
 from ingest.health import HealthRegistry
-from ingest.routing import KeySpec, RouteDefaults, Router, RouteRule, TimeSpec
+from ingest.router import Router
+from ingest.routing import KeySpec, RouteDefaults, RouteRule, TimeSpec
 from ingest.sink import IngestSink
 from tests.ingest.conftest import records
 

@@ -24,7 +24,8 @@ from ingest import line_routes, line_writes
 from ingest import sink as sink_module
 from ingest.health import HealthRegistry
 from ingest.line_routes import InfluxLinePlan, JsonLinePlan, line_plan
-from ingest.routing import KeySpec, RawMessage, RouteDefaults, Router, RouteRule, SourceRef, SourceRoutes, TimeSpec
+from ingest.router import Router, SourceRoutes
+from ingest.routing import KeySpec, RawMessage, RouteDefaults, RouteRule, SourceRef, TimeSpec
 from ingest.sink import IngestSink
 from ingest.tcp.framing import LineFramer, LineTooLong
 from ingest.tcp.lines import LineStream

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ingest.route_topics import filters_overlap, publish_topics, subscribe_topics
-from ingest.routing import RouteDefaults, Router, RouteRule, SourceRef
+from ingest.router import Router
+from ingest.routing import RouteDefaults, RouteRule, SourceRef
 
 MQTT = SourceRef("mqtt", "default")
 

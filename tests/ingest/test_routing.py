@@ -7,13 +7,13 @@ import json
 import pytest
 
 from ingest.errors import ConfigError
+from ingest.router import Router
 from ingest.routing import (
     KeySpec,
     RawMessage,
     Rejected,
     Routed,
     RouteDefaults,
-    Router,
     RouteRule,
     SourceRef,
     TimeSpec,

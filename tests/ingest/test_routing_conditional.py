@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ingest.routing import RawMessage, Rejected, Routed, RouteDefaults, Router, RouteRule, SourceRef
+from ingest.router import Router
+from ingest.routing import RawMessage, Rejected, Routed, RouteDefaults, RouteRule, SourceRef
 
 MQTT = SourceRef("mqtt", "default")
 TCP_JSON = SourceRef("tcp", "default", "json")

@@ -8,7 +8,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.routing import KeySpec, RawMessage, RouteDefaults, Router, RouteRule, SourceRef, TimeSpec
+from ingest.router import Router
+from ingest.routing import KeySpec, RawMessage, RouteDefaults, RouteRule, SourceRef, TimeSpec
 
 SOURCES = [SourceRef("mqtt", "default"), SourceRef("bridge", "b1"), SourceRef("tcp", "t1", "json"),
            SourceRef("tcp", "t2"), SourceRef("file", "f1", "raw")]

@@ -11,7 +11,8 @@ from broker.log.config import TopicConfig
 from broker.log.memory import MemoryLogStore
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
-from ingest.routing import KeySpec, RawMessage, RouteDefaults, Router, RouteRule, SourceRef
+from ingest.router import Router
+from ingest.routing import KeySpec, RawMessage, RouteDefaults, RouteRule, SourceRef
 from ingest.sink import DEFAULT_MAX_PENDING_BYTES, IngestSink
 from tests.ingest.conftest import GatedLogStore, read_all, records
 

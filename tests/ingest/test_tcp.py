@@ -18,7 +18,8 @@ from broker.log.api import LogStore
 from broker.log.memory import MemoryLogStore
 from broker.protocol.records import Record
 from ingest.health import HealthRegistry
-from ingest.routing import RouteDefaults, Router
+from ingest.router import Router
+from ingest.routing import RouteDefaults
 from ingest.sink import DEFAULT_MAX_PENDING_BYTES, IngestSink
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
 from tests.ingest.conftest import records

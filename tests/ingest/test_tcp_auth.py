@@ -19,7 +19,8 @@ from broker.log.memory import MemoryLogStore
 from broker.security import Authenticator, UserStore
 from clients.devices.tcp import TcpDevice
 from ingest.health import HealthRegistry
-from ingest.routing import RouteDefaults, Router
+from ingest.router import Router
+from ingest.routing import RouteDefaults
 from ingest.sink import IngestSink
 from ingest.tcp.auth import parse_auth_line
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig

@@ -10,7 +10,8 @@ import threading
 import time
 
 from ingest.health import HealthRegistry
-from ingest.routing import RouteDefaults, Router
+from ingest.router import Router
+from ingest.routing import RouteDefaults
 from ingest.sink import IngestSink
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
 from tests.ingest.conftest import GatedLogStore, SlowLogStore, records

@@ -12,7 +12,8 @@ import pytest
 from broker.log.memory import MemoryLogStore
 from ingest.admission import Admission, ConnectionLimits
 from ingest.health import HealthRegistry
-from ingest.routing import RouteDefaults, Router
+from ingest.router import Router
+from ingest.routing import RouteDefaults
 from ingest.sink import IngestSink
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
 from tests.ingest.conftest import records

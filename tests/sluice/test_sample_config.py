@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ingest.routing import RawMessage, Rejected, Routed, Router, SourceRef
+from ingest.router import Router
+from ingest.routing import RawMessage, Rejected, Routed, SourceRef
 from sluice.components.ingest_core import build_router
 from sluice.config import Settings, load_settings
 
