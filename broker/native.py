@@ -23,6 +23,7 @@ DIGEST_SUFFIX = ".native-sha256"  # setup.py writes it beside each extension it 
 
 log = logging.getLogger("broker.native")
 _PURE_SUFFIX = "__pure"
+_chosen: dict[ModuleType, ModuleType] = {}  # imported module -> the build select() chose: decided and logged once
 
 
 def is_compiled(module: ModuleType) -> bool:
@@ -57,6 +58,13 @@ def pure(name: str) -> ModuleType:
 def select(module: ModuleType) -> ModuleType:
     """``module`` when it is the pure source or a compiled build of the current source; else the pure
     module (logged: the build is stale, rebuild with ``make native``)."""
+    chosen = _chosen.get(module)
+    if chosen is None:
+        chosen = _chosen[module] = _choose(module)
+    return chosen
+
+
+def _choose(module: ModuleType) -> ModuleType:
     if not is_compiled(module):
         log.info("%s runs as pure Python (no compiled build; see setup.py)", module.__name__)
         return module
