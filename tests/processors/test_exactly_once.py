@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from tests.broker.server.conftest import SluiceProcess
+from tests.processors.clusters import TARGETS, sluice_or_external
 from tests.processors.test_standalone import (
     PARTITIONS,
     Processor,
@@ -39,20 +40,9 @@ __all__ = ["sluice"]  # the fixture, imported for the tests below
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(params=["sluice", "external-kafka"])
+@pytest.fixture(params=TARGETS)
 def eos_bootstrap(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A real Sluice, or the external Kafka-protocol cluster SLUICE_TEST_KAFKA_BOOTSTRAP names (as the
-    client and scale-out tests do)."""
-    if request.param == "external-kafka":
-        external = os.environ.get("SLUICE_TEST_KAFKA_BOOTSTRAP")
-        if not external:
-            pytest.skip("SLUICE_TEST_KAFKA_BOOTSTRAP is not set (no second Kafka-protocol endpoint to run against)")
-        yield external
-        return
-    server = SluiceProcess(tmp_path / "data", partitions=PARTITIONS)
-    server.start()
-    yield server.bootstrap
-    server.stop()
+    yield from sluice_or_external(request.param, tmp_path, PARTITIONS)
 
 
 async def eos_topics(bootstrap: str) -> dict[str, str]:

@@ -24,7 +24,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from tests.broker.server.conftest import SluiceProcess
+from tests.processors.clusters import TARGETS, sluice_or_external
 from tests.processors.test_standalone import Processor, finals
 from tests.processors.workloads import batch_window_means, sensor_readings
 
@@ -33,18 +33,9 @@ PARTITIONS = 4
 EXACTLY_ONCE = ("--guarantee", "exactly-once")
 
 
-@pytest.fixture(params=["sluice", "external-kafka"])
+@pytest.fixture(params=TARGETS)
 def bootstrap(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "external-kafka":
-        external = os.environ.get("SLUICE_TEST_KAFKA_BOOTSTRAP")
-        if not external:
-            pytest.skip("SLUICE_TEST_KAFKA_BOOTSTRAP is not set (no second Kafka-protocol endpoint to run against)")
-        yield external
-        return
-    server = SluiceProcess(tmp_path / "data", partitions=PARTITIONS)
-    server.start()
-    yield server.bootstrap
-    server.stop()
+    yield from sluice_or_external(request.param, tmp_path, PARTITIONS)
 
 
 def topics(prefix: str) -> dict[str, str]:
