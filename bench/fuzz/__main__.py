@@ -1,7 +1,7 @@
 """``python -m bench.fuzz <target> --inputs N [--seed S]``: one fuzz campaign against a live ``sluice serve``.
 
-Targets: kafka, kafka-tls, mqtt, mqtt-tls, tcp, tcp-tls, http, https (-tls and https: the same inputs inside
-TLS). Prints progress every 30 s and a report at the end; reproducers (the bytes each offending connection
+Targets: kafka, kafka-tls, mqtt, mqtt-tls, mqtt-ws, tcp, tcp-tls, http, https (-tls and https: the same inputs
+inside TLS; mqtt-ws: MQTT over WebSockets, with hostile upgrades and frames). Prints progress every 30 s and a report at the end; reproducers (the bytes each offending connection
 sent) and the broker log go to ``bench/out/fuzz-<target>-<UTC time>/`` (``--out`` to change). Exit code 0
 when nothing was found, 1 on any finding (crash, hang, traceback or ERROR line in the broker log, leaked
 sockets/fds, RSS growth beyond the limit, acknowledged data not read back intact, a real client failing
@@ -21,7 +21,7 @@ from bench.fuzz.harness import Campaign, Target
 
 __all__ = ["build_target", "main"]
 
-TARGETS = ("kafka", "kafka-tls", "mqtt", "mqtt-tls", "tcp", "tcp-tls", "http", "https")
+TARGETS = ("kafka", "kafka-tls", "mqtt", "mqtt-tls", "mqtt-ws", "tcp", "tcp-tls", "http", "https")
 
 
 def build_target(name: str, deadline: float, kafka_seeds_per_version: int = 12) -> Target:
@@ -45,6 +45,10 @@ def build_target(name: str, deadline: float, kafka_seeds_per_version: int = 12) 
         from bench.fuzz.mqtt_tls import MqttTlsTarget
 
         return MqttTlsTarget(deadline)
+    if name == "mqtt-ws":
+        from bench.fuzz.mqtt_ws import MqttWsTarget
+
+        return MqttWsTarget(deadline)
     if name == "tcp":
         from bench.fuzz.tcp import TcpTarget
 
