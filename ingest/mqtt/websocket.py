@@ -12,7 +12,10 @@ Rules:
   400 and the close. A client offering none is accepted without one (as Mosquitto and EMQX's default).
   No extensions are negotiated (permessage-deflate is refused: no decompression bombs). A request that is
   not a WebSocket upgrade gets the library's 4xx answer; a handshake not done within the connect timeout
-  closes the socket. Refusals are counted and logged at INFO, never with a traceback.
+  closes the socket. Refusals are counted and logged at INFO, never with a traceback. Bytes that come after
+  the request head in the same reads (a client sending frames before the answer) are held until the
+  request is answered: frames of an accepted connection, dropped with a refused one. (The library would
+  parse them as frames while still CONNECTING: a bad one failed the handshake before it was answered.)
 - Data: binary frames (and their continuations) carry the MQTT byte stream; frame boundaries mean nothing
   (a packet may span frames, a frame may hold several packets). A text frame breaks the rule "MQTT
   Control Packets MUST be sent in WebSocket binary data frames": the connection is closed with close code
@@ -151,6 +154,8 @@ class MqttOverWebSocket(asyncio.Protocol):
         self._text = False  # the message being received is a text message (refused)
         self._refusal_counted = False
         self._failure_logged = False
+        self._head_tail = b""  # the last bytes before the request head's end was found (a split CRLFCRLF)
+        self._head_done = False  # the request head's blank line was seen: what follows is frames
 
     # -- asyncio.Protocol, towards the socket -------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -158,10 +163,28 @@ class MqttOverWebSocket(asyncio.Protocol):
         self._timer = asyncio.get_running_loop().call_later(self._handshake_timeout_s, self._handshake_expired)
 
     def data_received(self, data: bytes) -> None:
+        held = b""
+        if not self._head_done:
+            data, held = self._split_at_head_end(data)
         ws = self._ws
         ws.receive_data(data)
         self._handle(ws.events_received())
         self._flush()
+        if held and self._inner is not None:  # the frames that came with the request, now it is accepted
+            ws.receive_data(held)
+            self._handle(ws.events_received())
+            self._flush()
+
+    def _split_at_head_end(self, data: bytes) -> tuple[bytes, bytes]:
+        """``data`` cut after the blank line ending the HTTP request head: (head bytes, what follows)."""
+        window = self._head_tail + data
+        end = window.find(b"\r\n\r\n")
+        if end < 0:
+            self._head_tail = window[-3:]
+            return data, b""
+        self._head_done = True
+        cut = end + 4 - len(self._head_tail)
+        return data[:cut], data[cut:]
 
     def eof_received(self) -> bool | None:
         self._ws.receive_eof()

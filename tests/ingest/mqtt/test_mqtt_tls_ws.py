@@ -183,6 +183,38 @@ def test_websocket_subprotocol_rules(open_server: SluiceProcess) -> None:
     assert status.value.response.status_code == 400
 
 
+def _read_to_close(sock: socket.socket) -> bytes:
+    answer = b""
+    while chunk := sock.recv(4096):
+        answer += chunk
+    return answer
+
+
+def test_frames_sent_with_the_upgrade_wait_for_its_answer(open_server: SluiceProcess) -> None:
+    """Bytes after the request head are frames of the connection the answer opens: a refused upgrade gets its
+    400 (the frames never parsed; before, a bad frame there failed the handshake first and the 400 then hit
+    the library's assertion, a traceback in the broker log), an accepted one its 101 and then the frames'
+    verdict (a reserved opcode: close 1002)."""
+    ws_port = port(open_server, "mqtt-ws")
+    bad_frame = b"\x8e\x80\x00\x00\x00\x00"  # opcode 0xE (reserved), masked, empty
+    refused = (b"GET /mqtt HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+               b"Sec-WebSocket-Protocol: chat\r\n\r\n")
+    accepted = refused.replace(b"Protocol: chat", b"Protocol: mqtt")
+    for request, status in ((refused, b"HTTP/1.1 400 "), (accepted, b"HTTP/1.1 101 ")):
+        with socket.create_connection(("127.0.0.1", ws_port), timeout=10) as sock:
+            sock.sendall(request + bad_frame)
+            answer = _read_to_close(sock)
+        assert answer.startswith(status), answer
+        if status == b"HTTP/1.1 101 ":
+            frame = answer.split(b"\r\n\r\n", 1)[1]
+            assert frame[0] == 0x88 and frame[2:4] == (1002).to_bytes(2, "big"), frame  # close 1002 + its reason
+    client = Paho("after-pipelined", transport="websockets").connect(ws_port)
+    client.stop()
+    log = open_server.log.read_text()
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
 def websocket_counters(server: SluiceProcess, certs: DevCertificates) -> dict[str, float]:
     url = f"https://localhost:{port(server, 'http')}/metrics"
     with urllib.request.urlopen(url, context=client_context(certs), timeout=15) as answer:
