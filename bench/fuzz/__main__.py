@@ -1,11 +1,11 @@
 """``python -m bench.fuzz <target> --inputs N [--seed S]``: one fuzz campaign against a live ``sluice serve``.
 
 Targets: kafka, kafka-tls, mqtt, mqtt-tls, mqtt-ws, tcp, tcp-tls, http, https (-tls and https: the same inputs
-inside TLS; mqtt-ws: MQTT over WebSockets, with hostile upgrades and frames). Prints progress every 30 s and a report at the end; reproducers (the bytes each offending connection
-sent) and the broker log go to ``bench/out/fuzz-<target>-<UTC time>/`` (``--out`` to change). Exit code 0
-when nothing was found, 1 on any finding (crash, hang, traceback or ERROR line in the broker log, leaked
-sockets/fds, RSS growth beyond the limit, acknowledged data not read back intact, a real client failing
-afterwards), 2 for a usage error.
+inside TLS; mqtt-ws: MQTT over WebSockets, with hostile upgrades and frames). Prints progress every 30 s and a
+report at the end; reproducers (the bytes each offending connection sent) and the broker log go to
+``bench/out/fuzz-<target>-<UTC time>/`` (``--out`` to change). Exit code 0 when nothing was found, 1 on any
+finding (crash, hang, traceback or ERROR line in the broker log, leaked sockets/fds, RSS growth beyond the
+limit, acknowledged data not read back intact, a real client failing afterwards), 2 for a usage error.
 """
 
 from __future__ import annotations

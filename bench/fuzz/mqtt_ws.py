@@ -32,7 +32,7 @@ from bench.fuzz.harness import BrokerProcess, Hang, Mismatch, answer_contains, c
 from bench.fuzz.mqtt import PINGREQ, MqttTarget, connect, packet_state
 from bench.fuzz.mutate import mutate
 
-__all__ = ["MqttWsTarget", "close_frame", "frames_state", "upgrade_request", "ws_frame"]
+__all__ = ["MqttWsTarget", "client_stream", "close_frame", "frames_state", "pings_in", "upgrade_request", "ws_frame"]
 
 MAX_FRAME = 2 * (1024 * 1024 + 1024)  # the broker's max_frame_bytes: twice mqtt.max_packet_bytes
 CONT, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
@@ -69,37 +69,61 @@ def close_frame(rng: random.Random, code: int | None, reason: bytes = b"") -> by
     return ws_frame(CLOSE, b"" if code is None else code.to_bytes(2, "big") + reason, rng)
 
 
-def frames_state(data: bytes) -> str:
-    """What the broker makes of client frames: "incomplete" (it waits for more bytes: a frame or, inside the
-    binary frames' payloads, an MQTT packet cut short), "whole", or "broken" (it must close: a length over
-    the limit, or an MQTT remaining length over the packet limit)."""
+def client_stream(data: bytes) -> tuple[str, bytes]:
+    """What the broker makes of client frames, and the MQTT bytes their binary frames carry: "incomplete" (it
+    waits for more bytes: a frame or, inside the payloads, an MQTT packet cut short), "whole", or "broken"
+    (it must close: a frame length over the limit, or an MQTT remaining length over the packet limit)."""
     pos, payloads = 0, bytearray()
     while pos < len(data):
         if len(data) < pos + 2:
-            return "incomplete"
+            return "incomplete", bytes(payloads)
         first, second = data[pos], data[pos + 1]
         size, pos = second & 0x7F, pos + 2
         if size >= 126:
             width = 2 if size == 126 else 8
             if len(data) < pos + width:
-                return "incomplete"
+                return "incomplete", bytes(payloads)
             size, pos = int.from_bytes(data[pos:pos + width], "big"), pos + width
         if size > MAX_FRAME:
-            return "broken"
+            return "broken", bytes(payloads)
         key = b""
         if second & 0x80:
             if len(data) < pos + 4:
-                return "incomplete"
+                return "incomplete", bytes(payloads)
             key, pos = data[pos:pos + 4], pos + 4
         if len(data) < pos + size:
-            return "incomplete"
+            return "incomplete", bytes(payloads)
         payload = data[pos:pos + size]
         pos += size
         if first & 0x0F in (CONT, BINARY) and key and payload:
             stream = (key * (size // 4 + 1))[:size]
             payloads += (int.from_bytes(payload, "big") ^ int.from_bytes(stream, "big")).to_bytes(size, "big")
     state = packet_state(bytes(payloads))
-    return "broken" if state == "bad-length" else state
+    return "broken" if state == "bad-length" else state, bytes(payloads)
+
+
+def frames_state(data: bytes) -> str:
+    return client_stream(data)[0]
+
+
+def pings_in(mqtt: bytes) -> int:
+    """PINGREQs among the whole MQTT packets of ``mqtt``: the PINGRESPs a broker serving them all sends."""
+    pos, pings = 0, 0
+    while pos < len(mqtt):
+        first, pos = mqtt[pos], pos + 1
+        length, mult = 0, 1
+        for _ in range(4):
+            if pos >= len(mqtt):
+                return pings
+            byte, pos = mqtt[pos], pos + 1
+            length += (byte & 0x7F) * mult
+            mult *= 128
+            if not byte & 0x80:
+                break
+        pos += length
+        if pos <= len(mqtt) and first == 0xC0:
+            pings += 1
+    return pings
 
 
 def upgrade_request(rng: random.Random, *, protocols: str | None = "mqtt", key: str | None = GOOD_KEY,
@@ -405,7 +429,7 @@ class MqttWsTarget(MqttTarget):
             self._drop()
             return
         if verdict == FAIL:
-            raise Mismatch(f"HTTP 101 to an upgrade RFC 6455 refuses: {request[:300]!r}")
+            raise Mismatch(f"HTTP 101 to an upgrade that must be refused: {request[:300]!r}")
         # the CONNECT (usually well-formed) in the first binary frame, then the sentinel
         data = self._connect_input(rng)
         state = packet_state(data)
@@ -425,6 +449,8 @@ class MqttWsTarget(MqttTarget):
             self.sock.sendall(data)
 
     def _send_and_judge(self, rng: random.Random, data: bytes, verdict: str) -> None:
+        """Send one input; wait for the PINGRESP to each PINGREQ it carries (the sentinel last), or the close.
+        A frame that must fail the connection waits for the close alone (PINGRESPs do not count)."""
         assert self.sock is not None
         self.sent.append(data)
         try:
@@ -437,17 +463,19 @@ class MqttWsTarget(MqttTarget):
                 raise Hang(f"no close within {self.deadline:.1f} s after EOF in the middle of a frame or packet")
             self._drop()
             return
-        answered = self._await_pingresp(self.deadline)
+        state, mqtt = client_stream(data)
+        pings = pings_in(mqtt) if verdict != FAIL and state == "whole" else 0
+        answered, close_code = self._await_pingresps(pings, self.deadline)
         if answered is None:
-            raise Hang(f"no PINGRESP and no close within {self.deadline:.1f} s (frames input, verdict {verdict})")
-        if answered and verdict == FAIL:
-            raise Mismatch(f"PINGRESP after a frame RFC 6455 says fails the connection: {data[:40].hex()}")
-        if not answered and verdict == OK:
-            raise Mismatch(f"the connection was closed after well-formed frames: {data[:40].hex()}")
+            raise Hang(f"{'no PINGRESP and ' if pings else ''}no close within {self.deadline:.1f} s "
+                       f"(frames input, verdict {verdict})")
+        if not answered and verdict == OK and close_code not in (None, 1000, 1001):
+            raise Mismatch(f"close {close_code} after well-formed frames: {data[:40].hex()}")
 
-    def _await_pingresp(self, limit: float) -> bool | None:  # type: ignore[override]
-        """True: the PINGRESP came; False: the broker closed (after its close frame or DISCONNECT, at our EOF);
-        None: neither within ``limit``."""
+    def _await_pingresps(self, pings: int, limit: float) -> tuple[bool | None, int | None]:
+        """(True, None): ``pings`` PINGRESPs came (0: never, the close is awaited); (False, code): the broker
+        closed (after its close frame with that code, or its DISCONNECT, at our EOF); (None, None): neither
+        within ``limit``."""
         assert self.sock is not None and self.reader is not None
         end = time.monotonic() + limit
         reader = self.reader
@@ -455,23 +483,26 @@ class MqttWsTarget(MqttTarget):
             while True:
                 while (first := reader.mqtt_packet()) is not None:
                     if first == 0xD0:
-                        return True
-                    if first == 0xE0:  # the server's DISCONNECT: it closes at our EOF
-                        return self._closed(end)
+                        pings -= 1
+                        if pings == 0:
+                            return True, None
+                    elif first == 0xE0:  # the server's DISCONNECT: it closes at our EOF
+                        return self._closed(end), None
                 got = reader.frame(end)
                 if got is None:
                     self._drop()
-                    return False
+                    return False, None
                 opcode, payload = got
                 if opcode in (BINARY, CONT):
                     reader.mqtt += payload
                 elif opcode == CLOSE:
-                    return self._closed(end)
+                    code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else None
+                    return self._closed(end), code
         except TimeoutError:
-            return None
+            return None, None
         except OSError:
             self._drop()
-            return False
+            return False, None
 
     def _closed(self, end: float) -> bool | None:
         assert self.sock is not None
@@ -482,7 +513,8 @@ class MqttWsTarget(MqttTarget):
     def probe(self) -> bool:
         assert self.broker is not None
         rng = random.Random(0)
-        request = upgrade_request(rng) + ws_frame(BINARY, connect(rng, 4, "probe"), rng) + ws_frame(BINARY, PINGREQ, rng)
+        request = (upgrade_request(rng) + ws_frame(BINARY, connect(rng, 4, "probe"), rng)
+                   + ws_frame(BINARY, PINGREQ, rng))
         return answer_contains(self.broker.endpoints[self.endpoint], request, b"\x82\x02\xd0\x00", self.deadline)
 
     def client_check(self) -> list[str]:
@@ -492,7 +524,7 @@ class MqttWsTarget(MqttTarget):
         for version in (4, 5):
             try:
                 failures += self._paho_round(version)
-            except Exception as exc:  # noqa: BLE001 - any client failure is what this check reports
+            except Exception as exc:  # any client failure is what this check reports
                 failures.append(f"paho websockets v{version}: {exc!r}")
         return failures
 
@@ -514,7 +546,12 @@ class MqttWsTarget(MqttTarget):
         got: list[bytes] = []
         client.on_connect = lambda *args: connected.set()
         client.on_subscribe = lambda *args: subscribed.set()
-        client.on_message = lambda _c, _u, message: (got.append(message.payload), received.set())
+
+        def on_message(_client: Any, _userdata: Any, message: Any) -> None:
+            got.append(message.payload)
+            received.set()
+
+        client.on_message = on_message
         client.connect(host, port, keepalive=30)
         client.loop_start()
         try:

@@ -46,6 +46,34 @@ def test_mqtt_framing_states() -> None:
     assert packet_state(b"\x30\xff\xff\xff\xff\x01") == "bad-length"
 
 
+def test_websocket_frames_parse_with_the_websockets_library_and_their_states() -> None:
+    """The mqtt-ws door's frame encoder (written from RFC 6455) against the websockets library's parser; the
+    states that decide whether the door sends its sentinel or ends the connection with EOF."""
+    from websockets.frames import Frame, Opcode
+    from websockets.streams import StreamReader
+
+    from bench.fuzz.mqtt_ws import BINARY, CONT, frames_state, ws_frame
+
+    rng = random.Random(3)
+    packet = connect(rng, 4)
+    frames = ws_frame(BINARY, packet[:5], rng, fin=False) + ws_frame(CONT, packet[5:], rng)
+    reader = StreamReader()
+    reader.feed_data(frames + ws_frame(BINARY, b"x" * 70000, rng))
+    parsed = []
+    for _ in range(3):
+        parser = Frame.parse(reader.read_exact, mask=True)
+        try:
+            next(parser)
+        except StopIteration as done:
+            parsed.append(done.value)
+    assert [(f.opcode, f.fin) for f in parsed] == [(Opcode.BINARY, False), (Opcode.CONT, True), (Opcode.BINARY, True)]
+    assert parsed[0].data + parsed[1].data == packet and len(parsed[2].data) == 70000
+    assert frames_state(frames) == "whole"
+    assert frames_state(frames[:-1]) == "incomplete"  # a frame cut short
+    assert frames_state(ws_frame(BINARY, packet[:-1], rng)) == "incomplete"  # a whole frame, the packet cut short
+    assert frames_state(ws_frame(BINARY, b"", rng, length=1 << 40)) == "broken"
+
+
 def test_log_scan_takes_error_records_whole_and_waits_for_unfinished_tracebacks(tmp_path: Path) -> None:
     broker = BrokerProcess({}, tmp_path)
     log = broker.log_path
