@@ -333,8 +333,7 @@ class KafkaServer:
         if self.authenticator is not None:
             dispatch = SaslGate(self.authenticator, self.stats, self._dispatch, cert_principal).dispatch
         connection = KafkaConnection(
-            stream, writer, conn, dispatch=dispatch, stats=self.stats,
-            max_request_bytes=self.config.max_request_bytes, max_idle_ms=self.config.connections_max_idle_ms,
+            stream, writer, conn, dispatch=dispatch, stats=self.stats, max_idle_ms=self.config.connections_max_idle_ms,
         )
         try:
             await connection.serve()

@@ -7,7 +7,11 @@ the event loop's bytes, the reader's buffer, ``read()``, the join of a frame's c
 
 Rules:
 - The reader keeps reading while earlier requests are pending and queues whole frames, in order. It
-  pauses (backpressure) while ``PIPELINE_DEPTH`` requests or ``max_request_bytes`` bytes are queued.
+  pauses (backpressure) while ``PIPELINE_DEPTH`` requests or ``READ_AHEAD_BYTES`` are queued (checked
+  when a frame completes, so one request of any allowed size is always read whole). The bound is in
+  bytes, not requests, so that the frames alive at once fit the listener's ``FramePool``: read further
+  ahead, 1 MB Produce requests each took fresh pages (bench/RESULTS.md); the socket's own buffer keeps
+  the client sending meanwhile.
 - The dispatcher handles one request at a time, in arrival order (Kafka's per-connection ordering: a
   request is handled only after the previous one was). Produce appends at dispatch and leaves its wait
   for durability to the sender, so pipelined produces keep their order and share fsyncs.
@@ -36,12 +40,14 @@ from broker.protocol.kafka import FrameAssembler, FrameError, FramePool, Request
 from broker.server.handlers_common import ConnectionInfo
 from broker.server.stats import KafkaStats
 
-__all__ = ["PIPELINE_DEPTH", "CloseConnection", "KafkaConnection", "KafkaStreamProtocol"]
+__all__ = ["PIPELINE_DEPTH", "READ_AHEAD_BYTES", "CloseConnection", "KafkaConnection", "KafkaStreamProtocol"]
 
 log = logging.getLogger("broker.server.kafka")
 
 PIPELINE_DEPTH = 64  # requests read ahead of the dispatcher before reading pauses (backpressure)
-_READ_AHEAD_BYTES = 256 * 1024  # frames held unread (at least this, or one request of max size) pause reading
+# Complete frames held unread (by the protocol, then again by the dispatcher's queue) that pause reading.
+# Twice this plus the frame being dispatched and the one being read stay under FramePool's default.
+READ_AHEAD_BYTES = 4 * 1024 * 1024
 _DRAIN_ABOVE = 4 * 1024 * 1024  # unsent response bytes after which the sender waits for the socket
 _CLOSE_GRACE_S = 5.0  # time for a refused client to read the answers sent before the close
 
@@ -63,7 +69,7 @@ class CloseConnection(Exception):
 class KafkaStreamProtocol(asyncio.BufferedProtocol):
     """The socket side of one Kafka connection: reads into a ``FrameAssembler``'s buffers, keeps the
     frames until ``read_frames`` takes them (pausing the socket while it holds ``PIPELINE_DEPTH`` frames
-    or ``max_request_bytes``), and gives the ``asyncio.StreamWriter`` the connection answers through its
+    or ``READ_AHEAD_BYTES``), and gives the ``asyncio.StreamWriter`` the connection answers through its
     write flow control: ``_drain_helper`` and ``_get_close_waiter``, what ``StreamWriter.drain`` and
     ``wait_closed`` call, as in ``asyncio.streams.FlowControlMixin``. Not that mixin itself: it is an
     ``asyncio.Protocol``, and uvloop's TLS transport then feeds ``data_received`` instead of the buffers."""
@@ -81,7 +87,7 @@ class KafkaStreamProtocol(asyncio.BufferedProtocol):
         self._lost = False
         self._on_connect = on_connect
         self._assembler = FrameAssembler(max_request_bytes, pool)
-        self._hold_bytes = max(max_request_bytes, _READ_AHEAD_BYTES)
+        self._hold_bytes = READ_AHEAD_BYTES
         self._frames: deque[Frame] = deque()
         self._held = 0
         self._eof = False
@@ -218,7 +224,6 @@ class KafkaConnection:
         *,
         dispatch: Dispatch,
         stats: KafkaStats,
-        max_request_bytes: int,
         max_idle_ms: int,
     ) -> None:
         self.stream = stream
@@ -226,7 +231,6 @@ class KafkaConnection:
         self.conn = conn
         self._dispatch = dispatch
         self._stats = stats
-        self._max_request_bytes = max_request_bytes
         self._idle_s = max_idle_ms / 1000 if max_idle_ms > 0 else None
         self._requests: asyncio.Queue[Frame] = asyncio.Queue()
         self._queued_bytes = 0
@@ -270,7 +274,7 @@ class KafkaConnection:
 
     async def _read_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        budget = max(self._max_request_bytes, _READ_AHEAD_BYTES)
+        budget = READ_AHEAD_BYTES
         while True:
             try:
                 frames = await self.stream.read_frames()

@@ -37,6 +37,9 @@ DEFAULT_POOL_BYTES = 16 * 1024 * 1024  # large-frame buffers kept for reuse (Fra
 # a size prefix announcing 100 MB costs nothing until the bytes come (a zero-filled bytearray of that size
 # was resident at once; a few connections sending 8 bytes each could take gigabytes). Below it, a bytearray.
 _MAPPED_BUFFER_BYTES = 64 * 1024
+# Mapped buffers are made in whole steps of this, so that the next request of about the same size (a
+# producer's batches differ by a few bytes) fits the buffer its predecessor left.
+_MAPPED_STEP_BYTES = 128 * 1024
 
 
 def _check_size(size: int, max_frame_bytes: int) -> None:
@@ -132,8 +135,10 @@ class FramePool:
     buffer is free when its only references are the pool's: every view of a frame (the request being
     decoded, a refusal being logged) holds one, so a buffer is never reused under a live view. The pool
     keeps at most ``max_bytes``; a frame that finds no free buffer and no room gets one of its own. A fresh
-    buffer above ``_MAPPED_BUFFER_BYTES`` is an anonymous ``mmap``: memory only where reads wrote, so what
-    a size prefix announces is not resident before the client sends it."""
+    buffer above ``_MAPPED_BUFFER_BYTES`` is a private anonymous ``mmap`` (Python's default, a shared
+    one, is shmem: each page fault and the unmapping cost more), a whole number of
+    ``_MAPPED_STEP_BYTES``: memory only where reads wrote, so what a size prefix announces is not
+    resident before the client sends it."""
 
     __slots__ = ("_buffers", "_held", "max_bytes")
 
@@ -156,13 +161,18 @@ class FramePool:
                 best = buffer
         if best is not None:
             return memoryview(best)[:size]
-        fresh = bytearray(size) if size <= _MAPPED_BUFFER_BYTES else mmap.mmap(-1, size)
-        if self._held + size > self.max_bytes:
-            self._evict(self._held + size - self.max_bytes)
-        if self._held + size <= self.max_bytes:
+        fresh: bytearray | mmap.mmap
+        if size <= _MAPPED_BUFFER_BYTES:
+            fresh = bytearray(size)
+        else:
+            fresh = mmap.mmap(-1, -(-size // _MAPPED_STEP_BYTES) * _MAPPED_STEP_BYTES, flags=mmap.MAP_PRIVATE)
+        held = len(fresh)
+        if self._held + held > self.max_bytes:
+            self._evict(self._held + held - self.max_bytes)
+        if self._held + held <= self.max_bytes:
             buffers.append(fresh)
-            self._held += size
-        return memoryview(fresh)
+            self._held += held
+        return memoryview(fresh)[:size]
 
     def _evict(self, wanted: int) -> None:
         """Drop free buffers, smallest first, until ``wanted`` bytes are released (or none is free)."""

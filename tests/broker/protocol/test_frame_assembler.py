@@ -117,3 +117,14 @@ def test_a_large_frame_buffer_is_reused_only_once_nothing_refers_to_it() -> None
     fourth = _one_large_frame(assembler, b"d" * 60_000)  # none large enough, no room: one of its own...
     assert bytes(fourth) == b"d" * 60_000 and len(cast(bytearray, fourth.obj)) == 60_000
     assert pool.held_bytes <= 120_000  # ...after the free 50,000-byte buffer was dropped for it
+
+
+def test_a_slightly_larger_request_reuses_the_mapped_buffer_its_predecessor_left() -> None:
+    # A producer's batches differ by a few bytes: the next one must not need fresh pages.
+    pool = FramePool()
+    assembler = FrameAssembler(pool=pool)
+    first = _one_large_frame(assembler, b"a" * 200_000)
+    buffer_id = id(first.obj)
+    del first
+    second = _one_large_frame(assembler, b"b" * 200_100)
+    assert id(second.obj) == buffer_id and bytes(second) == b"b" * 200_100 and len(second) == 200_100

@@ -40,7 +40,7 @@ async def _scenario(caplog: pytest.LogCaptureFixture) -> None:
     client = socket.create_connection(("127.0.0.1", port))
     stream, writer = await asyncio.wait_for(accepted.get(), 5)
     connection = KafkaConnection(stream, writer, ConnectionInfo("127.0.0.1", 0), dispatch=dispatch,
-                                 stats=KafkaStats(), max_request_bytes=1 << 20, max_idle_ms=0)
+                                 stats=KafkaStats(), max_idle_ms=0)
     client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     client.close()  # linger 0: an RST
     while not writer.transport.is_closing():
