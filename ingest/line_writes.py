@@ -17,7 +17,6 @@ lines without a target, keyless ones, and the first line of a target whose parti
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -144,10 +143,7 @@ async def write_lines(sink: IngestSink, source: SourceRef, lines: Sequence[bytes
     groups = list(batch.groups.values())
     letters = batch.letters
     if groups:
-        if len(groups) == 1:
-            failures = [await sink._append_line_group(groups[0])]
-        else:
-            failures = await asyncio.gather(*(sink._append_line_group(group) for group in groups))
+        failures = await sink._append_line_groups(groups)
         for group, failure in zip(groups, failures, strict=True):
             if isinstance(failure, StorageError):
                 raise sink._storage_failed(source, group.topic, failure) from failure

@@ -272,6 +272,12 @@ class PartitionLog(ABC):
         order) would otherwise wait for the writes made in between too, one more fsync round each."""
         await self._make_durable(mark)
 
+    def is_durable(self, mark: int) -> bool:
+        """True when the writes up to ``mark`` are already as durable as the flush policy promises, so
+        ``wait_durable(mark)`` has nothing to wait for (callers that wrote to many partitions then wait
+        only where a wait is due, with no task for the others). False when the store cannot tell."""
+        return False
+
     def append_nowait(self, data: bytes | bytearray | memoryview, *, verified: bool = False) -> AppendResult:
         """Validate, assign offsets and write, without waiting for durability. ``verified``: the caller
         has already checked every batch's CRC (Produce's validation), so it is not computed twice."""

@@ -57,6 +57,11 @@ class Flusher:
         return self._durable < self._written
 
     @property
+    def durable(self) -> int:
+        """The write generation known to be on disk: ``wait_durable(g)`` for ``g <= durable`` returns at once."""
+        return self._durable
+
+    @property
     def written(self) -> int:
         """The current write generation: ``wait_durable(written)`` waits for exactly these writes."""
         return self._written

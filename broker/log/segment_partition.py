@@ -257,6 +257,9 @@ class SegmentPartitionLog(PartitionLog):
         if self.config.flush is FlushPolicy.ALWAYS:
             await self.flusher.wait_durable(mark)
 
+    def is_durable(self, mark: int) -> bool:
+        return self.config.flush is not FlushPolicy.ALWAYS or self.flusher.durable >= mark
+
     async def _sync(self) -> None:
         """One fsync round: every segment file and directory with unsynced changes, in a worker thread."""
         if self._failed is not None:
