@@ -172,6 +172,10 @@ class MqttSettings(BaseModel):
     deliver_from_topics: list[str] = Field(default_factory=list)  # topics whose records (mqtt_topic header) reach MQTT
     durable: bool = True  # persistent sessions and retained messages survive restarts (internal compacted topics)
     backlog: int = 4096
+    # Idle plain-TCP connections give up their asyncio transport (~1.3 KB each) and wait on one shared epoll
+    # (ingest/mqtt/parking.py; Linux); they get one back when busy.
+    park_idle: bool = True  # idle plain-TCP connections hold no transport (false: every connection keeps one)
+    park_after_s: float = Field(default=10.0, ge=0)  # a busy connection is parked again after this long without reads
     bridges: list[MqttBridgeSettings] = Field(default_factory=list)
 
 

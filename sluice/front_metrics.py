@@ -24,7 +24,9 @@ Series (``_total`` is added to counters by the exposition format):
   ``sluice_mqtt_connections_refused{reason}`` (and ``sluice_tcp_connections_refused{reason}``: connection
   caps, ``reason`` = ``max_connections`` | ``max_connections_per_address``),
   ``sluice_mqtt_append_errors``, ``sluice_mqtt_wills_published``, ``sluice_mqtt_read_pauses``,
-  ``sluice_mqtt_journal_records``, ``sluice_mqtt_journal_errors`` (durable sessions, ``session_store.py``).
+  ``sluice_mqtt_journal_records``, ``sluice_mqtt_journal_errors`` (durable sessions, ``session_store.py``);
+  ``sluice_mqtt_connections_parked`` (gauge: idle connections without a transport, ``parking.py``) and
+  counters ``sluice_mqtt_connections_parks``, ``sluice_mqtt_connections_unparks``, ``sluice_mqtt_accept_errors``.
 - ``sluice_bridge_connected{bridge,broker}`` (gauge 0/1), ``sluice_bridge_last_message_age_seconds``
   (gauge, absent before the first message), counters ``sluice_bridge_messages``, ``sluice_bridge_bytes``,
   ``sluice_bridge_acked``, ``sluice_bridge_connects``.
@@ -193,6 +195,9 @@ _MQTT_COUNTERS = (
     ("sessions_expired", "sluice_mqtt_sessions_expired", "Offline sessions dropped at the end of their expiry"),
     ("sessions_evicted", "sluice_mqtt_sessions_evicted",
      "Offline sessions ended early because mqtt.max_offline_sessions were kept"),
+    ("parks", "sluice_mqtt_connections_parks", "Times an idle MQTT connection gave up its transport"),
+    ("unparks", "sluice_mqtt_connections_unparks", "Times a parked MQTT connection got a transport back"),
+    ("accept_errors", "sluice_mqtt_accept_errors", "accept() failures on the plain-TCP MQTT doors"),
     ("messages_expired", "sluice_mqtt_messages_expired",
      "Queued or retained messages dropped at the end of their Message Expiry Interval"),
     ("log_records_delivered", "sluice_mqtt_log_records_delivered",
@@ -258,6 +263,10 @@ class MqttCollector(Collector):
         )
         yield GaugeMetricFamily(
             "sluice_mqtt_retained_messages", "Retained MQTT messages", value=status["retained_messages"]
+        )
+        yield GaugeMetricFamily(
+            "sluice_mqtt_connections_parked", "Open MQTT connections parked without a transport (idle)",
+            value=status["connections_parked"],
         )
         yield GaugeMetricFamily(
             "sluice_mqtt_wills_pending", "Wills waiting for their Will Delay Interval", value=status["wills_pending"]

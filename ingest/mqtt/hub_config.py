@@ -79,3 +79,8 @@ class HubStats:
     log_records_skipped: int = 0  # records of a followed topic without a valid mqtt_topic header
     log_headers_skipped: int = 0  # headers of those records that cannot be MQTT properties (not UTF-8)
     messages_expired: int = 0  # queued or retained messages dropped at the end of their Message Expiry Interval
+    # Plain-TCP connections served without a transport (parking.py): a gauge, then counters
+    connections_parked: int = 0  # parked now
+    parks: int = 0  # connections whose transport was dropped after park_after_s without reads
+    unparks: int = 0  # parked connections that got a transport (busy, or a write that did not fit)
+    accept_errors: int = 0  # accept() failures on the plain-TCP doors (out of file descriptors ...)

@@ -1,7 +1,9 @@
 """The asyncio MQTT server: accepts sockets, one ``MqttConnection`` each, and a once-a-second sweep.
 
 It binds one server per ``MqttDoor``: plain MQTT, MQTT over TLS, and MQTT over WebSockets (``websocket.py``)
-plain or TLS, each on its own port, as Mosquitto's listeners; every door feeds the same hub.
+plain or TLS, each on its own port, as Mosquitto's listeners; every door feeds the same hub. With
+``park_after_s`` set (and epoll available) the plain-MQTT doors accept their sockets through a
+``ParkingLot`` (``parking.py``): idle connections hold no asyncio transport.
 
 The listener knows nothing of the assembly: it gets a ``Hub`` (which holds the ingest port and the
 authentication hook) and an ``announce`` callable at construction. ``SinkPort`` adapts the shared
@@ -22,6 +24,7 @@ from typing import Any
 from ingest.mqtt.from_log import LogToMqtt
 from ingest.mqtt.hub import Accepted, Hub
 from ingest.mqtt.packets import NO_PROPERTIES, Reason
+from ingest.mqtt.parking import ParkingLot
 from ingest.mqtt.ports import REFUSED
 from ingest.mqtt.properties import to_headers
 from ingest.mqtt.session import MqttConnection
@@ -95,6 +98,7 @@ class MqttListener:
         follower: LogToMqtt | None = None,
         doors: Sequence[MqttDoor] | None = None,  # default: plain MQTT on ``port``
         tls_handshake_timeout_s: float = 10.0,
+        park_after_s: float | None = 10.0,  # park plain-TCP connections idle this long (None: never)
     ) -> None:
         self.hub = hub
         self.host = host
@@ -109,23 +113,36 @@ class MqttListener:
         self._servers: list[asyncio.Server] = []
         self._sweeper: asyncio.Task[None] | None = None
         self.follower = follower  # delivers records others write to the log to MQTT subscribers
+        self.lot = (ParkingLot(park_after_s, hub.stats)
+                    if park_after_s is not None and ParkingLot.available() else None)
 
     @property
     def bound_port(self) -> int:
         return self.port
 
+    def _parks(self, door: MqttDoor) -> bool:
+        return self.lot is not None and door.tls is None and not door.websocket
+
     def _protocol_factory(self, door: MqttDoor) -> Callable[[], asyncio.BaseProtocol]:
         hub = self.hub
         if not door.websocket:
-            return lambda: MqttConnection(hub)
+            lot = self.lot if self._parks(door) else None
+            return lambda: MqttConnection(hub, lot)
         return websocket_factory(lambda: MqttConnection(hub), self.websocket_stats,
                                  max_frame_bytes=2 * hub.config.max_packet_size,
                                  handshake_timeout_s=hub.config.connect_timeout_s)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.lot is not None:
+            self.lot.start()
         try:
             for door in self.doors:
+                if self._parks(door):
+                    assert self.lot is not None
+                    factory: Any = self._protocol_factory(door)
+                    self.ports[door.name] = await self.lot.serve(self.host, door.port, self._backlog, factory)
+                    continue
                 tls: dict[str, Any] = (
                     {"ssl": door.tls, "ssl_handshake_timeout": self._tls_handshake_timeout_s} if door.tls else {})
                 server = await loop.create_server(self._protocol_factory(door), self.host, door.port,
@@ -136,6 +153,9 @@ class MqttListener:
             for server in self._servers:
                 server.close()
             self._servers = []
+            if self.lot is not None:
+                self.lot.stop_accepting()
+                await self.lot.close()
             raise
         self.port = self.ports[self.doors[0].name] if self.doors else self.port
         self._sweeper = asyncio.create_task(self._sweep())
@@ -167,6 +187,8 @@ class MqttListener:
             await self.follower.stop()
         for server in self._servers:
             server.close()
+        if self.lot is not None:
+            self.lot.stop_accepting()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -174,4 +196,6 @@ class MqttListener:
         for connection in list(self.hub.connections):
             connection.shutdown(Reason.SERVER_SHUTTING_DOWN)
         await self.hub.drain(timeout=10.0)  # appends already accepted finish (and are acked if possible)
+        if self.lot is not None:
+            await self.lot.close()
         log.info("mqtt listener stopped", extra={"port": self.port})

@@ -5,6 +5,9 @@ The rules live in ``machine.py`` and ``publish_in.py`` (sans-IO); this module on
 * It reads into one buffer shared by every connection (``READ_SIZE``), hands the bytes to the machine
   with the time, and carries out the actions it returns (writes, close, pause/resume reading, the append
   loop, the linger timer). It is the ``Link`` the hub and the sessions use to reach the client.
+* Parking (plain TCP, ``parking.py``): a connection accepted by a ``ParkingLot`` starts without a transport
+  (its ``ParkedSocket`` stands in), gets one when it becomes busy, and the hub's sweep parks it again once
+  it has been quiet for the lot's ``park_after_s`` (``check_timeout``). The machine never knows.
 * Admission: beyond the hub's connection caps (total, per client address) a socket is closed as soon as it
   is accepted, before CONNECT is read (as Mosquitto does at max_connections); see ``ingest/admission.py``.
 
@@ -28,6 +31,7 @@ from ingest.mqtt.actions import CONNECTED, Do, Linger
 from ingest.mqtt.hub import Hub
 from ingest.mqtt.machine import LINGER_QUIET_S, ConnectionMachine
 from ingest.mqtt.packets import Packet, Publish
+from ingest.mqtt.parking import ParkedSocket, ParkingLot
 from ingest.mqtt.session_state import SessionState
 
 __all__ = ["READ_SIZE", "ByteTransport", "MqttConnection", "SessionState"]  # SessionState: re-exported
@@ -71,16 +75,22 @@ class ByteTransport(Protocol):
 class MqttConnection(asyncio.BufferedProtocol):
     """One client connection: the transport side of a ``ConnectionMachine``; the hub's ``Link`` to it."""
 
-    __slots__ = ("_address", "_admitted", "machine", "transport")
+    __slots__ = ("_address", "_admitted", "lot", "machine", "transport")
 
-    def __init__(self, hub: Hub) -> None:
+    def __init__(self, hub: Hub, lot: ParkingLot | None = None) -> None:
         self.machine = ConnectionMachine(hub, self, time.monotonic())
         self.transport: ByteTransport | None = None
+        self.lot = lot  # parks this connection when it is idle (plain TCP only)
         self._address = "?"
         self._admitted = False
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport | ByteTransport) -> None:
+        parked = self.transport
+        if type(parked) is ParkedSocket and self._admitted:  # unparked: the transport takes over the socket
+            self.transport = transport  # type: ignore[assignment]
+            parked.hand_over(transport)  # type: ignore[arg-type]
+            return
         self.transport = t = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
         peer = t.get_extra_info("peername")
         hub = self.machine.hub
@@ -218,6 +228,19 @@ class MqttConnection(asyncio.BufferedProtocol):
 
     def check_timeout(self, now: float) -> None:
         self._carry_out(self.machine.tick(now))
+        lot = self.lot
+        if lot is None:
+            return
+        t = self.transport
+        if type(t) is ParkedSocket:
+            t.reads = 0  # busy means many reads between two sweeps (parking.py rule 2)
+            return
+        machine = self.machine
+        if (t is not None and machine.state == CONNECTED and not machine.paused and not t.is_closing()
+                and now - machine.last_rx >= lot.park_after_s and not t.get_write_buffer_size()):
+            parked = lot.park(t, self)  # type: ignore[arg-type]  # parking.py rule 3
+            if parked is not None:
+                self.transport = parked
 
     def peername(self) -> Any:
         return self.transport.get_extra_info("peername") if self.transport is not None else None

@@ -120,7 +120,8 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
     doors = mqtt_doors(settings, server_context(runtime))  # never empty: Settings refuses plaintext=false without TLS
     listener = MqttListener(hub, runtime.settings.host, settings.port, announce=runtime.announce,
                             backlog=settings.backlog, follower=follower, doors=doors,
-                            tls_handshake_timeout_s=handshake_timeout(runtime))
+                            tls_handshake_timeout_s=handshake_timeout(runtime),
+                            park_after_s=settings.park_after_s if settings.park_idle else None)
     if settings.websockets:
         publish_collector(runtime, WebSocketCollector(listener.websocket_stats))
     return listener

@@ -67,6 +67,10 @@ class MqttListenerStatus(BaseModel):
     queue_drops: int = Field(0, description="QoS 1/2 messages dropped because a session's queue was full")
     sessions_expired: int = Field(0, description="Offline sessions dropped at the end of their expiry interval")
     max_queued: int
+    connections_parked: int = Field(0, description="Open plain-TCP connections served without a transport (idle)")
+    parks: int = Field(0, description="Times a connection gave up its transport after mqtt.park_after_s quiet")
+    unparks: int = Field(0, description="Times a parked connection got a transport (busy, or a write that did not fit)")
+    accept_errors: int = Field(0, description="accept() failures on the plain-TCP doors (out of file descriptors...)")
 
 
 def _bridges(ctx: ApiContext) -> list[BridgeStatusOut]:
