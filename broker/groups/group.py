@@ -71,6 +71,11 @@ Rules:
     have assigned to the old id); in PreparingRebalance the new id simply joins the rebalance.
     A non-empty member id naming an instance id nobody holds gets UNKNOWN_MEMBER_ID; one that does
     not hold the instance id it names gets FENCED_INSTANCE_ID.
+12. TxnOffsetCommit (Kafka's validateOffsetCommit with isTransactional, KIP-447): the member checks
+    of rule 9 in its order when the request names a generation >= 0, a member id or an instance id
+    (v3 does: a producer whose consumer lost its partitions is refused, and aborts); without them
+    (v0-v2) the offsets are accepted whatever the state. CompletingRebalance refuses nothing here and
+    no session restarts (a transaction's commit is no sign of life of the consumer).
 """
 
 from __future__ import annotations
@@ -321,7 +326,21 @@ class Group:
     def validate_commit(
         self, now: float, generation_id: int, member_id: str, group_instance_id: str | None = None
     ) -> ErrorCode:
-        """Rule 9: may this (generation, member) commit offsets now?"""
+        """Rule 9: may this (generation, member) commit offsets now? (A member's session restarts.)"""
+        error = self.validate_txn_commit(generation_id, member_id, group_instance_id)
+        if error != ErrorCode.NONE or (generation_id < 0 and self.state is GroupState.EMPTY):
+            return error
+        if generation_id >= 0 or member_id or group_instance_id:
+            self.members[member_id].touch(now)
+        elif self.state is not GroupState.EMPTY:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if self.state is GroupState.COMPLETING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    def validate_txn_commit(self, generation_id: int, member_id: str, group_instance_id: str | None = None
+                            ) -> ErrorCode:
+        """Rule 12: may a TxnOffsetCommit naming this (generation, member, instance) add offsets?"""
         if self.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if generation_id < 0 and self.state is GroupState.EMPTY:
@@ -333,13 +352,10 @@ class Group:
                     return ErrorCode.UNKNOWN_MEMBER_ID
                 if holder != member_id:
                     return ErrorCode.FENCED_INSTANCE_ID
-            error = self._touch_member(now, generation_id, member_id)
-            if error != ErrorCode.NONE:
-                return error
-        elif self.state is not GroupState.EMPTY:
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        if self.state is GroupState.COMPLETING_REBALANCE:
-            return ErrorCode.REBALANCE_IN_PROGRESS
+            if member_id not in self.members:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            if generation_id != self.generation_id:
+                return ErrorCode.ILLEGAL_GENERATION
         return ErrorCode.NONE
 
     def _touch_member(self, now: float, generation_id: int, member_id: str) -> ErrorCode:

@@ -111,15 +111,16 @@ async def handle_txn_offset_commit(ctx: BrokerContext, body: Any, conn: Connecti
         (str(t.name), int(p.partition_index)): (int(p.committed_offset), p.committed_metadata)
         for t in body.topics for p in t.partitions
     }
-    code = ErrorCode.NONE
+    # v3+ (KIP-447) names the consumer's generation and member: the group's checks come first (Kafka's
+    # doTxnCommitOffsets validates before the offsets are appended under the producer's epoch)
     generation = int(getattr(body, "generation_id", -1))
-    if generation >= 0:  # v3+: a group member commits; the generation must still be current
-        group = ctx.coordinator.group(group_id)
-        if group is None:
-            code = ErrorCode.ILLEGAL_GENERATION
-        else:
-            now = ctx.coordinator.clock.monotonic()
-            code = group.validate_commit(now, generation, str(getattr(body, "member_id", "")))
+    member_id = str(getattr(body, "member_id", ""))
+    instance = getattr(body, "group_instance_id", None)
+    group = ctx.coordinator.group(group_id)
+    if group is not None:
+        code = group.validate_txn_commit(generation, member_id, None if instance is None else str(instance))
+    else:  # Kafka creates the group Empty and validates it: no generation passes, no member is known
+        code = ErrorCode.NONE if generation < 0 else ErrorCode.UNKNOWN_MEMBER_ID
     if code == ErrorCode.NONE:
         code = await _coordinator_answer("TxnOffsetCommit", txn_id, ctx.transactions.txn_offset_commit(
             txn_id, int(body.producer_id), int(body.producer_epoch), group_id, offsets))
