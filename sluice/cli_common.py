@@ -73,8 +73,22 @@ Bootstrap = Annotated[
 HttpUrl = Annotated[str, typer.Option("--http", help="Base URL of Sluice's HTTP API (env SLUICE_HTTP).")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+class _Console(Console):
+    """A rich Console that sizes itself when it prints: ``COLUMNS`` if set, else the terminal's width, else 80.
+
+    Rich keeps a ``COLUMNS``/``LINES`` set when the Console is made for good, so the module-level consoles
+    below would take the width of whatever environment first imported this module (pytest-xdist workers
+    start with ``COLUMNS=80``) instead of the command's own: tables squeezed to 80 columns in a pipe whose
+    caller asked for 200."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._width = self._height = None  # rich's ``size`` then reads the terminal and the environment
+
+
+console: Console = _Console(highlight=False, soft_wrap=True)
+err_console: Console = _Console(stderr=True, highlight=False, soft_wrap=True)
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from sluice.cli import app
 from tests.clients.mosquitto import Mosquitto, free_port
-from tests.sluice.cli.conftest import IDLE_TIMEOUT_S
+from tests.sluice.cli.fleet import RunningFleet, wait_until_idle
 from tests.sluice_server import SluiceProcess
 
 runner = CliRunner()
@@ -147,34 +147,20 @@ def test_groups_list_and_describe_with_lag(server: SluiceProcess) -> None:
 
 def test_simulate_over_tcp_and_sources_shows_a_device_going_idle(server: SluiceProcess) -> None:
     host, port = server.address("tcp").rsplit(":", 1)
-    code, out, err = sluice(
-        "simulate",
-        "--transport",
-        "tcp",
-        "--host",
-        host,
-        "--port",
-        port,
-        "--sensors",
-        "4",
-        "--duration",
-        str(IDLE_TIMEOUT_S + 1.5),
-        "--seed",
-        "7",
-        "--json",
-    )
-    assert code == 0, err
-    report = json.loads(out)
+    with RunningFleet("--transport", "tcp", "--host", host, "--port", port, "--sensors", "4", "--seed", "7") as fleet:
+        # sensor_0 ("steady") keeps sending while sources is asked; sensor_2 ("idle") stopped after three readings
+        wait_until_idle(server.http, "sensor_2", fleet)
+        code, out, _ = sluice("sources", "--json", "--interval", "0.5", "--http", server.http)
+        assert code == 0
+        devices = {r["device"]: r for r in json.loads(out) if r.get("type") == "device"}
+        assert devices["sensor_2"]["idle"] is True
+        assert devices["sensor_0"]["idle"] is False
+        assert devices["sensor_2"]["messages"] == 3
+        code, out, _ = sluice("sources", "--idle", "--interval", "0", "--http", server.http)
+        assert code == 0 and "sensor_2" in out and "sensor_0" not in out
+        report = fleet.stop()
     assert report["tcp_acks"] is True  # this server runs tcp.ack = true: simulate found out and used it
     assert all(s["undelivered"] == 0 and s["delivered"] == s["sent"] > 0 for s in report["sensors"])
-    code, out, _ = sluice("sources", "--json", "--interval", "0.5", "--http", server.http)
-    assert code == 0
-    devices = {r["device"]: r for r in json.loads(out) if r.get("type") == "device"}
-    assert devices["sensor_2"]["idle"] is True  # the "idle" profile stopped after three readings
-    assert devices["sensor_0"]["idle"] is False  # "steady" kept sending to the end
-    assert devices["sensor_2"]["messages"] == 3
-    code, out, _ = sluice("sources", "--idle", "--interval", "0", "--http", server.http)
-    assert code == 0 and "sensor_2" in out and "sensor_0" not in out
 
     metrics = httpx.get(f"{server.http}/metrics").text
     assert 'sluice_ingest_messages_total{device="sensor_0"' in metrics
