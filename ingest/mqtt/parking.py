@@ -169,8 +169,10 @@ class ParkedSocket:
         self._state = _UNPARKING
         self.lot.unparked(self)
 
-    def hand_over(self, transport: asyncio.Transport) -> None:
-        """The transport made by ``unpark`` is ready (its ``connection_made``): what waited goes to it."""
+    def hand_over(self, transport: asyncio.Transport) -> bool:
+        """The transport made by ``unpark`` is ready (its ``connection_made``): what waited goes to it, in
+        order. True when its reads are to stay paused: uvloop starts reading after ``connection_made``
+        whatever it was told there, so the caller pauses it again on the next loop turn if still wanted."""
         pending, self.pending = self.pending or [], None
         self._state = _CLOSED  # the transport owns the descriptor from now on
         paused = close = False
@@ -183,8 +185,10 @@ class ParkedSocket:
                 transport.write(item)
         if close:
             transport.close()
-        elif paused:  # after connection_made the transport starts reading (uvloop): pause it after that
-            asyncio.get_running_loop().call_soon(_pause, transport)
+            return False
+        if paused:
+            transport.pause_reading()
+        return paused
 
     def wrap_failed(self, exc: Exception) -> None:
         self.pending = None
@@ -201,11 +205,6 @@ class ParkedSocket:
             os.close(self.fd)
             self.lot.left(self)
         asyncio.get_running_loop().call_soon(self.protocol.connection_lost, exc)
-
-
-def _pause(transport: asyncio.Transport) -> None:
-    if not transport.is_closing():
-        transport.pause_reading()
 
 
 # markers among the pending writes of an unparking socket (never bytes: compared by identity)

@@ -89,7 +89,8 @@ class MqttConnection(asyncio.BufferedProtocol):
         parked = self.transport
         if type(parked) is ParkedSocket and self._admitted:  # unparked: the transport takes over the socket
             self.transport = transport  # type: ignore[assignment]
-            parked.hand_over(transport)  # type: ignore[arg-type]
+            if parked.hand_over(transport):  # type: ignore[arg-type]  # reads paused (backpressure)
+                asyncio.get_running_loop().call_soon(self._keep_paused, transport)
             return
         self.transport = t = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
         peer = t.get_extra_info("peername")
@@ -108,6 +109,16 @@ class MqttConnection(asyncio.BufferedProtocol):
         hub.connections.add(self)
         hub.stats.connections_total += 1
         hub.port.connections_changed(1)
+
+    def _keep_paused(self, transport: Any) -> None:
+        """A transport that took over a parked socket with reads paused: uvloop starts reading after
+        ``connection_made`` whatever it was told there, so it is paused again here, unless the machine has
+        resumed reading (or closed) since."""
+        machine, t = self.machine, self.transport
+        if t is None or t is not transport or not machine.paused or machine.state != CONNECTED:
+            return
+        if not t.is_closing():
+            t.pause_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return _READ_VIEW

@@ -29,6 +29,7 @@ from ingest.mqtt.packets import (
     Puback,
     Publish,
     Reason,
+    Suback,
     Subscribe,
     Subscription,
     Will,
@@ -36,7 +37,7 @@ from ingest.mqtt.packets import (
 from ingest.mqtt.parking import BUSY_READS, ParkedSocket
 from ingest.mqtt.session import MqttConnection
 from sluice.front_metrics import mqtt_status
-from tests.ingest.conftest import records
+from tests.ingest.conftest import GatedLogStore, records
 from tests.ingest.mqtt.conftest import MqttServer, RawClient, StartServer, run, wait_until
 
 
@@ -220,5 +221,46 @@ async def test_a_write_that_does_not_fit_gives_the_subscriber_a_transport(server
         assert packet.packet_id is not None
         slow.send(Puback(packet.packet_id))
     assert got == payloads
+    await slow.close()
+    await publisher.close()
+
+
+async def test_reads_paused_by_backpressure_stay_paused_when_a_transport_takes_over(start_server: StartServer) -> None:
+    """The SUBSCRIBE that brings 8 MiB of retained messages (more than the socket takes: a transport) comes
+    in one read with a QoS 1 PUBLISH that a stalled disk keeps waiting (reads paused): the transport that
+    takes over must keep reads paused until the append is done, then resume."""
+    store = GatedLogStore()
+    store.gate.set()
+    server = await start_server(store=store, receive_maximum=1)
+    publisher = await RawClient.open(server.port)
+    await publisher.connect("retainer")
+    payloads = [bytes([i]) * (400 * 1024) for i in range(20)]
+    for i, payload in enumerate(payloads):
+        publisher.send(Publish(f"big/{i:02d}", payload, 1, retain=True, packet_id=i + 1))
+        assert await publisher.recv(timeout=10) == Puback(i + 1)
+    store.gate.clear()  # the disk stalls
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    reader.connect(("127.0.0.1", server.port))
+    r, w = await asyncio.open_connection(sock=reader)
+    slow = RawClient(r, w, MQTT_311)
+    await slow.connect("paused-reader")
+    conn = connection_of(server, "paused-reader")
+    assert type(conn.transport) is ParkedSocket
+    slow.send_raw(encode(Publish("plant/wait", b"stalled", 1, packet_id=5), MQTT_311)
+                  + encode(Subscribe(1, (Subscription("big/#", 0),)), MQTT_311))
+    await wait_until(lambda: type(conn.transport) is not ParkedSocket, timeout=10, what="a transport")
+    for _ in range(3):  # the loop turns after connection_made: uvloop started reading there
+        await asyncio.sleep(0)
+    assert conn.machine.paused and not conn.transport.is_reading()  # type: ignore[union-attr]
+    store.gate.set()
+    got = []
+    while len(got) < len(payloads) + 2:
+        got.append(await slow.recv(timeout=10))
+    assert got[0] == Suback(1, (0,))
+    assert [p.payload for p in got if isinstance(p, Publish)] == payloads
+    assert Puback(5) in got
+    await wait_until(lambda: conn.transport is not None and conn.transport.is_reading(),  # type: ignore[attr-defined]
+                     what="reads resumed")
     await slow.close()
     await publisher.close()
