@@ -60,6 +60,7 @@ MODULES = (
     "bench_pipeline",
     "bench_soak",
     "bench_readback",
+    "bench_long_tests",
 )
 
 # --quick: small sizes that show a module still works end to end (figures not meant for RESULTS.md).
@@ -90,6 +91,7 @@ QUICK_ARGS: dict[str, tuple[str, ...]] = {
     "bench_sendfile": ("--gib", "0.1", "--runs", "1"),
     "bench_clients": ("--records", "2000", "--sse-samples", "20"),
     "bench_http_limits": ("--mb", "10"),
+    "bench_long_tests": ("--suite-sizes", "--only", "test_runner.py"),
     "bench_pipeline": ("--rate", "500", "--sensors", "20", "--connections", "2", "--warmup", "3",
                        "--duration", "5"),
 }

@@ -45,3 +45,13 @@ def test_a_module_is_run_its_output_kept_and_summarised(tmp_path: Path) -> None:
     assert re.search(r"bench_kafka_codec +timed out after 1 s", summary) and str(output) in summary  # column width
     assert f"1 ran, 0 ok, 1 failed (bench_kafka_codec), {len(MODULES) - 1} not selected." in summary
     assert summary in done.stdout
+
+
+def test_every_long_test_exists_and_is_sized() -> None:
+    from bench.bench_long_tests import LONG_TESTS, ROOT
+
+    for test in LONG_TESTS:
+        path, name = test.split("::")
+        source = (ROOT / path).read_text()
+        assert f"def {name}(" in source, test  # a renamed test would silently drop out of the long runs
+        assert "sized(" in source, test

@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from tests.broker.server.conftest import SluiceProcess
+from tests.long_runs import sized
 from tests.processors.clusters import TARGETS, sluice_or_external
 from tests.processors.test_standalone import (
     PARTITIONS,
@@ -66,7 +67,7 @@ async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_
         eos_bootstrap: str, tmp_path: Path) -> None:
     seed = int(os.environ.get("SLUICE_TEST_SEED", "17"))
     rng = random.Random(seed)
-    readings = sensor_readings(120)
+    readings = sensor_readings(sized(60, 120))  # a kill every 3 000 readings: 2 kills (4 in bench_long_tests)
     expected = batch_window_means(readings, 10_000)
     env = await eos_topics(eos_bootstrap)
     instances: list[Processor] = []  # each with its own log: a rebalance may assign an instance twice
@@ -149,8 +150,8 @@ async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_
             await asyncio.sleep(0.3)
     finally:
         assert proc.stop() == 0, proc.log.read_text()[-3000:]
-    assert kills == 4
-    assert len(instances) == 5 + failed_restarts
+    assert kills == sized(2, 4)
+    assert len(instances) == kills + 1 + failed_restarts
     restores = [i.restored() for i in instances]  # per instance, what each assignment restored
     assert all(restores) and restores[0][0] == "{}", restores
     assert any(r[0] != "{}" for r in restores[1:]), restores

@@ -27,6 +27,7 @@ from processors.sources import AssignmentListener, LogSource
 from processors.testing import FakeClock, MemorySink, decode_output
 from processors.watermarks import AllIdlePolicy, BoundedOutOfOrderness
 from processors.windows import Tumbling, WindowLogic
+from tests.long_runs import sized
 from tests.processors.workloads import T0, batch_window_means, sensor_readings, shuffle_by
 
 
@@ -162,9 +163,10 @@ async def test_restart_resumes_from_the_checkpoint_and_re_emits_only_same_keys(s
 
 @pytest.mark.slow
 async def test_a_slow_sink_pauses_fetching_and_a_burst_stays_in_the_log(store: MemoryLogStore) -> None:
-    """1M small records land in the log in one burst while the sink is blocked: the processor
-    reads only what its bounded queues hold; memory stays flat; opening the sink drains it."""
-    total, per_batch = 1_000_000, 5_000
+    """250k small records (1M in bench_long_tests) land in the log in one burst while the sink is blocked: the
+    processor reads only what its bounded queues hold (55k at most, a fifth of the burst); memory stays flat;
+    opening the sink drains it."""
+    total, per_batch = sized(250_000, 1_000_000), 5_000
     encoded = encode_batch([RecordSpec(b'{"k":"a","v":1}', b"a", (), T0 + i) for i in range(per_batch)])
     store.create_topic("burst", 1)
     log = store.partition("burst", 0)

@@ -19,6 +19,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tests.broker.server.conftest import SluiceProcess
+from tests.long_runs import sized
 from tests.processors.workloads import batch_window_means, sensor_readings
 
 pytestmark = pytest.mark.slow
@@ -171,7 +172,7 @@ async def test_two_instances_split_the_partitions_and_produce_the_same_results_a
 
 async def test_kill_9_at_random_points_then_restart_loses_no_window(sluice: SluiceProcess, tmp_path: Path) -> None:
     rng = random.Random(int(os.environ.get("SLUICE_TEST_SEED", "7")))
-    readings = sensor_readings(120)
+    readings = sensor_readings(sized(90, 120))  # a kill every 3 000 readings: 3 (4 in bench_long_tests)
     expected = batch_window_means(readings, 10_000)
     env = topics("crash")
     log = tmp_path / "crash.log"
@@ -195,9 +196,9 @@ async def test_kill_9_at_random_points_then_restart_loses_no_window(sluice: Slui
         rows = await wait_for_windows(sluice.bootstrap, env["SENSORS_OUTPUT"], len(expected), timeout=120)
     finally:
         assert proc.stop() == 0, log.read_text()[-3000:]
-    assert kills == 4
+    assert kills == sized(3, 4)
     restores = proc.restored()
-    assert len(restores) == 5 and restores[0] == "{}"
+    assert len(restores) == kills + 1 and restores[0] == "{}"
     # restarts resume from the newest checkpoint (or from the start if the killed one never wrote one)
     assert any(r != "{}" for r in restores[1:]), restores
     print("restored offsets per start:", restores, "emissions:", len(rows), "windows:", len(expected))
