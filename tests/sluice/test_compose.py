@@ -32,6 +32,8 @@ from sluice.components.processors import load_pipeline
 from sluice.config import Settings
 from sluice.exposure import exposed_listeners
 
+pytestmark = pytest.mark.slow  # the compose services' commands run for real
+
 try:  # typer >= 0.2x vendors click
     from typer._click.exceptions import BadParameter, UsageError
 except ImportError:  # pragma: no cover - older typer on real click

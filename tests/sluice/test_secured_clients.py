@@ -21,6 +21,8 @@ from sluice.dev_certs import DevCertificates
 from tests.sluice_server import SluiceProcess
 from tests.tls_certs import make_certs, tls_env
 
+pytestmark = pytest.mark.slow  # every test starts sluice serve with TLS and runs the CLI as subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

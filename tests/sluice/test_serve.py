@@ -10,6 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # sluice serve subprocesses started and stopped
+
 
 def test_serve_starts_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     data = tmp_path / "data"

@@ -17,6 +17,8 @@ import pytest
 
 from tests.sluice_server import SluiceProcess
 
+pytestmark = pytest.mark.slow  # sluice serve and sluice simulate subprocesses
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProcess]:

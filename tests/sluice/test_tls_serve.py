@@ -22,6 +22,8 @@ from sluice.dev_certs import DevCertificates
 from tests.sluice_server import SluiceProcess
 from tests.tls_certs import client_context, make_certs, tls_env
 
+pytestmark = pytest.mark.slow  # several sluice serve processes (start-up errors, SIGHUP reload)
+
 curl = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
 
 

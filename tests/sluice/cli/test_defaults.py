@@ -15,7 +15,11 @@ import sys
 import time
 from collections import Counter
 
+import pytest
+
 from tests.sluice_server import SluiceProcess
+
+pytestmark = pytest.mark.slow  # sluice serve as make run starts it, and the CLI as subprocesses
 
 
 def sluice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

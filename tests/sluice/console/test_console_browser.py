@@ -27,6 +27,8 @@ from playwright.sync_api import Browser, Page, expect
 from tests.sluice.console.browser import VIEWPORTS, Offline, shoot
 from tests.sluice_server import SluiceProcess
 
+pytestmark = pytest.mark.slow  # a real browser against sluice serve
+
 TOPIC, GROUP, PARTITIONS = "orders", "console-readers", 3
 DEVICES = ("sensor_a", "sensor_b")
 WAIT_MS = 15_000
