@@ -97,6 +97,9 @@ class KafkaSettings(BaseModel):
     advertised_host: str | None = None  # defaults to the bind host
     advertised_port: int | None = None  # defaults to the bound port
     max_request_bytes: int = 100 * 1024 * 1024
+    # With security.auth = "required": a frame before the SASL login may be at most this (Kafka's
+    # sasl.server.max.receive.size); a larger one closes the connection unanswered.
+    sasl_max_receive_bytes: int = Field(default=512 * 1024, ge=1)
     extra_listeners: list[KafkaListenerSettings] = Field(default_factory=list)
     # Bytes at the end of each partition read on start to rebuild idempotent-producer sequence state.
     producer_state_scan_bytes: int = 8 * 1024 * 1024

@@ -65,6 +65,8 @@ _NOTES = {
     "kafka.enabled": "Kafka wire protocol listener",
     "kafka.port": "Kafka protocol port (0 = a free port)",
     "kafka.max_request_bytes": "larger requests close the connection",
+    "kafka.sasl_max_receive_bytes": "a larger frame before the SASL login closes the connection unanswered "
+                                    "(Kafka's `sasl.server.max.receive.size`)",
     "kafka.producer_state_scan_bytes": "tail of each partition scanned on start to rebuild idempotent-producer state",
     "kafka.connections_max_idle_ms": "`connections.max.idle.ms`: close a connection silent this long (0 = never)",
     "kafka.max_connections": "open Kafka connections, all listeners; more are refused, logged, counted (0 = no limit)",

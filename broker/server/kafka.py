@@ -191,6 +191,7 @@ class KafkaServerConfig:
     advertised_host: str | None = None  # default: the bind host
     advertised_port: int | None = None  # default: the bound port
     max_request_bytes: int = 100 * 1024 * 1024
+    sasl_max_receive_bytes: int = 512 * 1024  # a frame before the SASL login (Kafka's sasl.server.max.receive.size)
     extra_listeners: tuple[KafkaListenerConfig, ...] = ()
     transactions: TxnSettings = TxnSettings()
     connections_max_idle_ms: int = 10 * 60 * 1000  # Kafka's connections.max.idle.ms; 0 = never
@@ -331,7 +332,12 @@ class KafkaServer:
         self.stats.connected(listener)
         dispatch: Dispatch = self._dispatch
         if self.authenticator is not None:
-            dispatch = SaslGate(self.authenticator, self.stats, self._dispatch, cert_principal).dispatch
+            on_login = None
+            if cert_principal is None:  # a verified certificate is a login already: no lower limit for it
+                stream.limit_frames(self.config.sasl_max_receive_bytes, "kafka.sasl_max_receive_bytes before the login")
+                on_login = functools.partial(stream.limit_frames, self.config.max_request_bytes,
+                                             "the maximum request size")
+            dispatch = SaslGate(self.authenticator, self.stats, self._dispatch, cert_principal, on_login).dispatch
         connection = KafkaConnection(
             stream, writer, conn, dispatch=dispatch, stats=self.stats, max_idle_ms=self.config.connections_max_idle_ms,
         )

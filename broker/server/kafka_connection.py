@@ -105,6 +105,12 @@ class KafkaStreamProtocol(asyncio.BufferedProtocol):
         """Bytes of a frame not yet complete (at end of stream: a truncated frame)."""
         return self._assembler.pending_bytes
 
+    def limit_frames(self, max_bytes: int, limit_name: str) -> None:
+        """Frames whose size prefix is read from now on are refused above ``max_bytes`` (a lower limit before
+        the SASL login, lifted once logged in)."""
+        self._assembler.max_frame_bytes = max_bytes
+        self._assembler.limit_name = limit_name
+
     async def read_frames(self) -> list[Frame]:
         """The frames received since the last call, waiting for at least one; [] at end of stream.
         Raises the ``FrameError`` that made the stream untrustworthy."""

@@ -1,6 +1,11 @@
 """A Kafka connection's SASL login (``security.auth = "required"``): what is served before it, and how.
 
 Rules (Kafka's ``SaslServerAuthenticator``, in its order):
+- Until the login completes a frame may be at most ``sasl_max_receive_bytes`` (Kafka's
+  ``sasl.server.max.receive.size``, 512 KiB): a larger one closes the connection before it is read, without
+  an answer (``KafkaServer`` sets the limit on the connection; ``on_login`` lifts it). Frames read ahead
+  behind the login request are held to it too (Kafka reads one frame at a time while authenticating; real
+  clients wait for the login's answer). Not with a verified client certificate: that is a login already.
 - Before the handshake only ApiVersions (answered once; an unsupported version of it is answered
   UNSUPPORTED_VERSION and may be retried) and SaslHandshake v1 are served. Any other request, or a second
   ApiVersions, closes the connection without an answer (Kafka: "Unexpected Kafka request of type … during
@@ -11,9 +16,10 @@ Rules (Kafka's ``SaslServerAuthenticator``, in its order):
 - SaslHandshake naming an offered mechanism is answered NONE with the offered list; any other mechanism is
   answered UNSUPPORTED_SASL_MECHANISM with the list, then the connection closes.
 - Then only SaslAuthenticate is served; each token goes to the mechanism's exchange (``broker.security``).
-  A request of another API is answered ILLEGAL_SASL_STATE in that API's response, then the connection
-  closes. A failed exchange is answered SASL_AUTHENTICATION_FAILED with Kafka's message (which never says
-  whether the user exists), then the connection closes.
+  A request of another API (ApiVersions and SaslHandshake included) is answered ILLEGAL_SASL_STATE in that
+  API's response, then the connection closes (an unsupported version of it: closed without an answer).
+  A failed exchange is answered SASL_AUTHENTICATION_FAILED with Kafka's message (which never says whether
+  the user exists), then the connection closes.
 - When the exchange completes the connection acts as its principal (handlers see it as ``conn.principal``)
   and every request reaches the broker.
   A later SaslHandshake or SaslAuthenticate is answered ILLEGAL_SASL_STATE (``outside_login``), as Kafka's
@@ -28,6 +34,7 @@ Rules (Kafka's ``SaslServerAuthenticator``, in its order):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -70,7 +77,7 @@ class SaslGate:
     """Wraps a connection's dispatch callable: requests reach ``inner`` only once the login succeeded."""
 
     def __init__(self, authenticator: Authenticator, stats: KafkaStats, inner: Dispatch,
-                 certificate: Principal | None = None) -> None:
+                 certificate: Principal | None = None, on_login: Callable[[], None] | None = None) -> None:
         self._auth = authenticator
         self._stats = stats
         self._inner = inner
@@ -79,6 +86,7 @@ class SaslGate:
         self._raw_tokens = False  # SaslHandshake v0: tokens come without SaslAuthenticate around them
         self._certificate = certificate  # a verified TLS client certificate's principal
         self._conn: ConnectionInfo | None = None  # the connection as its principal, once logged in
+        self._on_login = on_login
         self.principal: Principal | None = None
 
     async def dispatch(self, frame: Frame, conn: ConnectionInfo) -> Response:
@@ -105,6 +113,8 @@ class SaslGate:
         self.principal = principal
         self._conn = replace(conn, principal=principal)
         self._auth.succeeded(_DOOR)
+        if self._on_login is not None:
+            self._on_login()
 
     def _raw_step(self, token: bytes, conn: ConnectionInfo) -> Response:
         exchange = self._exchange
@@ -127,25 +137,25 @@ class SaslGate:
         try:
             request = decode_request(frame)
         except UnsupportedRequestError as exc:
-            if api_key != ApiKey.API_VERSIONS:
+            if api_key != ApiKey.API_VERSIONS or self._state == _AUTHENTICATE:
                 raise self._refuse(conn, None, str(exc)) from exc
             self._stats.error(ErrorCode.UNSUPPORTED_VERSION)
             return None, encode_unsupported_version(api_key, version, correlation_id)
         except KafkaProtocolError as exc:
             raise self._refuse(conn, None, f"malformed request before authentication: {exc}") from exc
+        if self._state == _AUTHENTICATE:
+            if api_key != ApiKey.SASL_AUTHENTICATE:
+                reason = f"unexpected {ApiKey(api_key).name} request during SASL authentication"
+                try:
+                    answer = error_response(api_key, version, request.body, ErrorCode.ILLEGAL_SASL_STATE)
+                except LookupError:
+                    raise self._refuse(conn, None, reason) from None
+                raise self._refuse(conn, None, reason, (request.header, answer))
+            return self._authenticate(request, conn)
         if api_key == ApiKey.API_VERSIONS:
             self._state = _AFTER_VERSIONS
             return request.header, api_versions_body()
-        if api_key == ApiKey.SASL_HANDSHAKE:
-            return self._handshake(request, conn)
-        if api_key != ApiKey.SASL_AUTHENTICATE:
-            reason = f"unexpected {ApiKey(api_key).name} request during SASL authentication"
-            try:
-                answer = error_response(api_key, version, request.body, ErrorCode.ILLEGAL_SASL_STATE)
-            except LookupError:
-                raise self._refuse(conn, None, reason) from None
-            raise self._refuse(conn, None, reason, (request.header, answer))
-        return self._authenticate(request, conn)
+        return self._handshake(request, conn)  # SaslHandshake: the only other request served before it
 
     def _handshake(self, request: Request, conn: ConnectionInfo) -> Response:
         mechanism = str(request.body.mechanism)

@@ -57,6 +57,7 @@ class KafkaComponent:
                 advertised_host=kafka.advertised_host,
                 advertised_port=kafka.advertised_port,
                 max_request_bytes=kafka.max_request_bytes,
+                sasl_max_receive_bytes=kafka.sasl_max_receive_bytes,
                 connections_max_idle_ms=kafka.connections_max_idle_ms,
                 max_connections=kafka.max_connections,
                 max_connections_per_address=kafka.max_connections_per_address,

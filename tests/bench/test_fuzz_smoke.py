@@ -11,7 +11,8 @@ import pytest
 from bench.fuzz.__main__ import build_target
 from bench.fuzz.harness import Campaign
 
-SMOKE_INPUTS = {"kafka": 3000, "mqtt": 3000, "mqtt-tls": 1000, "mqtt-ws": 1500, "tcp": 2000, "http": 2000}
+SMOKE_INPUTS = {"kafka": 3000, "kafka-sasl": 400, "mqtt": 3000, "mqtt-tls": 1000, "mqtt-ws": 1500, "tcp": 2000,
+                "http": 2000}
 
 
 @pytest.mark.slow

@@ -42,11 +42,11 @@ _MAPPED_BUFFER_BYTES = 64 * 1024
 _MAPPED_STEP_BYTES = 128 * 1024
 
 
-def _check_size(size: int, max_frame_bytes: int) -> None:
+def _check_size(size: int, max_frame_bytes: int, limit_name: str = "the maximum request size") -> None:
     if size < 0:
         raise FrameError(f"negative frame length {size}")
     if size > max_frame_bytes:
-        raise FrameError(f"frame length {size} exceeds the maximum request size {max_frame_bytes}")
+        raise FrameError(f"frame length {size} exceeds {limit_name} {max_frame_bytes}")
 
 
 class FrameAssembler:
@@ -62,10 +62,11 @@ class FrameAssembler:
     Large-frame buffers come from a ``FramePool`` (one per listener, shared by its connections), which
     hands a buffer out again once nothing refers to it any more."""
 
-    __slots__ = ("_end", "_filled", "_frame", "_pool", "_scratch", "_start", "max_frame_bytes")
+    __slots__ = ("_end", "_filled", "_frame", "_pool", "_scratch", "_start", "limit_name", "max_frame_bytes")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, pool: FramePool | None = None) -> None:
-        self.max_frame_bytes = max_frame_bytes
+        self.max_frame_bytes = max_frame_bytes  # may change between frames (a lower limit before a login)
+        self.limit_name = "the maximum request size"  # what the refusal calls the limit
         self._pool = pool if pool is not None else FramePool()
         self._scratch = bytearray(_SCRATCH_BYTES)
         self._start = 0  # unconsumed bytes are _scratch[_start:_end]
@@ -103,7 +104,7 @@ class FrameAssembler:
         buf, pos, end = self._scratch, self._start, self._end
         while end - pos >= 4:
             (size,) = _SIZE.unpack_from(buf, pos)
-            _check_size(size, self.max_frame_bytes)
+            _check_size(size, self.max_frame_bytes, self.limit_name)
             body = pos + 4
             if size > DIRECT_FRAME_BYTES:
                 have = min(end - body, size)

@@ -163,3 +163,43 @@ async def test_handshake_v0_is_followed_by_raw_tokens(tmp_path: Path) -> None:
         client.writer.write(len(token).to_bytes(4, "big") + token)
         assert await client.closed_by_server()
         assert auth.failures == {"kafka": 1} and auth.successes == {"kafka": 1}
+
+
+@pytest.mark.parametrize("request_", ["handshake", "api_versions"])
+async def test_handshake_or_versions_during_authentication_get_illegal_sasl_state_then_close(
+        tmp_path: Path, request_: str) -> None:
+    """Kafka's handleSaslToken: after SaslHandshake v1 only SaslAuthenticate; a second SaslHandshake or an
+    ApiVersions is answered ILLEGAL_SASL_STATE in its own response and the connection closed (before, the
+    handshake started the exchange over and ApiVersions was served, both answered NONE: fuzz kafka-sasl)."""
+    async with running(tmp_path) as (srv, auth):
+        client = await RawClient.connect(srv.port)
+        assert (await handshake(client, "SCRAM-SHA-256")).error_code == 0
+        if request_ == "handshake":
+            answer = await client.request(ApiKey.SASL_HANDSHAKE, 1, {"mechanism": "PLAIN"})
+        else:
+            answer = await client.request(ApiKey.API_VERSIONS, 3, {"client_software_name": "t",
+                                                                   "client_software_version": "1"})
+        assert answer.error_code == ErrorCode.ILLEGAL_SASL_STATE
+        assert await client.closed_by_server()
+        assert auth.failures == {"kafka": 1}
+
+
+async def test_a_frame_over_the_pre_login_limit_closes_without_an_answer(tmp_path: Path) -> None:
+    """Kafka reads a frame before the login with sasl.server.max.receive.size (512 KiB): a larger one fails the
+    login and closes the connection unanswered (before, frames up to max_request_bytes, 100 MiB, were read and
+    answered: fuzz kafka-sasl). After the login the limit is max_request_bytes again."""
+    token = b"\0alice\0" + b"p" * (512 * 1024)
+    async with running(tmp_path) as (srv, _auth):
+        client = await RawClient.connect(srv.port)
+        assert (await handshake(client, "PLAIN")).error_code == 0
+        client.send(ApiKey.SASL_AUTHENTICATE, 2, {"auth_bytes": token})
+        with pytest.raises(ConnectionResetError):  # closed, with no answer before
+            await client.next_frame()
+        assert srv.stats.closed_bad_input == 1
+        client = await RawClient.connect(srv.port)
+        await handshake(client, "PLAIN")
+        done = await client.request(ApiKey.SASL_AUTHENTICATE, 2, {"auth_bytes": b"\0alice\0alice-secret"})
+        assert done.error_code == 0
+        served = await client.request(ApiKey.SASL_AUTHENTICATE, 2, {"auth_bytes": token})  # a large request, served
+        assert served.error_code == ErrorCode.ILLEGAL_SASL_STATE
+        await client.close()
