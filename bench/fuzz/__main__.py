@@ -1,11 +1,12 @@
 """``python -m bench.fuzz <target> --inputs N [--seed S]``: one fuzz campaign against a live ``sluice serve``.
 
-Targets: kafka, kafka-tls, mqtt, mqtt-tls, mqtt-ws, tcp, tcp-tls, http, https (-tls and https: the same inputs
-inside TLS; mqtt-ws: MQTT over WebSockets, with hostile upgrades and frames). Prints progress every 30 s and a
-report at the end; reproducers (the bytes each offending connection sent) and the broker log go to
-``bench/out/fuzz-<target>-<UTC time>/`` (``--out`` to change). Exit code 0 when nothing was found, 1 on any
-finding (crash, hang, traceback or ERROR line in the broker log, leaked sockets/fds, RSS growth beyond the
-limit, acknowledged data not read back intact, a real client failing afterwards), 2 for a usage error.
+Targets: kafka, kafka-tls, kafka-sasl, mqtt, mqtt-tls, mqtt-ws, tcp, tcp-tls, http, https (-tls and https: the
+same inputs inside TLS; mqtt-ws: MQTT over WebSockets, with hostile upgrades and frames; kafka-sasl: SASL
+logins with auth required). Prints progress every 30 s and a report at the end; reproducers (the bytes each
+offending connection sent) and the broker log go to ``bench/out/fuzz-<target>-<UTC time>/`` (``--out`` to
+change). Exit code 0 when nothing was found, 1 on any finding (crash, hang, traceback or ERROR line in the
+broker log, leaked sockets/fds, RSS growth beyond the limit, acknowledged data not read back intact, a real
+client failing afterwards), 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from bench.fuzz.harness import Campaign, Target
 
 __all__ = ["build_target", "main"]
 
-TARGETS = ("kafka", "kafka-tls", "mqtt", "mqtt-tls", "mqtt-ws", "tcp", "tcp-tls", "http", "https")
+TARGETS = ("kafka", "kafka-tls", "kafka-sasl", "mqtt", "mqtt-tls", "mqtt-ws", "tcp", "tcp-tls", "http", "https")
 
 
 def build_target(name: str, deadline: float, kafka_seeds_per_version: int = 12) -> Target:
@@ -33,6 +34,10 @@ def build_target(name: str, deadline: float, kafka_seeds_per_version: int = 12) 
         from bench.fuzz.tls import KafkaTlsTarget
 
         return KafkaTlsTarget(deadline, kafka_seeds_per_version)
+    if name == "kafka-sasl":
+        from bench.fuzz.kafka_sasl import KafkaSaslTarget
+
+        return KafkaSaslTarget(deadline)
     if name == "tcp-tls":
         from bench.fuzz.tls import TcpTlsTarget
 

@@ -222,6 +222,8 @@ class BrokerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.endpoints: dict[str, tuple[str, int]] = {}
         self.http_tls: ssl.SSLContext | None = None  # set when the broker's HTTP API speaks TLS
+        self.http_headers: dict[str, str] = {}  # e.g. credentials, when the broker requires them
+        self.prepare: Callable[[Path], None] | None = None  # fills a fresh data dir (users) before each start
         self.starts = 0
         self.log_path = workdir / "broker.log"
         self._log_offset = 0
@@ -232,6 +234,8 @@ class BrokerProcess:
         if self.data_dir.exists():
             shutil.rmtree(self.data_dir)  # a restart after a crash starts clean too
         self.data_dir.mkdir(parents=True)
+        if self.prepare is not None:
+            self.prepare(self.data_dir)
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")])),
@@ -283,8 +287,9 @@ class BrokerProcess:
         host, port = self.endpoints["http"]
         scheme = "https" if self.http_tls is not None else "http"
         try:
-            with urllib.request.urlopen(f"{scheme}://{host}:{port}/topics?internal=true", timeout=30,
-                                        context=self.http_tls) as answer:
+            request = urllib.request.Request(f"{scheme}://{host}:{port}/topics?internal=true",
+                                             headers=self.http_headers)
+            with urllib.request.urlopen(request, timeout=30, context=self.http_tls) as answer:
                 return sum(int(t["partitions"]) for t in json.loads(answer.read()))
         except (OSError, ValueError, KeyError, TypeError):
             return -1
@@ -475,6 +480,8 @@ class Campaign:
         workdir = Path(tempfile.mkdtemp(prefix=f"sluice-fuzz-{self.target.name}-"))
         broker = BrokerProcess(self.target.broker_env(), workdir)
         broker.http_tls = getattr(self.target, "http_tls", None)
+        broker.http_headers = getattr(self.target, "http_headers", {})
+        broker.prepare = getattr(self.target, "prepare_data_dir", None)
         try:
             yield broker
         finally:
