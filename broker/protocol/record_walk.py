@@ -3,6 +3,8 @@
 ``walk_records`` checks that ``count`` records tile ``buf[pos:end]`` exactly, each field inside its
 record, offset deltas 0, 1, 2, …, and reports the largest timestamp delta and the records without a
 key. It reads only lengths and varints: no value, key or header is materialised or copied.
+``walk_piece`` is the same walk over a piece of a batch (a batch that is not ``bytes`` is copied in
+pieces that land on warm memory, see ``batch_validation``), ``finish_walk`` its checks at the end.
 
 The rules are Kafka's ``DefaultRecord.readFrom`` (what ``LogValidator`` runs on every record of a
 produced batch): a record's body length is a varint (32-bit, at most 5 bytes); then one attributes
@@ -24,10 +26,10 @@ from typing import Final
 
 from broker.errors import CorruptRecordError, InvalidRecordError
 
-__all__ = ["walk_records"]
+__all__ = ["LONGEST_DELTA", "finish_walk", "walk_piece", "walk_records"]
 
 _MIN_RECORD_BODY: Final = 6  # attributes, timestamp delta, offset delta, key, value, header count
-_LONGEST_DELTA: Final = -(1 << 63)
+LONGEST_DELTA: Final = -(1 << 63)  # below any timestamp delta: the start of the running maximum
 
 
 def _record_error(index: int, reason: str) -> InvalidRecordError:
@@ -86,12 +88,43 @@ def walk_records(buf: bytes, pos: int, end: int, count: int) -> tuple[int, list[
     """Walk ``count`` records in ``buf[pos:end]``; return the largest timestamp delta and the indexes
     of records without a key, or raise ``InvalidRecordError`` naming the record at fault (offset
     deltas out of order: every such record named)."""
-    max_delta = _LONGEST_DELTA
-    bad_offsets: list[tuple[int, str]] = []
     null_keys: list[int] = []
-    i = 0
+    bad_offsets: list[tuple[int, str]] = []
+    i, pos, max_delta, _need = walk_piece(buf, pos, end, count, 0, LONGEST_DELTA, null_keys, bad_offsets)
+    finish_walk(pos, end, count, bad_offsets)
+    return max_delta, null_keys
+
+
+def finish_walk(pos: int, end: int, count: int, bad_offsets: list[tuple[int, str]]) -> None:
+    """The checks after the last record: the records end where the batch ends, offset deltas in order."""
+    if pos != end:
+        raise InvalidRecordError(f"record batch declares {count} records but {end - pos} bytes follow the last of them")
+    if bad_offsets:
+        raise InvalidRecordError(
+            f"One or more records have been rejected: {len(bad_offsets)} records with offset deltas that do "
+            f"not follow 0, 1, 2, … (first: record {bad_offsets[0][0]}, {bad_offsets[0][1]})",
+            tuple(bad_offsets),
+        )
+
+
+def walk_piece(
+    buf: bytes, pos: int, end: int, count: int, i: int, max_delta: int, null_keys: list[int],
+    bad_offsets: list[tuple[int, str]],
+) -> tuple[int, int, int, int]:
+    """Walk records ``i``, ``i + 1``, … (up to ``count``) from ``buf[pos:]``, the batch ending at ``end``.
+
+    ``buf`` may hold only a piece of the batch (``len(buf) < end``: the caller copies a batch that is
+    not ``bytes`` in pieces): the walk then stops before the first record not wholly in it. Returns the
+    next record's index and position, the largest timestamp delta so far and, when a record was too
+    long for the piece, its length (else 0). Keyless records and offset deltas out of order are added
+    to ``null_keys`` and ``bad_offsets``; a record that breaks a rule raises at once."""
+    limit = len(buf)
+    piece = limit < end
     try:
         while i < count:
+            start = pos
+            if piece and pos + 5 > limit:  # the length varint may be cut: the next piece starts here
+                return i, start, max_delta, 0
             b = buf[pos]
             if b < 0x80:  # one-byte varints are the common case: read inline
                 length = (b >> 1) ^ -(b & 1)
@@ -101,6 +134,8 @@ def walk_records(buf: bytes, pos: int, end: int, count: int) -> tuple[int, list[
             record_end = pos + length
             if length < _MIN_RECORD_BODY or record_end > end:
                 raise _record_error(i, f"record length {length} does not fit the {end - pos} bytes left")
+            if record_end > limit:  # (only in a piece: end <= limit otherwise)
+                return i, start, max_delta, record_end - start
             p = pos + 1  # attributes: one byte, unused in v2
             b = buf[p]
             if b < 0x80:
@@ -148,12 +183,4 @@ def walk_records(buf: bytes, pos: int, end: int, count: int) -> tuple[int, list[
         raise _record_error(i, "record runs past the end of the batch") from None
     except CorruptRecordError as exc:
         raise _record_error(i, str(exc)) from None
-    if pos != end:
-        raise InvalidRecordError(f"record batch declares {count} records but {end - pos} bytes follow the last of them")
-    if bad_offsets:
-        raise InvalidRecordError(
-            f"One or more records have been rejected: {len(bad_offsets)} records with offset deltas that do "
-            f"not follow 0, 1, 2, … (first: record {bad_offsets[0][0]}, {bad_offsets[0][1]})",
-            tuple(bad_offsets),
-        )
-    return max_delta, null_keys
+    return i, pos, max_delta, 0

@@ -3,9 +3,10 @@
 Chosen by measurement (``python -m bench.bench_kafka_codec``; figures in bench/RESULTS.md):
 requests of every API are decoded by kio (dataclasses generated from Kafka's own message schemas,
 ``clients/src/main/resources/common/message/*.json``, with a native reader that measured 3-9x
-faster than hand-written ``struct`` decoding); Produce and Fetch responses are encoded by the
-hand-written ``struct`` codecs in ``produce.py``/``fetch.py`` (1.3x and 16x faster than kio's
-writer), every other response by kio's writer.
+faster than hand-written ``struct`` decoding), except Produce, read into kio's classes by
+``produce.read_produce_request`` so that its records stay views of the request buffer; Produce
+and Fetch responses are encoded by the hand-written ``struct`` codecs in ``produce.py``/``fetch.py``
+(1.3x and 16x faster than kio's writer), every other response by kio's writer.
 
 Handlers build cold-path responses as plain mappings (field names as kio spells them, durations
 in milliseconds as ints); ``build_entity`` turns a mapping into the kio class of the negotiated
@@ -189,6 +190,13 @@ def _writer(cls: type) -> Callable[[Any, Any], None]:
     return entity_writer(cls)
 
 
+@cache
+def _produce_classes(cls: type) -> tuple[type, type]:
+    """kio's topic and partition classes of a Produce request version."""
+    topic = typing.get_args(typing.get_type_hints(cls)["topic_data"])[0]
+    return topic, typing.get_args(typing.get_type_hints(topic)["partition_data"])[0]
+
+
 def decode_request(frame: bytes | memoryview) -> Request:
     """Decode one frame (without its size prefix).
 
@@ -199,6 +207,8 @@ def decode_request(frame: bytes | memoryview) -> Request:
     header, pos = decode_request_header(frame, is_flexible(api_key, version))
     cls = load_request_schema(api_key, version)
     try:
+        if api_key == ApiKey.PRODUCE:  # records as views of the frame, not kio's copies (produce.py)
+            return Request(header, produce.read_produce_request(frame, pos, cls, *_produce_classes(cls)))
         if header.flexible:
             check_compact_lengths(cls, frame, pos)  # before kio reserves memory for a lying length
         body, _size = _reader(cls)(frame, pos)

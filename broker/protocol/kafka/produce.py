@@ -1,6 +1,11 @@
 """Produce (API key 0) v3–8, hand-written with ``struct`` (measured faster than kio and
 kafka-python's protocol module, see bench/RESULTS.md).
 
+The broker reads requests with ``read_produce_request`` into the classes it is given (kio's, so the
+handlers see one request shape for every API): each partition's records come out as a slice of the
+request buffer (a view of it when it is a ``memoryview``), never a copy — kio's reader copied every
+Produce request's records once more.
+
 Request v3+: transactional_id nullable string, acks int16, timeout_ms int32,
 topic_data [name string, partition_data [index int32, records nullable bytes]].
 Response: responses [name string, partition_responses [index int32, error_code int16,
@@ -11,7 +16,10 @@ error_message nullable string (v8+)]], throttle_time_ms int32.
 
 from __future__ import annotations
 
+import datetime
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from broker.protocol.kafka._wire import (
     I16,
@@ -26,6 +34,7 @@ from broker.protocol.kafka._wire import (
     write_bytes,
     write_string,
 )
+from broker.protocol.kafka.errors import MalformedRequestError
 
 __all__ = [
     "ProducePartition",
@@ -38,6 +47,7 @@ __all__ = [
     "decode_produce_response",
     "encode_produce_request",
     "encode_produce_response",
+    "read_produce_request",
 ]
 
 API_KEY = 0
@@ -104,6 +114,63 @@ def decode_produce_request(buf: bytes | memoryview, pos: int, version: int) -> P
             parts.append(ProducePartition(index, records))
         topics.append(ProduceTopic(name or "", tuple(parts)))
     return ProduceRequest(txn, acks, timeout, tuple(topics))
+
+
+def _name(buf: bytes | memoryview, pos: int, field: str) -> tuple[str | None, int]:
+    """A string as Kafka's generated readers take it: UTF-8 or the request is refused."""
+    size, pos = read_i16(buf, pos)
+    if size < 0:
+        return None, pos
+    end = pos + size
+    if end > len(buf):
+        raise MalformedRequestError(f"request truncated: needs {end} bytes, has {len(buf)}")
+    try:
+        return str(buf[pos:end], "utf-8"), end
+    except UnicodeDecodeError as exc:
+        raise MalformedRequestError(f"field {field} is not valid UTF-8") from exc
+
+
+def _non_null(field: str) -> MalformedRequestError:
+    return MalformedRequestError(f"non-nullable field {field} was serialized as null")
+
+
+def read_produce_request(
+    buf: bytes | memoryview, pos: int, request: Callable[..., Any], topic: Callable[..., Any],
+    partition: Callable[..., Any],
+) -> Any:
+    """The request body after its header, built with ``request(transactional_id=, acks=, timeout=,
+    topic_data=)``, ``topic(name=, partition_data=)`` and ``partition(index=, records=)`` (kio's field
+    names; ``timeout`` a ``timedelta``). Records are ``buf[a:b]``: no copy when ``buf`` is a view.
+    Raises ``MalformedRequestError`` for a truncated request, a null where Kafka allows none, or a
+    name that is not UTF-8 (what Kafka's readers refuse, with their wording)."""
+    txn, pos = _name(buf, pos, "transactional_id")
+    acks, pos = read_i16(buf, pos)
+    timeout_ms, pos = read_i32(buf, pos)
+    ntopics, pos = read_array_len(buf, pos)
+    if ntopics < 0:
+        raise _non_null("topic_data")
+    topics = []
+    for _ in range(ntopics):
+        name, pos = _name(buf, pos, "topic_data.name")
+        if name is None:
+            raise _non_null("topic_data.name")
+        nparts, pos = read_array_len(buf, pos)
+        if nparts < 0:
+            raise _non_null("topic_data.partition_data")
+        parts = []
+        for _p in range(nparts):
+            index, pos = read_i32(buf, pos)
+            size, pos = read_i32(buf, pos)
+            records = None
+            if size >= 0:
+                if pos + size > len(buf):
+                    raise MalformedRequestError(f"request truncated: needs {pos + size} bytes, has {len(buf)}")
+                records = buf[pos : pos + size]
+                pos += size
+            parts.append(partition(index=index, records=records))
+        topics.append(topic(name=name, partition_data=tuple(parts)))
+    return request(transactional_id=txn, acks=acks, timeout=datetime.timedelta(milliseconds=timeout_ms),
+                   topic_data=tuple(topics))
 
 
 def encode_produce_request(req: ProduceRequest, version: int) -> bytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
+from types import ModuleType
 
 import crc32c
 import pytest
@@ -13,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker import native
-from broker.errors import InvalidRecordError
-from broker.protocol import record_walk
+from broker.errors import BrokerError, InvalidRecordError
+from broker.protocol import batch_validation, record_walk
 from broker.protocol.batch_validation import validate_produce_batch
 from broker.protocol.records import RecordSpec, encode_batch
 
@@ -120,3 +121,37 @@ def test_a_fifth_varint_byte_keeps_only_the_bits_a_java_int_holds() -> None:
     body = b"\x00\x00\x00\x00" + b"\x81\x80\x80\x80\x10" + b"\x00"
     data = batch_of(_record(body), 1)
     assert assert_same_verdict(data, 1) == ("accepted", (0, []))
+
+
+def validation_verdict(records: bytes | memoryview) -> Verdict:
+    """What Produce validation answers: the bytes to store and their header, or the error."""
+    try:
+        accepted = validate_produce_batch(records, 1 << 20)
+    except BrokerError as exc:
+        return type(exc).__name__, (str(exc), getattr(exc, "record_errors", ()))
+    return "accepted", (bytes(accepted.data), accepted.header)
+
+
+@settings(max_examples=500, deadline=None)
+@given(specs=records, edits=st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 255)), max_size=3),
+       cut=st.integers(min_value=0, max_value=4), count_change=st.sampled_from([0, 0, 0, -1, 1]),
+       piece=st.sampled_from([5, 9, 40, 300]), walk=st.sampled_from([SELECTED, PURE]))
+def test_a_batch_handed_over_as_a_view_gets_the_verdict_of_the_whole_batch(
+    specs: list[RecordSpec], edits: list[tuple[int, int]], cut: int, count_change: int, piece: int, walk: ModuleType
+) -> None:
+    """A request buffer's view is walked in pieces (copies small enough to reuse warm memory); records
+    cut by a piece's end, records longer than a piece and malformed records must come out as the walk
+    of one whole ``bytes`` batch says."""
+    body = bytearray(encode_batch(specs)[HEADER:])
+    for where, value in edits:
+        if body:
+            body[where % len(body)] = value
+    del body[len(body) - cut:]
+    data = batch_of(bytes(body), max(1, len(specs) + count_change))
+    whole = validation_verdict(data)
+    saved = batch_validation._PIECE_BYTES, batch_validation._walk_piece
+    batch_validation._PIECE_BYTES, batch_validation._walk_piece = piece, walk.walk_piece
+    try:
+        assert validation_verdict(memoryview(bytearray(data)).toreadonly()) == whole
+    finally:
+        batch_validation._PIECE_BYTES, batch_validation._walk_piece = saved

@@ -41,6 +41,9 @@ NULL_ARRAY_REQUESTS = [
     (ApiKey.DESCRIBE_GROUPS, 0, NULL_ARRAY),
     (ApiKey.LIST_OFFSETS, 1, struct.pack(">i", -1) + NULL_ARRAY),
     (ApiKey.PRODUCE, 3, struct.pack(">hhi", -1, 1, 1000) + NULL_ARRAY),
+    # Produce is read by its own decoder (records as views): a null topic name, a null partition list
+    (ApiKey.PRODUCE, 3, struct.pack(">hhiih", -1, 1, 1000, 1, -1) + struct.pack(">i", 0)),
+    (ApiKey.PRODUCE, 3, struct.pack(">hhii", -1, 1, 1000, 1) + _string("t") + NULL_ARRAY),
     (ApiKey.JOIN_GROUP, 0, _string("g") + struct.pack(">i", 10_000) + _string("") + _string("consumer") + NULL_ARRAY),
     (ApiKey.SYNC_GROUP, 0, _string("g") + struct.pack(">i", 1) + _string("m") + NULL_ARRAY),
     # nested: one CreateTopics topic whose assignments array is null

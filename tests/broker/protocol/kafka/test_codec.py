@@ -189,3 +189,29 @@ def test_truncated_request_is_malformed() -> None:
         decode_request(frame[:-3])
     with pytest.raises(MalformedRequestError):
         decode_request(frame[:5])
+
+
+def _produce_frame(version: int = 8) -> bytes:
+    return encode_request(RequestHeader(ApiKey.PRODUCE, version, 1, "x", False), SAMPLE_REQUESTS[ApiKey.PRODUCE])[4:]
+
+
+def test_produce_records_are_views_of_the_request_buffer_not_copies() -> None:
+    """A large request arrives as a view of its pooled buffer (FrameAssembler); its records reach the
+    store from there (kio's reader copied them: a fresh megabyte per request)."""
+    buffer = bytearray(_produce_frame())
+    request = decode_request(memoryview(buffer).toreadonly())
+    records = request.body.topic_data[0].partition_data[0].records
+    assert isinstance(records, memoryview) and records.obj is buffer and bytes(records) == BATCH
+
+
+def test_every_truncation_of_a_produce_request_is_malformed() -> None:
+    frame = _produce_frame()
+    for end in range(len(frame)):
+        with pytest.raises(MalformedRequestError):
+            decode_request(frame[:end])
+
+
+def test_a_produce_topic_name_that_is_not_utf8_is_malformed() -> None:
+    frame = _produce_frame().replace(b"\x00\x07samples", b"\x00\x07sample\xff")
+    with pytest.raises(MalformedRequestError, match="UTF-8"):
+        decode_request(frame)
