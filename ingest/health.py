@@ -55,6 +55,11 @@ class SourceHealth:
     connections_total: int = 0
     devices: dict[str, DeviceHealth] = field(default_factory=dict)
     arrivals: ArrivalRate = field(default_factory=ArrivalRate)
+    # The devices' counts of the open 100 ms bucket, not yet in ``devices`` (device -> [messages, bytes, last
+    # seen]; a None device is ignored): writes add to them directly, and they are folded in once the bucket
+    # closes or anything reads the registry, so a write costs nothing per device beyond two additions.
+    counting: dict[str | None, list[Any]] = field(default_factory=dict)
+    counting_bucket: int = -1
 
 
 class HealthRegistry:
@@ -90,19 +95,7 @@ class HealthRegistry:
 
     def record(self, source: SourceRef, device: str | None, nbytes: int, *, messages: int = 1) -> None:
         """Messages received (accepted or not: errors are counted separately)."""
-        now = self._clock()
-        entry = self.register(source)
-        entry.messages += messages
-        entry.bytes += nbytes
-        entry.last_seen = now
-        bucket = bucket_of(now)
-        entry.arrivals.add(bucket, messages)
-        if device is not None:
-            dev = self._device(entry, device)
-            dev.messages += messages
-            dev.bytes += nbytes
-            dev.last_seen = now
-            dev.arrivals.add(bucket, messages)
+        self.record_batch(source, {device: (messages, nbytes)})
 
     def record_batch(self, source: SourceRef, per_device: Mapping[str | None, Sequence[int]]) -> None:
         """Many messages at once: ``per_device`` maps a device (None: unknown) to ``[messages, bytes]``.
@@ -111,31 +104,73 @@ class HealthRegistry:
         (the ingest sink calls this once per write instead of once per message)."""
         if not per_device:
             return
-        now = self._clock()
-        bucket = bucket_of(now)
-        entry = self.register(source)
-        entry.last_seen = now
-        known = entry.devices
+        counting, now = self.open_counts(source)
         total_messages = total_bytes = 0
         for device, (messages, nbytes) in per_device.items():
             total_messages += messages
             total_bytes += nbytes
             if device is not None:
-                dev = known.get(device) or self._device(entry, device)
-                dev.messages += messages
-                dev.bytes += nbytes
-                dev.last_seen = now
-                arrivals = dev.arrivals
-                if arrivals.bucket == bucket:  # most writes land in the bucket the device's last one opened
-                    arrivals.count += messages
+                counts = counting.get(device)
+                if counts is None:
+                    counting[device] = [messages, nbytes, now]
                 else:
-                    arrivals.add(bucket, messages)
-        entry.messages += total_messages
-        entry.bytes += total_bytes
-        entry.arrivals.add(bucket, total_messages)
+                    counts[0] += messages
+                    counts[1] += nbytes
+                    counts[2] = now
+        self.counted(source, total_messages, total_bytes, now)
+
+    def open_counts(self, source: SourceRef) -> tuple[dict[str | None, list[Any]], float]:
+        """For a write that counts its messages per device itself (the line path's kernel): the open bucket's
+        counts to add them to (device -> [messages, bytes, last seen]; a new device gets ``[messages, bytes,
+        now]``, a known one ``now`` as last seen) and ``now``. Then ``counted`` with the write's totals, with
+        no await in between."""
+        now = self._clock()
+        bucket = bucket_of(now)
+        entry = self.register(source)
+        if bucket != entry.counting_bucket:
+            self._settle(entry)
+            entry.counting_bucket = bucket
+        return entry.counting, now
+
+    def counted(self, source: SourceRef, messages: int, nbytes: int, now: float) -> None:
+        """The source's totals of a write whose devices were counted through ``open_counts`` (at ``now``)."""
+        entry = self.register(source)
+        entry.messages += messages
+        entry.bytes += nbytes
+        entry.last_seen = now
+        entry.arrivals.add(bucket_of(now), messages)
+
+    def _settle(self, entry: SourceHealth) -> None:
+        """Fold the open bucket's device counts into the devices (the same result as adding them one write
+        at a time: every count of one bucket lands in the same arrivals bucket)."""
+        counting = entry.counting
+        if not counting:
+            return
+        entry.counting = {}
+        bucket = entry.counting_bucket
+        known = entry.devices
+        for device, (messages, nbytes, seen) in counting.items():
+            if device is None:
+                continue
+            dev = known.get(device) or self._device(entry, device)
+            dev.messages += messages
+            dev.bytes += nbytes
+            dev.last_seen = seen
+            arrivals = dev.arrivals
+            if arrivals.bucket == bucket:
+                arrivals.count += messages
+            else:
+                arrivals.add(bucket, messages)
+
+    def _settled(self, source: SourceRef) -> SourceHealth | None:
+        entry = self._sources.get(source)
+        if entry is not None:
+            self._settle(entry)
+        return entry
 
     def error(self, source: SourceRef, device: str | None, reason: str) -> None:
         entry = self.register(source)
+        self._settle(entry)  # devices are created in the order they were first seen
         entry.errors += 1
         entry.last_error = reason
         if device is not None:
@@ -180,13 +215,15 @@ class HealthRegistry:
     # -- reading --------------------------------------------------------------------------------
 
     def source(self, source: SourceRef) -> SourceHealth | None:
-        return self._sources.get(source)
+        return self._settled(source)
 
     def sources(self) -> list[SourceHealth]:
+        for entry in self._sources.values():
+            self._settle(entry)
         return list(self._sources.values())
 
     def is_idle(self, source: SourceRef, device: str | None = None) -> bool:
-        entry = self._sources.get(source)
+        entry = self._settled(source)
         if entry is None:
             return True
         now = self._clock()
@@ -200,7 +237,7 @@ class HealthRegistry:
         return now - since > self.idle_timeout_s
 
     def idle_devices(self, source: SourceRef) -> list[str]:
-        entry = self._sources.get(source)
+        entry = self._settled(source)
         if entry is None:
             return []
         return [name for name in entry.devices if self.is_idle(source, name)]
@@ -211,6 +248,7 @@ class HealthRegistry:
         bucket = bucket_of(now)
         rows: list[dict[str, Any]] = []
         for entry in self._sources.values():
+            self._settle(entry)
             paused = entry.paused_s + (now - entry.paused_since if entry.paused_since is not None else 0.0)
             since = entry.last_seen if entry.last_seen is not None else entry.registered
             idle = now - since > self.idle_timeout_s

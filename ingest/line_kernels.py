@@ -48,13 +48,15 @@ def bucket_lines(
     arrival_ms: int,
     partitions: dict[str, int],
     groups: dict[tuple[str, int], Group],
-    seen: dict[str | None, list[int]],
+    seen: dict[str | None, list[Any]],
+    now: float,
     resolve: Callable[[int], None],
 ) -> None:
     """Append each line's record to its (topic, partition) group, in line order, and count it in ``seen``
-    (device -> [lines, bytes]). A line is left to ``resolve(index)`` (which does all of that itself) when it
-    has no target, no key (keyless records take a partition each), or its target's partition is not
-    known for the topic's partition count in ``partitions`` (filled by ``resolve``) or has no group yet."""
+    (device -> [lines, bytes, last seen]: ``HealthRegistry.open_counts``, at ``now``). A line is left to
+    ``resolve(index)`` (which does all of that itself) when it has no target, no key (keyless records take
+    a partition each), or its target's partition is not known for the topic's partition count in
+    ``partitions`` (filled by ``resolve``) or has no group yet."""
     for index in range(len(lines)):
         target = targets[index]
         if target is None or target.key is None or target.partitions != partitions.get(target.topic, -1):
@@ -70,10 +72,11 @@ def bucket_lines(
         group[1].append(index)
         counts = seen.get(target.device)
         if counts is None:
-            seen[target.device] = [1, len(line)]
+            seen[target.device] = [1, len(line), now]
         else:
             counts[0] += 1
             counts[1] += len(line)
+            counts[2] = now
 
 
 def route_influx_lines(

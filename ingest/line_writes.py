@@ -18,7 +18,7 @@ lines without a target, keyless ones, and the first line of a target whose parti
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker import native
 from broker.errors import BrokerError, StorageError
@@ -42,7 +42,8 @@ class _LineBatch:
     """One ``write_lines`` call's state; ``resolve`` is the kernel's callback for the lines it leaves."""
 
     def __init__(self, sink: IngestSink, source: SourceRef, routes: SourceRoutes, lines: list[bytes],
-                 targets: list[LineTarget | None], stamps: list[int] | None, arrival_ms: int) -> None:
+                 targets: list[LineTarget | None], stamps: list[int] | None, arrival_ms: int,
+                 seen: dict[str | None, list[Any]], now: float) -> None:
         self.sink = sink
         self.source = source
         self.routes = routes
@@ -56,15 +57,17 @@ class _LineBatch:
         self.letters: list[_Letter] = []
         self.routed: dict[int, RawMessage] = {}  # the lines routed one by one
         self.devices: dict[int, str | None] = {}  # their devices, for their records' dead letters
-        self.seen: dict[str | None, list[int]] = {}  # device -> [lines, bytes]
+        self.seen = seen  # device -> [lines, bytes, last seen]: the health registry's open bucket
+        self.now = now
 
     def _count(self, device: str | None, line: bytes) -> None:
         counts = self.seen.get(device)
         if counts is None:
-            self.seen[device] = [1, len(line)]
+            self.seen[device] = [1, len(line), self.now]
         else:
             counts[0] += 1
             counts[1] += len(line)
+            counts[2] = self.now
 
     def resolve(self, index: int) -> None:
         line = self.lines[index]
@@ -126,8 +129,10 @@ class _LineBatch:
         return lists
 
 
-async def write_lines(sink: IngestSink, source: SourceRef, lines: Sequence[bytes], arrival_ms: int) -> None:
-    """Route, append and wait for durability (``IngestSink._write`` for lines; see the module docstring)."""
+async def write_lines(sink: IngestSink, source: SourceRef, lines: Sequence[bytes], arrival_ms: int,
+                      nbytes: int) -> None:
+    """Route, append and wait for durability (``IngestSink._write`` for lines; see the module docstring).
+    ``nbytes``: the lines' length in all."""
     routes = sink.router.for_source(source)
     plan = line_plan(routes)
     if plan is None:
@@ -135,10 +140,13 @@ async def write_lines(sink: IngestSink, source: SourceRef, lines: Sequence[bytes
         return
     listed = lines if isinstance(lines, list) else list(lines)
     targets, stamps = plan.route(listed, arrival_ms)
-    batch = _LineBatch(sink, source, routes, listed, targets, stamps, arrival_ms)
-    _kernels.bucket_lines(listed, targets, stamps, arrival_ms, batch.partitions, batch.lists, batch.seen,
-                          batch.resolve)
-    sink.health.record_batch(source, batch.seen)
+    seen, now = sink.health.open_counts(source)  # every line is counted there, by the kernel or by resolve
+    batch = _LineBatch(sink, source, routes, listed, targets, stamps, arrival_ms, seen, now)
+    try:
+        _kernels.bucket_lines(listed, targets, stamps, arrival_ms, batch.partitions, batch.lists, seen, now,
+                              batch.resolve)
+    finally:  # received, whatever becomes of them (a storage failure creating a topic is raised from here)
+        sink.health.counted(source, len(listed), nbytes, now)
 
     groups = list(batch.groups.values())
     letters = batch.letters

@@ -232,13 +232,14 @@ class IngestSink:
         time where the source's rules allow it (``ingest/line_writes.py``)."""
         if not lines:
             return
-        charge = _MESSAGE_OVERHEAD * len(lines) + sum(map(len, lines))
+        nbytes = sum(map(len, lines))
+        charge = _MESSAGE_OVERHEAD * len(lines) + nbytes
         await self._reserve(source, charge)
         self.health.add_in_flight(source, len(lines))
         from ingest.line_writes import write_lines  # imports this module: imported on first use
 
         try:
-            await write_lines(self, source, lines, arrival_ms)
+            await write_lines(self, source, lines, arrival_ms, nbytes)
         finally:
             self.health.add_in_flight(source, -len(lines))
             self._release(charge)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ingest.arrivals import ArrivalRate, bucket_of
 from ingest.health import OVERFLOW_DEVICE, HealthRegistry
 from ingest.routing import SourceRef
 
@@ -91,3 +95,66 @@ def test_device_count_is_bounded() -> None:
     assert sorted(entry.devices) == [OVERFLOW_DEVICE, "d0", "d1", "d2"]
     assert entry.devices[OVERFLOW_DEVICE].messages == 7
     assert sum(d.messages for d in entry.devices.values()) == 10
+
+
+# The device counts of a write wait in the open 100 ms bucket and are folded in when it closes or the
+# registry is read. Checked against a model that applies every write to its devices at once (what the
+# registry did before): counters, last seen, arrival buckets and the order devices were created in (which
+# decides who lands in the overflow device), whatever the interleaving of writes, errors, clock steps and
+# reads.
+_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("write"), st.dictionaries(st.sampled_from([None, "a", "b", "c", "d", "e"]),
+                                                    st.tuples(st.integers(1, 9), st.integers(0, 99)), max_size=4)),
+        st.tuples(st.just("error"), st.sampled_from([None, "a", "c", "f"])),
+        st.tuples(st.just("tick"), st.sampled_from([0.001, 0.03, 0.1, 0.25, 2.0])),
+        st.tuples(st.just("read"), st.sampled_from(["source", "snapshot", "idle"])),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200)
+@given(steps=_steps, limit=st.integers(1, 6))
+def test_devices_count_as_if_every_write_were_applied_at_once(steps: list[tuple[str, object]], limit: int) -> None:
+    clock = FakeClock()
+    health = HealthRegistry(clock=clock, max_devices_per_source=limit)
+    model: dict[str, list[object]] = {}  # device -> [messages, bytes, errors, last seen, ArrivalRate]
+
+    def device(name: str) -> list[object]:
+        if name not in model and len(model) >= limit:
+            name = OVERFLOW_DEVICE
+        return model.setdefault(name, [0, 0, 0, None, ArrivalRate()])
+
+    for kind, arg in steps:
+        if kind == "write":
+            assert isinstance(arg, dict)
+            if arg:
+                health.record_batch(SRC, {name: list(counts) for name, counts in arg.items()})
+            for name, (messages, nbytes) in arg.items():
+                if name is not None:
+                    row = device(name)
+                    row[0], row[1], row[3] = int(row[0]) + messages, int(row[1]) + nbytes, clock.now  # type: ignore[call-overload]
+                    rate = row[4]
+                    assert isinstance(rate, ArrivalRate)
+                    rate.add(bucket_of(clock.now), messages)
+        elif kind == "error":
+            health.error(SRC, arg if isinstance(arg, str) else None, "bad")
+            if isinstance(arg, str):
+                row = device(arg)
+                row[2] = int(row[2]) + 1  # type: ignore[call-overload]
+        elif kind == "tick":
+            assert isinstance(arg, float)
+            clock.now += arg
+        elif arg == "snapshot":
+            health.snapshot()
+        elif arg == "idle":
+            health.idle_devices(SRC)
+        entry = health.source(SRC) if kind == "read" and arg == "source" else None
+        if entry is not None:
+            assert list(entry.devices) == list(model)
+    entry = health.source(SRC)
+    got = {} if entry is None else {
+        name: [d.messages, d.bytes, d.errors, d.last_seen, d.arrivals] for name, d in entry.devices.items()}
+    assert list(got) == list(model)
+    assert got == model
