@@ -33,6 +33,7 @@ from ingest.mqtt.machine import LINGER_QUIET_S, ConnectionMachine
 from ingest.mqtt.packets import Packet, Publish
 from ingest.mqtt.parking import ParkedSocket, ParkingLot
 from ingest.mqtt.session_state import SessionState
+from ingest.mqtt.tls_peer import peer_ended, tls_socket
 
 __all__ = ["READ_SIZE", "ByteTransport", "MqttConnection", "SessionState"]  # SessionState: re-exported
 
@@ -45,6 +46,7 @@ log = logging.getLogger("ingest.mqtt")
 # each fsync) are shared by four times as many (bench_mqtt_cpu, QoS 0: ~15 % less CPU per message).
 READ_SIZE = 256 * 1024
 _READ_VIEW = memoryview(bytearray(READ_SIZE))
+_ENDED = object()  # _tls_socket once the TLS client's end of stream was seen
 
 
 class ByteTransport(Protocol):
@@ -75,7 +77,7 @@ class ByteTransport(Protocol):
 class MqttConnection(asyncio.BufferedProtocol):
     """One client connection: the transport side of a ``ConnectionMachine``; the hub's ``Link`` to it."""
 
-    __slots__ = ("_address", "_admitted", "lot", "machine", "transport")
+    __slots__ = ("_address", "_admitted", "_tls_socket", "lot", "machine", "transport")
 
     def __init__(self, hub: Hub, lot: ParkingLot | None = None) -> None:
         self.machine = ConnectionMachine(hub, self, time.monotonic())
@@ -83,6 +85,7 @@ class MqttConnection(asyncio.BufferedProtocol):
         self.lot = lot  # parks this connection when it is idle (plain TCP only)
         self._address = "?"
         self._admitted = False
+        self._tls_socket: Any = None  # TLS: the TCP socket, to see the client's end of stream (tls_peer.py)
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport | ByteTransport) -> None:
@@ -105,6 +108,7 @@ class MqttConnection(asyncio.BufferedProtocol):
         tls = t.get_extra_info("ssl_object")
         if tls is not None:  # a verified client certificate logs the client in (connect.py rule 2)
             self.machine.certificate_user = peer_common_name(tls)
+            self._tls_socket = tls_socket(t)
         self.machine.last_rx = time.monotonic()
         hub.connections.add(self)
         hub.stats.connections_total += 1
@@ -155,12 +159,14 @@ class MqttConnection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None:
             return
+        ended = self._tls_socket is not None and self._tls_peer_ended()
         for action in actions:
             if action is Do.START_APPENDING:  # accepted publishes are stored even when the client is gone
                 self.machine.hub.spawn(self._append_loop())
-            elif transport.is_closing():
+            elif ended or transport.is_closing():
                 # Closed before connection_lost was delivered (uvloop closes a reset socket at once and reports
-                # it on a later turn): what is left for this socket has nowhere to go, and uvloop raises on it.
+                # it on a later turn), or a TLS client ended its side (its TLS layer is shutting down: it drops
+                # writes and logs them, tls_peer.py): what is left for this socket has nowhere to go.
                 continue
             elif type(action) is bytes:
                 transport.write(action)
@@ -172,6 +178,14 @@ class MqttConnection(asyncio.BufferedProtocol):
                 transport.resume_reading()
             elif isinstance(action, Linger):
                 asyncio.get_running_loop().call_later(LINGER_QUIET_S, self._end_linger, action.until)
+
+    def _tls_peer_ended(self) -> bool:
+        if self._tls_socket is _ENDED:
+            return True
+        if peer_ended(self._tls_socket):
+            self._tls_socket = _ENDED  # for good: no more system calls for this connection
+            return True
+        return False
 
     async def _append_loop(self) -> None:
         machine = self.machine
