@@ -25,7 +25,7 @@ from ingest.mqtt.hub_config import HubConfig, HubStats
 from ingest.mqtt.packets import Publish, Subscription, Will
 from ingest.mqtt.ports import Accepted, Authenticator, IngestPort, Link, Refusal, TopicAccess
 from ingest.mqtt.properties import expires_at, for_delivery, forwarded
-from ingest.mqtt.session_state import CompactSet, QueueBudget, SessionJournal, SessionState
+from ingest.mqtt.session_state import NONE_YET, CompactSet, QueueBudget, SessionJournal, SessionState
 from ingest.mqtt.shared import SHARE_PREFIX, Granted, SharedGroup, parse_shared
 from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
 
@@ -161,6 +161,8 @@ class Hub:
     def subscribe(self, session: SessionState, sub: Subscription, sub_id: int = 0) -> bool:
         """Add (or replace) a subscription; True when the session had none on this filter."""
         topic_filter = sub.topic_filter
+        if session.subscriptions is NONE_YET:
+            session.subscriptions = {}
         session.subscriptions[topic_filter] = sub
         if self.store is not None:
             self.store.subscribed(session, sub, sub_id)

@@ -47,7 +47,7 @@ from ingest.mqtt.errors import ProtocolError
 from ingest.mqtt.hub import Hub
 from ingest.mqtt.packets import MQTT_5, NO_PROPERTIES, Packet, Puback, Publish, Pubrec, Reason
 from ingest.mqtt.ports import REFUSED, Accepted
-from ingest.mqtt.session_state import SessionState
+from ingest.mqtt.session_state import NONE_YET, PacketIds, SessionState
 
 __all__ = ["InboundPublishes"]
 
@@ -144,6 +144,8 @@ class InboundPublishes:
             ):
                 self._protocol_error(ProtocolError("Receive Maximum exceeded", Reason.RECEIVE_MAXIMUM_EXCEEDED))
                 return
+            if pending_in is NONE_YET:
+                pending_in = session.pending_in = PacketIds()
             pending_in[pid] = None  # PacketIds.add, without the method call (per message)
         arrival = self._arrival_ms
         access = self.hub.access
@@ -192,6 +194,8 @@ class InboundPublishes:
                     continue
                 if limit and len(pending_in) + len(awaiting_rel) >= limit:
                     return i  # rule 5: Receive Maximum exceeded
+                if pending_in is NONE_YET:
+                    pending_in = session.pending_in = PacketIds()
                 pending_in[pid] = None
                 take((packet, pid, arrival))
             else:
@@ -258,7 +262,7 @@ class InboundPublishes:
                 if msg.qos == 1:
                     acks.append(_PUBACK | pid)
                 else:
-                    session.awaiting_rel.add(pid)
+                    session.add_awaiting_rel(pid)
                     acks.append(_PUBREC | pid)
         conn = session.connection
         if acks and conn is not None:

@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from ingest.mqtt.hub_config import HubConfig, HubStats
 from ingest.mqtt.packets import Publish, Pubrel, Subscription, Will
@@ -42,7 +42,7 @@ from ingest.mqtt.properties import for_delivery
 # identity here, so this module need not import ``shared`` (which names ``SessionState``).
 GroupRef = object
 
-__all__ = ["CompactSet", "PacketIds", "QueueBudget", "SessionJournal", "SessionState"]
+__all__ = ["NONE_YET", "CompactSet", "PacketIds", "QueueBudget", "SessionJournal", "SessionState"]
 
 log = logging.getLogger("ingest.mqtt")
 T = TypeVar("T")
@@ -63,6 +63,23 @@ class CompactSet(dict[T, None]):
 
 
 PacketIds = CompactSet[int]
+
+
+class _NoneYet(CompactSet[Any]):
+    """The one empty collection a session's subscriptions, outbound messages in flight and packet-id sets
+    start as (4 x 64 bytes an idle connection does not hold). Shared by every session, so it refuses to
+    grow: code that adds to one of them first gives the session its own (``x is NONE_YET``). Reading,
+    ``pop`` and ``discard`` work as on any empty dict."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("a session's shared empty collection: give the session its own before adding")
+
+    __setitem__ = add = setdefault = update = __ior__ = _refuse
+
+
+NONE_YET: Any = _NoneYet()
 
 
 class QueueBudget:
@@ -166,21 +183,32 @@ class SessionState:
     def __init__(self, client_id: str, budget: QueueBudget | None = None) -> None:
         self.client_id = client_id
         self.budget = budget or QueueBudget()
-        self.subscriptions: dict[str, Subscription] = {}
-        self.inflight_out: dict[int, Publish | None] = {}  # None: PUBREC received, PUBREL sent
+        # NONE_YET (shared, empty) until something is added: idle connections hold none of these four
+        self.subscriptions: dict[str, Subscription] = NONE_YET
+        self.inflight_out: dict[int, Publish | None] = NONE_YET  # None: PUBREC received, PUBREL sent
         # (packet, when it expires, the shared subscription it came through)
         self.queue: deque[tuple[Publish, float | None, GroupRef | None]] | None = None
         self.shared_inflight: dict[int, GroupRef] | None = None  # outbound pid -> its shared subscription
         self.messages_expired = 0  # queued messages dropped because their Message Expiry Interval passed
         self.queued_bytes = 0  # payload bytes in ``queue``
         self.dropping = False  # the queue overflowed and that was logged; cleared once it drains
-        self.awaiting_rel: set[int] | PacketIds = PacketIds()  # inbound QoS 2 ids answered with PUBREC
-        self.pending_in = PacketIds()  # inbound QoS 1/2 ids being appended
+        self.awaiting_rel: set[int] | PacketIds = NONE_YET  # inbound QoS 2 ids answered with PUBREC
+        self.pending_in: PacketIds = NONE_YET  # inbound QoS 1/2 ids being appended
         self.next_pid = 1
         self.expiry_s = 0.0
         self.ended_at: float | None = None
         self.connection: Link | None = None
         self.store: SessionJournal | None = None  # the journal, while the session is persistent
+
+    def add_inflight(self, pid: int, packet: Publish | None) -> None:
+        if self.inflight_out is NONE_YET:
+            self.inflight_out = {}
+        self.inflight_out[pid] = packet
+
+    def add_awaiting_rel(self, pid: int) -> None:
+        if self.awaiting_rel is NONE_YET:
+            self.awaiting_rel = PacketIds()
+        self.awaiting_rel.add(pid)
 
     def expired(self, now: float) -> bool:
         return self.ended_at is not None and now - self.ended_at >= self.expiry_s
@@ -264,7 +292,7 @@ class SessionState:
         if not pid or pid in self.inflight_out:
             pid = self._alloc_pid()
         packet = Publish(packet.topic, packet.payload, packet.qos, packet.retain, packet.dup, pid, packet.properties)
-        self.inflight_out[pid] = packet
+        self.add_inflight(pid, packet)
         if group is not None:
             if self.shared_inflight is None:
                 self.shared_inflight = {}

@@ -372,7 +372,7 @@ class SessionStore:
             if mark is not None:
                 self._marks[client_id] = mark
             for pid in awaiting.get(client_id, ()):
-                session.awaiting_rel.add(pid)
+                session.add_awaiting_rel(pid)
             if session.expired(now):
                 stats.sessions_expired += 1
                 for m in messages.get(client_id, ()):
@@ -386,7 +386,7 @@ class SessionStore:
             for m in sorted(messages.get(client_id, ()), key=lambda m: m.order):
                 held[m.pid] = m.order
                 if m.state == RELEASED or m.packet is None:
-                    session.inflight_out[m.pid] = None
+                    session.add_inflight(m.pid, None)
                 elif 0 <= m.expiry_ms <= now_ms:
                     stats.messages_expired += 1
                     self.finished(session, m.pid)
