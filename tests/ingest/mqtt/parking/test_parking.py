@@ -6,6 +6,8 @@ connection's transport). Each runs on asyncio's own loop and on uvloop (``confte
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 import socket
 import threading
 import time
@@ -271,3 +273,34 @@ async def test_reads_paused_by_backpressure_stay_paused_when_a_transport_takes_o
     await wait_until(lambda: reading(conn.transport), what="reads resumed")
     await slow.close()
     await publisher.close()
+
+
+async def test_parked_clients_are_told_when_the_server_shuts_down(server: MqttServer) -> None:
+    v5 = await RawClient.open(server.port, MQTT_5)
+    await v5.connect("parked-v5")
+    v311 = await RawClient.open(server.port)
+    await v311.connect("parked-v311")
+    assert parked(server, "parked-v5") and parked(server, "parked-v311")
+    await server.listener.stop()
+    assert await v5.recv() == Disconnect(Reason.SERVER_SHUTTING_DOWN, Properties(reason_string="server shutting down"))
+    assert await v5.read_until_closed() == b""
+    assert await v311.read_until_closed() == b""  # 3.1.1 has no DISCONNECT from the server: the close
+    assert server.hub.stats.connections_parked == 0 and not server.hub.connections
+
+
+async def test_out_of_file_descriptors_pauses_accepting_counts_it_and_accepting_resumes(server: MqttServer) -> None:
+    client = socket.create_connection(("127.0.0.1", server.port))  # in the listen queue: not accepted yet
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    probe = os.open(os.devnull, os.O_RDONLY)  # the lowest free descriptor number: the next accept's
+    os.close(probe)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (probe, hard))
+    try:
+        await wait_until(lambda: server.hub.stats.accept_errors == 1, what="accept failing with EMFILE")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    client.setblocking(False)
+    r, w = await asyncio.open_connection(sock=client)
+    raw = RawClient(r, w, MQTT_311)
+    assert await raw.connect("after-emfile") == Connack(False, 0)  # accepted when accepting resumed (1 s)
+    assert server.hub.stats.accept_errors == 1
+    await raw.close()
