@@ -62,6 +62,10 @@ class StorageSettings(BaseModel):
     # Partitions one request may create (Kafka's controller: 10,000), and the most the broker holds.
     max_partitions_per_request: int = Field(default=MAX_PARTITIONS, ge=1)
     max_partitions: int = Field(default=50_000, ge=1)
+    # Disk blocks each partition's active segment reserves ahead of its end (fallocate, the file size
+    # unchanged; given back when the segment rolls or the partition closes): appends then skip ext4's
+    # delayed allocation per page. 0 turns it off (file systems that cannot do it are skipped).
+    preallocate_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
 
     def partition_limits(self) -> PartitionLimits:
         return PartitionLimits(per_request=self.max_partitions_per_request, total=self.max_partitions)

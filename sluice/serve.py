@@ -60,7 +60,8 @@ def open_store(settings: Settings) -> LogStore:
         return MemoryLogStore(**common)  # type: ignore[arg-type]
     return SegmentLogStore(settings.data_dir / "logs", **common,  # type: ignore[arg-type]
                            max_open_files=storage.max_open_files or None, visibility=storage.visibility,
-                           index_cache_bytes=storage.index_cache_bytes or None)
+                           index_cache_bytes=storage.index_cache_bytes or None,
+                           preallocate_bytes=storage.preallocate_bytes)
 
 
 async def _retention_loop(store: LogStore, interval: float) -> None:

@@ -62,6 +62,9 @@ _NOTES = {
     "storage.index_cache_bytes": "memory closed segments' indexes may hold (LRU, reread on use); 0 = no bound",
     "storage.max_partitions_per_request": "partitions one create may add (Kafka: 10000); more is POLICY_VIOLATION",
     "storage.max_partitions": "partitions the broker holds in total; more is POLICY_VIOLATION",
+    "storage.preallocate_bytes": "disk space each active segment reserves ahead of its end (fallocate, size "
+                                 "unchanged, given back at roll and close): appends skip ext4's per-page "
+                                 "allocation; 0 = off",
     "kafka.enabled": "Kafka wire protocol listener",
     "kafka.port": "Kafka protocol port (0 = a free port)",
     "kafka.max_request_bytes": "larger requests close the connection",

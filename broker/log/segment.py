@@ -74,11 +74,14 @@ class SegmentLogStore(LogStore):
         max_open_files: int | None = None,
         visibility: Visibility = Visibility.DURABLE,
         index_cache_bytes: int | None = DEFAULT_INDEX_CACHE_BYTES,
+        preallocate_bytes: int = 0,
     ) -> None:
         super().__init__(default_config=default_config, default_partitions=default_partitions,
                          auto_create_topics=auto_create_topics, limits=limits)
         self.root = Path(root)
         self.visibility = visibility
+        # Disk blocks each active segment reserves ahead of its end (0: none; SegmentPartitionLog._reserve).
+        self.preallocate_bytes = preallocate_bytes
         # Descriptors of segment files, all partitions together (None: half the soft RLIMIT_NOFILE).
         self.fds = FdCache(default_fd_limit() if max_open_files is None else max_open_files)
         # Closed segments' indexes held in memory, all partitions together (None: no bound).
@@ -174,7 +177,8 @@ class SegmentLogStore(LogStore):
                   *, materialized: bool = True) -> PartitionLog:
         return SegmentPartitionLog(info.name, p, info.config, self._dir(info.name, p), segments, point,
                                    executor=self._executor, clock=self._clock, fds=self.fds, indexes=self.indexes,
-                                   materialized=materialized, visibility=self.visibility)
+                                   materialized=materialized, visibility=self.visibility,
+                                   preallocate_bytes=self.preallocate_bytes)
 
     def _new_partition(self, info: TopicInfo, p: int) -> PartitionLog:
         """An empty partition with no directory or files yet: they are created by its first write."""

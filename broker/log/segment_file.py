@@ -67,6 +67,7 @@ class Segment:
         self.dirty_log = False  # written since the last fsync
         self.dirty_index = False  # index files written and not yet fsynced (after a roll)
         self.syncing = 0  # fsyncs in flight using this segment's descriptors
+        self.reserved_end = 0  # disk blocks reserved up to here, past ``size`` (storage.preallocate_bytes)
         self.active = False  # the partition appends here; its index lives in memory, built by us
         self.indexes: IndexCache = UNBOUNDED_INDEXES  # bounds closed segments' loaded indexes (set by the partition)
 

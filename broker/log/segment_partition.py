@@ -34,7 +34,7 @@ from broker.errors import StorageError
 from broker.log.api import BatchParts, PartitionLog
 from broker.log.config import FlushPolicy, TopicConfig, Visibility
 from broker.log.fdcache import FdCache
-from broker.log.files import atomic_write, read_json, write_all, write_all_parts
+from broker.log.files import UNSUPPORTED_ERRNOS, atomic_write, read_json, reserve_blocks, write_all, write_all_parts
 from broker.log.flusher import Flusher
 from broker.log.indexcache import UNBOUNDED_INDEXES, IndexCache
 from broker.log.recovery import RecoveryPoint
@@ -66,10 +66,13 @@ class SegmentPartitionLog(PartitionLog):
         indexes: IndexCache = UNBOUNDED_INDEXES,
         materialized: bool = True,
         visibility: Visibility = Visibility.DURABLE,
+        preallocate_bytes: int = 0,
     ) -> None:
         super().__init__(topic, partition, config)
         self.directory = directory
         self.visibility = visibility
+        # Disk blocks reserved ahead of the active segment's end, this many at a time (0: none); see _reserve.
+        self._preallocate_bytes = preallocate_bytes
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
         self._size = sum(s.size for s in segments)
@@ -170,6 +173,8 @@ class SegmentPartitionLog(PartitionLog):
             seg = self._active
             position = seg.size
             assert seg.index is not None
+            if self._preallocate_bytes and position + size > seg.reserved_end:
+                self._reserve(seg, size)
             try:
                 write_all_parts(seg.open_log(), parts)
             except (OSError, StorageError) as exc:
@@ -211,8 +216,39 @@ class SegmentPartitionLog(PartitionLog):
         log.error(f"write failed for partition {self.topic}-{self.partition}: {reason}{sticky}; "
                   "further failures are not logged until a write succeeds")
 
+    def _reserve(self, seg: Segment, incoming: int) -> None:
+        """Reserve disk blocks for the next ``preallocate_bytes`` (at least ``incoming``) of the active
+        segment without changing its size (``files.reserve_blocks``): appends into them skip ext4's
+        delayed allocation per page. Readers and recovery go by the file size, so they see nothing of it;
+        what is left unused goes back when the segment rolls or the partition closes (``_release``).
+        Where the file system cannot, preallocation stops for this partition; no space now is left to
+        the write itself to report."""
+        length = max(self._preallocate_bytes, incoming)
+        try:
+            error = reserve_blocks(seg.open_log(), seg.size, length)
+        except StorageError:
+            return  # the write reopens the file and reports
+        if error == 0:
+            seg.reserved_end = seg.size + length
+        elif error in UNSUPPORTED_ERRNOS:
+            self._preallocate_bytes = 0
+            log.info(f"partition {self.topic}-{self.partition}: the file system cannot reserve blocks "
+                     f"({os.strerror(error)}); segment preallocation is off for it")
+
+    def _release(self, seg: Segment) -> None:
+        """Give back the blocks reserved past ``seg``'s end (also those a crash left behind, which no
+        one recorded): ``ftruncate`` to its own size."""
+        if not self._preallocate_bytes or not self._materialized:
+            return
+        try:
+            os.ftruncate(seg.open_log(), seg.size)
+        except (OSError, StorageError) as exc:
+            log.warning(f"cannot release the space reserved after {seg.log_path}: {exc}")
+        seg.reserved_end = 0
+
     def _undo_partial_write(self, seg: Segment, position: int) -> None:
         """Cut off whatever part of a failed write reached the file, so the log stays whole batches."""
+        seg.reserved_end = 0  # whatever was reserved after ``position`` goes with the cut
         try:
             os.ftruncate(seg.open_log(), position)
         except (OSError, StorageError) as exc:
@@ -236,6 +272,7 @@ class SegmentPartitionLog(PartitionLog):
         old = self._active
         assert old.index is not None
         tail = old.index.finalize()
+        self._release(old)
         if tail:
             write_all(old.time_writer(), tail)
         old.dirty_index = True
@@ -335,6 +372,7 @@ class SegmentPartitionLog(PartitionLog):
             await self.flusher.close()
             if self._failed is not None:
                 raise self._failed
+            self._release(self._active)
         finally:
             self.abandon()
 

@@ -2,7 +2,9 @@
 
 Run as ``python -m tests.broker.log.append_child <data dir> <run>``. Each acknowledged append is
 written to stdout as one line ``<partition> <offset> <value>`` (a single ``write``, so a SIGKILL can
-never leave half a line) *after* ``append`` returned, i.e. after its fsync.
+never leave half a line) *after* ``append`` returned, i.e. after its fsync. Odd runs reserve disk
+blocks ahead of each segment's end (``preallocate_bytes``), so a kill leaves reserved space past the
+data and the next run reopens such files, with and without preallocation.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ WRITERS = 8
 
 
 async def main(root: Path, run: int) -> None:
-    store = SegmentLogStore(root, checkpoint_interval_s=0.05)
+    store = SegmentLogStore(root, checkpoint_interval_s=0.05, preallocate_bytes=64 * 1024 if run % 2 else 0)
     await store.start()
     if not store.has_topic("k"):
         store.create_topic("k", 2, TopicConfig(flush=FlushPolicy.ALWAYS, segment_bytes=16 * 1024,
