@@ -9,7 +9,11 @@ Time = from nc's start until the sink reports every line durably appended.
 
 Peer: redis-server started on a free port with AOF on (``appendfsync always`` / ``no``, the same
 durability promises), fed the same lines as ``XADD tcp * line <line>`` by ``redis-cli --pipe`` (C).
-Time = until redis-cli has every reply. Prints a table and the ratios (Sluice / Redis).
+Time = until redis-cli has every reply. Prints a table and the ratios (Sluice / Redis), and each server's
+CPU per line: for Sluice this process's CPU time over the run (user + system: the listener, the store's
+writes and this bench's wait for the last line), for Redis redis-server's (``/proc/<pid>/stat``), read
+before and after the pipe. On a shared machine CPU per line moves less than the rates do. This process
+takes ``sluice serve``'s garbage-collector settings (``sluice.gc_tuning``) before the runs.
 
 Devices row (``--devices 100``, 0 to skip): the realistic shape instead of one bulk pipe —
 ``--devices`` connections, each sending one line every ``--interval-ms`` (10 ms: 10,000 lines/s in
@@ -42,6 +46,7 @@ from ingest.sink import IngestSink
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
 from sluice.components.ingest_core import build_router
 from sluice.config import load_settings
+from sluice.gc_tuning import tune_for_serving
 from sluice.serve import open_store
 
 
@@ -75,6 +80,7 @@ async def run_sluice(lines_file: Path, fmt: str, count: int, flush: str, partiti
     listener = TcpLineListener(TcpListenerConfig(port=0, format=fmt), sink, health)
     await listener.start()
     try:
+        cpu = time.process_time()
         start = time.perf_counter()
         with lines_file.open("rb") as stdin:
             proc = await asyncio.create_subprocess_exec("nc", "-N", "127.0.0.1", str(listener.port), stdin=stdin)
@@ -82,12 +88,13 @@ async def run_sluice(lines_file: Path, fmt: str, count: int, flush: str, partiti
         while sink.messages_written < count:
             await asyncio.sleep(0.001)
         elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu
         assert sink.dead_lettered == 0, "bench lines must all be valid"
     finally:
         await listener.stop()
         await store.flush()
         await store.close()
-    return {"store": type(store).__name__, "seconds": elapsed, "rate": count / elapsed}
+    return {"store": type(store).__name__, "seconds": elapsed, "rate": count / elapsed, "cpu_us": cpu / count * 1e6}
 
 
 def _drive_command(port: int, lines_file: Path, args: argparse.Namespace, resp: bool) -> list[str]:
@@ -223,10 +230,12 @@ def run_redis(resp_file: Path, count: int, fsync: str, work: Path) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     server = _start_redis(port, work, fsync)
     try:
+        cpu = _proc_cpu(server.pid)
         start = time.perf_counter()
         with resp_file.open("rb") as stdin:
             done = subprocess.run(["redis-cli", "-p", str(port), "--pipe"], stdin=stdin, capture_output=True)
         elapsed = time.perf_counter() - start
+        cpu = _proc_cpu(server.pid) - cpu
         if b"errors: 0" not in done.stdout:
             raise RuntimeError(f"redis-cli --pipe failed: {done.stdout!r}")
         length = subprocess.run(["redis-cli", "-p", str(port), "xlen", "tcp"], capture_output=True).stdout
@@ -234,7 +243,7 @@ def run_redis(resp_file: Path, count: int, fsync: str, work: Path) -> dict:
     finally:
         server.terminate()
         server.wait(10)
-    return {"store": "redis-server", "seconds": elapsed, "rate": count / elapsed}
+    return {"store": "redis-server", "seconds": elapsed, "rate": count / elapsed, "cpu_us": cpu / count * 1e6}
 
 
 def main() -> None:
@@ -258,8 +267,9 @@ def main() -> None:
     use_uvloop = importlib.util.find_spec("uvloop") is not None
     if use_uvloop:
         import uvloop
+    tune_for_serving()  # the garbage-collector settings `sluice serve` runs with (sluice/gc_tuning.py)
     print(f"lines={args.lines} partitions={args.partitions} loop={'uvloop' if use_uvloop else 'asyncio'} "
-          f"cpus={os.cpu_count()}")
+          f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}")
     rows = []
     devices: list[tuple[str, dict, dict]] = []
     with tempfile.TemporaryDirectory(prefix="bench-tcp-") as tmp:
@@ -282,11 +292,13 @@ def main() -> None:
                 coro_devices = run_sluice_devices(lines_file, fmt, args, root / f"sluice-{fmt}-devices")
                 sluice_devices = uvloop.run(coro_devices) if use_uvloop else asyncio.run(coro_devices)
                 devices.append((fmt, sluice_devices, run_redis_devices(lines_file, args, root / f"redis-{fmt}-dev")))
-    print("| format | durability | Sluice store | Sluice lines/s | Redis Streams lines/s (appendfsync) | ratio |")
-    print("| --- | --- | --- | ---: | ---: | ---: |")
+    print("| format | durability | Sluice store | Sluice lines/s | Redis Streams lines/s (appendfsync) | ratio | "
+          "Sluice CPU µs/line | Redis CPU µs/line |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for fmt, flush, sluice, redis, fsync in rows:
         print(f"| {fmt} | flush={flush} | {sluice['store']} | {sluice['rate']:,.0f} | "
-              f"{redis['rate']:,.0f} ({fsync}) | {sluice['rate'] / redis['rate']:.2f}x |")
+              f"{redis['rate']:,.0f} ({fsync}) | {sluice['rate'] / redis['rate']:.2f}x | "
+              f"{sluice['cpu_us']:.2f} | {redis['cpu_us']:.2f} |")
 
     if devices:
         print(f"\n{args.devices} connections x 1 line every {args.interval_ms:g} ms for {args.device_seconds:g} s "
