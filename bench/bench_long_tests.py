@@ -30,12 +30,6 @@ LONG_TESTS = (
     "tests/processors/test_standalone.py::test_kill_9_at_random_points_then_restart_loses_no_window",
     # exactly-once, kill -9 of the processor: 2 -> 4 rounds
     "tests/processors/test_exactly_once.py::test_kill_9_at_random_points_read_committed_sees_every_window_exactly_once",
-    # exactly-once, kill -9 of the broker (once with the processor): 2 -> 3 rounds
-    "tests/processors/test_exactly_once_broker_kill.py"
-    "::test_broker_kill_9_at_random_points_read_committed_sees_every_window_exactly_once",
-    # exactly-once with the processor attached to serve, kill -9 of serve: 2 -> 3 rounds
-    "tests/processors/test_exactly_once_attached.py"
-    "::test_kill_9_of_serve_with_an_attached_processor_read_committed_sees_every_window_exactly_once",
 )
 
 

@@ -23,7 +23,6 @@ from processors.examples.sensors import build
 from processors.hosting import AttachedRunner
 from processors.runner import RunnerConfig
 from tests.broker.server.conftest import SluiceProcess
-from tests.long_runs import sized
 from tests.processors.test_exactly_once import batch_jump_alerts
 from tests.processors.test_exactly_once_broker_kill import free_port, kill9_and_restart
 from tests.processors.test_standalone import PARTITIONS, finals, heartbeat_all, produce, read_all, topics
@@ -50,7 +49,7 @@ async def test_kill_9_of_serve_with_an_attached_processor_read_committed_sees_ev
     sluice = attached_sluice
     seed = int(os.environ.get("SLUICE_TEST_SEED", "31"))
     rng = random.Random(seed)
-    readings = sensor_readings(sized(60, 90))  # a kill -9 of serve every 3 000 readings: 2 (3 in bench_long_tests)
+    readings = sensor_readings(90)
     expected = batch_window_means(readings, 10_000)
     chunks = [readings[i : i + 1_000] for i in range(0, len(readings), 1_000)]
     open_at_kill: list[bool] = []  # results written in the open transaction when it died
