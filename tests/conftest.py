@@ -15,3 +15,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: files stay together, in order
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist 3 hands out the files with the most tests first (``--loadscope-reorder``, on by default),
+    which undid the order above: the long kill -9 files, with a few tests each, started last. Keep ours."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
