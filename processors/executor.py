@@ -16,9 +16,8 @@ from collections.abc import Callable, Hashable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import orjson
-
-from processors import jsonvalues as json_values
+from broker.native import select
+from processors import record_kernels
 from processors.errors import PipelineDefinitionError
 from processors.logic import KeyedRuntime, Logic
 from processors.pipeline import NodeSpec, Pipeline
@@ -218,6 +217,7 @@ class Executor:
         self.event_time = src.event_time
         self.deserializer: Callable[[RecordLike], Any] = _deserializer(src.deserializer)
         self._json = src.deserializer == "json"
+        self._source_key_by: _Stateless | None = None  # set below: see process()
         self.outputs: list[OutRecord] = []
         self.watermark = NO_TIME
         self.now = now
@@ -233,6 +233,9 @@ class Executor:
             node = self._build(spec)
             built[spec.id] = node
             built[spec.parent].children.append(node)
+        only = self.root.children[0] if len(self.root.children) == 1 else None
+        if self._json and type(only) is _Stateless and only.kind == "key_by":
+            self._source_key_by = only
 
     def close(self) -> None:
         """Release what keyed state stores hold (a spill store's files and lock)."""
@@ -290,12 +293,45 @@ class Executor:
 
     def process(self, tp: TopicPartition, records: Sequence[RecordLike], now: int) -> None:
         self.now = now
-        decode = self._decode if self._json else self._decode_generic
+        if not self._json:
+            self._process_generic(tp, records, now)
+            return
+        # the key_by under the source, when it is the source's only operator, is done in the decode loop
+        key_node = self._source_key_by
+        key_by = None if key_node is None else key_node.fn
+        targets = self.root.children if key_node is None else key_node.children
+        decode = _KERNELS.decode_json
+
+        def punctuation(r: RecordLike) -> bool:
+            return self._punctuation(tp, r, now)
+
+        def undecodable(r: RecordLike, exc: Exception) -> None:
+            self._undecodable(tp, r, exc)
+
         max_ts = NO_TIME
         # In slices: the values of a slice die before the next is decoded, so the garbage collector's
         # youngest generation (700 containers) is not filled with live values and rescanned.
         for i in range(0, len(records), _SLICE):
-            items = decode(tp, records[i : i + _SLICE], now)
+            key_failures: list[tuple[int, Any, Exception]] = []
+            items, decoded, slice_max = decode(records[i : i + _SLICE], self.event_time, key_by, punctuation,
+                                               undecodable, key_failures)
+            if not decoded:
+                continue
+            self.records_in += decoded
+            self.current_tp = tp
+            max_ts = max(max_ts, slice_max)
+            for ts, value, exc in key_failures:  # as _Stateless.push dead-letters them
+                self.dead_letter(value, ts, f"key_by failed: {exc!r}")
+            if items:
+                for child in targets:
+                    child.push(items)
+        self.tracker.observe(tp, max_ts, now)
+        self.advance(now)
+
+    def _process_generic(self, tp: TopicPartition, records: Sequence[RecordLike], now: int) -> None:
+        max_ts = NO_TIME
+        for i in range(0, len(records), _SLICE):
+            items = self._decode_generic(tp, records[i : i + _SLICE], now)
             if items:
                 self.records_in += len(items)
                 self.current_tp = tp
@@ -306,35 +342,10 @@ class Executor:
 
     def _decode(self, tp: TopicPartition, records: Sequence[RecordLike], now: int,
                 raws: list[bytes | None] | None = None) -> list[tuple[int, Any]]:
-        """The JSON fast path: orjson where it agrees with the stdlib, no per-record function layers.
-        ``raws``: also collect the value bytes of each item (a repartition forwards them as they came)."""
-        loads = _ORJSON_LOADS
-        orjson_error = _ORJSON_ERROR
-        to_nines = _DIGITS_TO_9
-        long_digits = _LONG_DIGITS
-        event_time = self.event_time
-        items: list[tuple[int, Any]] = []
-        append = items.append
-        for r in records:
-            if r.headers and self._punctuation(tp, r, now):
-                continue
-            raw = r.value
-            try:
-                if raw is None:
-                    v = None
-                elif long_digits in raw.translate(to_nines):
-                    v = json.loads(raw.decode())  # a long integer: the stdlib keeps it exact
-                else:
-                    try:
-                        v = loads(raw)
-                    except orjson_error:
-                        v = json.loads(raw.decode())  # NaN, lone surrogates, or an error: the stdlib decides
-                append((r.timestamp if event_time is None else int(event_time(v)), v))
-            except Exception as exc:
-                self._undecodable(tp, r, exc)
-                continue
-            if raws is not None:
-                raws.append(raw)
+        """JSON values as ``(ts, value)`` items (``processors.record_kernels``). ``raws``: also collect
+        the value bytes of each item (a repartition forwards them as they came)."""
+        items, _, _ = _KERNELS.decode_json(records, self.event_time, None, lambda r: self._punctuation(tp, r, now),
+                                           lambda r, exc: self._undecodable(tp, r, exc), [], raws)
         return items
 
     def _decode_generic(self, tp: TopicPartition, records: Sequence[RecordLike], now: int) -> list[tuple[int, Any]]:
@@ -439,13 +450,7 @@ class Executor:
                 ext.drop(tp)
 
 
-# processors.jsonvalues.loads inlined in _decode (its rule: orjson unless a 19-digit run, stdlib fallback)
-_ORJSON_LOADS = orjson.loads
-_ORJSON_ERROR = orjson.JSONDecodeError
-_DIGITS_TO_9 = json_values.DIGITS_TO_9
-_LONG_DIGITS = json_values.LONG_DIGITS
-
-
+_KERNELS = select(record_kernels)  # the compiled build of the per-record loops when there is one (setup.py)
 _first = operator.itemgetter(0)
 _SLICE = 200  # records per slice in process(): 3 containers each (value, item, keyed item) stay under 700
 

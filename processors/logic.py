@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from processors.time import NO_TIME
 
-__all__ = ["KeyedRuntime", "Logic", "LogicConfig", "OpContext", "SpillStore"]
+__all__ = ["BatchOnItems", "KeyedRuntime", "Logic", "LogicConfig", "OpContext", "SpillStore"]
 
 
 class OpContext:
@@ -94,6 +94,10 @@ class LogicConfig(Protocol):
     def build(self, resume_state: Any) -> Logic: ...
 
 
+# a whole batch of (ts, key, value) items, the watermark, processing time and the owner of new keys
+BatchOnItems = Callable[["KeyedRuntime", list[tuple[int, Hashable, Any]], int, int, Hashable], None]
+
+
 class KeyedRuntime:
     """Per-key logics of one keyed operator, their timers, and which source partition owns each key."""
 
@@ -118,6 +122,10 @@ class KeyedRuntime:
         self.errors: list[tuple[int, Any, str]] = []
         self.ctx = OpContext(self)
         self._seq = 0
+        # a config may do a whole batch of items at once for its common case (windows.tumbling_on_items);
+        # with a spill store every key access goes through the store, so never then
+        batch = getattr(config, "batch_on_items", None)
+        self._batch_on_items: BatchOnItems | None = batch() if batch is not None and self.spill is None else None
 
     def seq(self) -> int:
         self._seq += 1
@@ -146,6 +154,9 @@ class KeyedRuntime:
         return runs
 
     def on_items(self, items: list[tuple[int, Hashable, Any]], watermark: int, now: int, owner: Hashable) -> None:
+        if self._batch_on_items is not None:
+            self._batch_on_items(self, items, watermark, now, owner)
+            return
         ctx = self.ctx
         ctx.watermark = watermark
         ctx.now = now

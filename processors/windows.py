@@ -14,12 +14,15 @@ Results carry the deterministic identity ``(window_start, window_end, key)`` so 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from processors.aggregations import Aggregator
+from broker.native import select
+from processors import record_kernels
+from processors.aggregations import Aggregator, Count, Mean, Sum
 from processors.errors import PipelineDefinitionError
-from processors.logic import OpContext
+from processors.logic import BatchOnItems, KeyedRuntime, OpContext
 from processors.triggers import EMIT_EARLY, EMIT_FIRST, EMIT_UPDATE, CountTrigger, EarlyEvery, OnWatermark, Trigger
 
 __all__ = [
@@ -123,9 +126,68 @@ class WindowConfig:
     def build(self, resume_state: Any) -> WindowLogic:
         return WindowLogic(self, resume_state)
 
+    def batch_on_items(self) -> BatchOnItems | None:
+        """``KeyedRuntime.on_items`` for this operator's common case, or None: tumbling windows
+        without a count trigger (``tumbling_on_items``)."""
+        if isinstance(self.spec, Tumbling) and not isinstance(self.trigger, CountTrigger):
+            return tumbling_on_items
+        return None
+
 
 # A window slot: [end, acc, fired, count, count_at_last_emit]
 _END, _ACC, _FIRED, _COUNT, _EMITTED = range(5)
+_KERNELS = select(record_kernels)  # the compiled build of the per-record loops when there is one (setup.py)
+
+
+def tumbling_on_items(rt: KeyedRuntime, items: list[tuple[int, Hashable, Any]], watermark: int, now: int,
+                      owner: Hashable) -> None:
+    """``KeyedRuntime.on_items`` for tumbling windows without a count trigger, keys in a dict.
+
+    Nearly every record goes to a window of its key that is open and has not fired: that case (the
+    one ``WindowLogic.on_item`` takes first) is done by ``record_kernels.tumbling_items`` without a
+    call per record; every other record (a new key, a new window, a fired one, a late one) goes
+    through ``on_item`` as before. The result is the same as calling ``on_item`` for each record: the
+    same state, outputs, late records and errors (``tests/processors/test_record_kernels.py``)."""
+    ctx = rt.ctx
+    ctx.watermark = watermark
+    ctx.now = now
+    logics = rt.logics
+    owners = rt.owner
+    errors = rt.errors
+    config: WindowConfig = rt.config  # type: ignore[assignment]
+    build = config.build
+    spec = config.spec
+    assert isinstance(spec, Tumbling) and isinstance(logics, dict)
+
+    def slow(ts: int, key: Hashable, value: Any) -> None:
+        logic = logics.get(key)
+        if logic is None:
+            logic = logics[key] = build(None)
+            owners[key] = owner
+        ctx.key = key
+        try:
+            logic.on_item(ts, value, ctx)
+        except Exception as exc:  # as on_items: the record is dead-lettered, the rest go on
+            errors.append((ts, value, repr(exc)))
+
+    how, field = _spelled_out_add(config.agg)
+    _KERNELS.tumbling_items(items, logics, config.agg.add, how, field, spec.size_ms, spec.offset_ms, watermark, slow,
+                            errors, rt.dirty if isinstance(config.trigger, EarlyEvery) else None)
+
+
+def _spelled_out_add(agg: Aggregator) -> tuple[int, str]:
+    """How ``record_kernels.tumbling_items`` may add to ``agg``'s accumulator without calling ``agg.add``:
+    for the built-in aggregations of a named field (exactly these classes: a subclass may change add)."""
+    kernels = record_kernels
+    if type(agg) is Count:
+        return kernels.ADD_COUNT, ""
+    field = getattr(agg, "field", None)
+    if isinstance(field, str):
+        if type(agg) is Mean:
+            return kernels.ADD_MEAN, field
+        if type(agg) is Sum:
+            return kernels.ADD_SUM, field
+    return kernels.ADD_CALL, ""
 
 
 class WindowLogic:

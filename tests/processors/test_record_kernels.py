@@ -1,0 +1,252 @@
+"""The processors' per-record kernels (``processors.record_kernels``): their mypyc build and their
+pure-Python source, run inside the executor, give exactly what the general path gives (each record
+decoded with ``json.loads``, pushed through ``key_by``, and each item through ``WindowLogic.on_item``):
+the same outputs in the same order, dead letters, late records, counters and state."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from broker import native
+from broker.protocol.records import RecordSpec, encode_batch
+from processors import executor as executor_module
+from processors import record_kernels
+from processors import windows as windows_module
+from processors.aggregations import Count, Max, Mean, Sum
+from processors.executor import Executor, RecordLike
+from processors.fastdecode import decode_from
+from processors.pipeline import Pipeline
+from processors.serde import HEADER_WATERMARK
+from processors.triggers import CountTrigger, EarlyEvery, Trigger
+from processors.watermarks import BoundedOutOfOrderness
+from processors.windows import Sliding, Tumbling, WindowSpec
+
+SELECTED = native.select(record_kernels)
+PURE = native.pure("processors.record_kernels")
+T0 = 1_700_000_000_000
+
+
+def test_the_compiled_kernels_are_built_where_the_install_could_build_them() -> None:
+    """CI installs with a compiler (make test): there the compiled build must be the one selected, or
+    the differential tests below would compare the source with itself."""
+    if not native.is_compiled(SELECTED):
+        if os.environ.get("CI"):
+            pytest.fail("record_kernels is not compiled in CI: the mypyc build failed (see the install log)")
+        pytest.skip("record_kernels not compiled here (make native builds it)")
+    assert not native.is_compiled(PURE)
+
+
+# -- workload -------------------------------------------------------------------------------------
+
+
+def readings(seed: int, n: int = 1_500) -> list[tuple[bytes | None, tuple[tuple[str, bytes | None], ...]]]:
+    """Sensor readings out of order by up to 12 s against a 3 s bound (late records, updates within
+    lateness, late beyond it), with what the general path must also handle: values that do not
+    decode, values without the key or the event time, temperatures that do not add, NaN and long
+    integers (the stdlib reads them, orjson does not), watermark punctuations and null values."""
+    rng = random.Random(seed)
+    out: list[tuple[bytes | None, tuple[tuple[str, bytes | None], ...]]] = []
+    for i in range(n):
+        ts = T0 + i * 20 - rng.choice([0, 0, 0, 0, 200, 2_000, 4_000, 6_000, 12_000])
+        doc: dict[str, Any] = {"sensor": f"s{rng.randrange(7)}", "temp": round(rng.gauss(20, 5), 3), "ts": ts}
+        kind = rng.random()
+        headers: tuple[tuple[str, bytes | None], ...] = ()
+        raw: bytes | None
+        if kind < 0.02:
+            raw = b'{"sensor": "s1", "temp": '  # does not decode
+        elif kind < 0.04:
+            raw = json.dumps({"temp": 1.0, "ts": ts}).encode()  # no sensor: key_by fails
+        elif kind < 0.06:
+            raw = json.dumps({"sensor": "s2", "temp": 1.0}).encode()  # no ts: event time fails
+        elif kind < 0.08:
+            raw = json.dumps({**doc, "temp": "warm"}).encode()  # the mean cannot add it
+        elif kind < 0.09:
+            raw = json.dumps({**doc, "temp": float("nan")}).encode()  # NaN: the stdlib reads it
+        elif kind < 0.10:
+            raw = json.dumps({**doc, "id": 123456789012345678901234567890, "n": [-9223372036854775809]}).encode()
+        elif kind < 0.11:
+            raw = json.dumps({**doc, "sensor": ["s", 1]}).encode()  # an unhashable key... as a list
+        elif kind < 0.12:
+            raw, headers = b"", ((HEADER_WATERMARK, str(ts - 6_000).encode()),)
+        elif kind < 0.125:
+            raw, headers = b"", ((HEADER_WATERMARK, b"soon"),)  # a punctuation that does not parse
+        elif kind < 0.13:
+            raw = None
+        else:
+            raw = json.dumps(doc).encode()
+            if kind > 0.97:
+                headers = (("trace", b"x"),)  # headers, not a punctuation
+        out.append((raw, headers))
+    return out
+
+
+def stored_batches(rows: list[tuple[bytes | None, tuple[tuple[str, bytes | None], ...]]], partitions: int,
+                   per_batch: int) -> list[tuple[int, list[RecordLike]]]:
+    """The rows spread over partitions in batches, read back with the attached runner's decoder."""
+    out: list[tuple[int, list[RecordLike]]] = []
+    offsets = [0] * partitions
+    for start in range(0, len(rows), per_batch):
+        p = (start // per_batch) % partitions
+        specs = [RecordSpec(raw, None, headers, T0 + start + i)
+                 for i, (raw, headers) in enumerate(rows[start : start + per_batch])]
+        data = bytearray(encode_batch(specs))
+        data[0:8] = offsets[p].to_bytes(8, "big")  # the base offset, as the log assigns it
+        out.append((p, decode_from(bytes(data), offsets[p])))
+        offsets[p] += len(specs)
+    return out
+
+
+def keyed_key(v: Any) -> Any:
+    key = v["sensor"]
+    return tuple(key) if isinstance(key, list) else key
+
+
+def pipeline(spec: WindowSpec, agg: Any, trigger: Trigger | None = None, lateness: int = 2_000) -> Pipeline:
+    stream = Pipeline.source("in", group="g", event_time=lambda v: v["ts"],
+                             watermarks=BoundedOutOfOrderness(3_000))
+    (stream.key_by(keyed_key).window(spec, trigger=trigger, allowed_lateness=lateness, late_topic="late")
+        .aggregate(agg).sink("out"))
+    return stream.pipeline
+
+
+def general_path(ex: Executor) -> Executor:
+    """``ex`` without the kernels: values through ``json.loads``, items through ``WindowLogic.on_item``."""
+    ex._json = False
+    ex.deserializer = lambda r: None if r.value is None else json.loads(r.value.decode())
+    for node in ex.keyed.values():
+        node.rt._batch_on_items = None
+    return ex
+
+
+def run(ex: Executor, batches: list[tuple[int, list[RecordLike]]], ticks: bool) -> dict[str, Any]:
+    now = 1_000
+    for p in range(3):
+        ex.add_partition(("in", p), now)
+    outputs = []
+    for i, (p, records) in enumerate(batches):
+        ex.process(("in", p), records, now)
+        if ticks:
+            now += 700
+            ex.tick(now)
+        outputs += ex.take_outputs()
+        if i == len(batches) // 2:
+            outputs.append(("snapshot", json.dumps(ex.snapshot(), sort_keys=True, default=repr)))
+    ex.eof(now)
+    outputs += ex.take_outputs()
+    return {"outputs": outputs, "records_in": ex.records_in, "late": ex.late_count, "dead": ex.dead_letters,
+            "watermark": ex.watermark}
+
+
+def with_kernels(kernels: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(executor_module, "_KERNELS", kernels)
+    monkeypatch.setattr(windows_module, "_KERNELS", kernels)
+
+
+CASES: dict[str, Callable[[], Pipeline]] = {
+    "tumbling mean": lambda: pipeline(Tumbling(1_000), Mean("temp")),
+    "tumbling mean, offset, no lateness": lambda: pipeline(Tumbling(700, offset_ms=150), Mean("temp"), lateness=0),
+    "tumbling sum": lambda: pipeline(Tumbling(1_000), Sum("temp")),
+    "tumbling count": lambda: pipeline(Tumbling(1_000), Count()),
+    "tumbling max (add called)": lambda: pipeline(Tumbling(1_000), Max("temp")),
+    "tumbling mean of a function (add called)": lambda: pipeline(Tumbling(1_000), Mean(lambda v: v["temp"] * 2)),
+    "tumbling, early every 500 ms": lambda: pipeline(Tumbling(1_000), Mean("temp"), EarlyEvery(500)),
+    "tumbling 10 s, early every 500 ms": lambda: pipeline(Tumbling(10_000), Sum("temp"), EarlyEvery(500)),
+    "tumbling, count trigger (general path)": lambda: pipeline(Tumbling(1_000), Mean("temp"), CountTrigger(5)),
+    "sliding (general path)": lambda: pipeline(Sliding(1_000, 500), Mean("temp")),
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("build", ["selected", "pure"])
+def test_the_kernels_give_what_the_general_path_gives(case: str, build: str, seed: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    batches = stored_batches(readings(seed), partitions=3, per_batch=60)
+    want = run(general_path(Executor(CASES[case]())), batches, ticks=True)
+    with_kernels(SELECTED if build == "selected" else PURE, monkeypatch)
+    got = run(Executor(CASES[case]()), batches, ticks=True)
+    assert got == want
+    # the workload reaches what it is meant to: each kind of dead letter, late records, several windows
+    reasons = {dict(r.headers)["sluice-error"].split(b":")[0] for r in want["outputs"]
+               if not isinstance(r, tuple) and r.topic == "g.dead-letter"}
+    assert reasons >= {b"cannot decode record", b"key_by failed"}
+    assert want["late"] > 10 and len([r for r in want["outputs"] if not isinstance(r, tuple) and r.topic == "out"]) > 50
+
+
+def test_a_key_by_that_is_not_the_sources_only_operator_is_not_fused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two branches under the source: each gets the decoded values; the key_by is not done in the decode loop."""
+    def build() -> Pipeline:
+        stream = Pipeline.source("in", group="g", event_time=lambda v: v["ts"], watermarks=BoundedOutOfOrderness(3_000))
+        stream.key_by(keyed_key).window(Tumbling(1_000)).aggregate(Mean("temp")).sink("out")
+        stream.filter(lambda v: v["temp"] > 25).sink("hot")
+        return stream.pipeline
+
+    batches = stored_batches(readings(3), partitions=3, per_batch=60)
+    want = run(general_path(Executor(build())), batches, ticks=False)
+    assert Executor(build())._source_key_by is None
+    with_kernels(SELECTED, monkeypatch)
+    assert run(Executor(build()), batches, ticks=False) == want
+
+
+# -- JSON ---------------------------------------------------------------------------------------------
+
+LONG_NUMBERS = [
+    b"[18446744073709551615, -9223372036854775808]", b"18446744073709551616", b"[-9223372036854775809]",
+    b'{"a": -9223372036854775809}', b"-9223372036854775809",
+    b'{"a": {"b": [1, {"c": 123456789012345678901234567890}]}}',
+    b"1e19", b"-1e19", b"9.3e18", b"1.7976931348623157e308", b"1e400", b"[1e-400, -0.0, 0.1e1]",
+    b"0.1000000000000000055511151231257827021181583404541015625",
+    b"123456789012345678901.5e-2",
+]
+
+
+@pytest.mark.parametrize("kernels", [SELECTED, PURE], ids=["selected", "pure"])
+@pytest.mark.parametrize("raw", LONG_NUMBERS)
+def test_loads_reads_numbers_beyond_64_bits_and_a_double_as_the_stdlib_does(kernels: ModuleType, raw: bytes) -> None:
+    want = json.loads(raw.decode())
+    got = kernels.loads(raw)
+    assert got == want and repr(got) == repr(want)
+
+
+@pytest.mark.parametrize("kernels", [SELECTED, PURE], ids=["selected", "pure"])
+def test_loads_reads_random_long_decimals_as_the_stdlib_does(kernels: ModuleType) -> None:
+    rng = random.Random(5)
+    for _ in range(3_000):
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 30))).lstrip("0") or "0"
+        frac = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 30)))
+        raw = f"[{rng.choice(['', '-'])}{digits}.{frac}e{rng.randint(-330, 310)}, {digits}]".encode()
+        want = json.loads(raw.decode())
+        assert repr(kernels.loads(raw)) == repr(want), raw
+
+
+@pytest.mark.parametrize("kernels", [SELECTED, PURE], ids=["selected", "pure"])
+def test_a_window_a_restored_partitions_floor_has_passed_fires_on_its_next_record(
+        kernels: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two partitions restored with different floors (a rebalance): the operator watermark is the lower
+    one, records of the other are judged against its floor. A window opened by the first partition and
+    not fired must emit at once when a record of the second, whose floor is past the window, reaches it."""
+    def records(values: list[tuple[str, float, int]], first_offset: int) -> list[RecordLike]:
+        specs = [RecordSpec(json.dumps({"sensor": s, "temp": t, "ts": ts}).encode(), None, (), ts) for s, t, ts in values]
+        data = bytearray(encode_batch(specs))
+        data[0:8] = first_offset.to_bytes(8, "big")
+        return decode_from(bytes(data), first_offset)
+
+    def drive(ex: Executor) -> list[Any]:
+        for p, floor in ((0, T0 + 1_000), (1, T0 + 20_000)):
+            ex.restore_partition(("in", p), 0, max_ts=floor, heartbeat=floor, floor=floor, quiet_ms=0, ops={})
+        ex.advance(0)
+        ex.process(("in", 0), records([("s1", 1.0, T0 + 12_000), ("s1", 2.0, T0 + 13_000)], 0), 0)
+        ex.process(("in", 1), records([("s1", 4.0, T0 + 14_000), ("s1", 8.0, T0 + 15_000)], 0), 0)
+        return ex.take_outputs()
+
+    want = drive(general_path(Executor(pipeline(Tumbling(10_000), Mean("temp")))))
+    assert [json.loads(r.value or b"")["emit"] for r in want if r.topic == "out"] == ["first", "update"]
+    with_kernels(kernels, monkeypatch)
+    assert drive(Executor(pipeline(Tumbling(10_000), Mean("temp")))) == want
