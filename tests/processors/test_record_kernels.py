@@ -233,7 +233,8 @@ def test_a_window_a_restored_partitions_floor_has_passed_fires_on_its_next_recor
     one, records of the other are judged against its floor. A window opened by the first partition and
     not fired must emit at once when a record of the second, whose floor is past the window, reaches it."""
     def records(values: list[tuple[str, float, int]], first_offset: int) -> list[RecordLike]:
-        specs = [RecordSpec(json.dumps({"sensor": s, "temp": t, "ts": ts}).encode(), None, (), ts) for s, t, ts in values]
+        specs = [RecordSpec(json.dumps({"sensor": s, "temp": t, "ts": ts}).encode(), None, (), ts)
+                 for s, t, ts in values]
         data = bytearray(encode_batch(specs))
         data[0:8] = first_offset.to_bytes(8, "big")
         return decode_from(bytes(data), first_offset)
