@@ -129,7 +129,7 @@ def run(ex: Executor, batches: list[tuple[int, list[RecordLike]]], ticks: bool) 
     now = 1_000
     for p in range(3):
         ex.add_partition(("in", p), now)
-    outputs = []
+    outputs: list[Any] = []  # output records, and a snapshot of the state midway
     for i, (p, records) in enumerate(batches):
         ex.process(("in", p), records, now)
         if ticks:
