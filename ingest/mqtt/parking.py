@@ -12,7 +12,8 @@ Rules
    parked (TLS and WebSocket doors keep transports: their framing lives in the transport).
 2. Unparking: a parked connection gets a transport (``loop.connect_accepted_socket`` on the same
    descriptor) when it becomes busy — one read of ``BUSY_READ_BYTES`` or more, or more than
-   ``BUSY_READS`` reads between two sweeps of the hub — or when a write does not fit the socket's send
+   ``BUSY_READS`` reads between two sweeps of the hub, also when that read paused reads (backpressure;
+   the transport starts paused) — or when a write does not fit the socket's send
    buffer (the transport then buffers the rest and applies backpressure). Until the transport is made,
    writes queue in order and pause/resume/close requests are kept; all are handed to the transport.
 3. Parking: a connection with a transport is parked again by the hub's sweep once it has read nothing for
@@ -152,7 +153,8 @@ class ParkedSocket:
             return
         protocol.buffer_updated(nbytes)
         self.reads += 1
-        if self._state == _PARKED and (nbytes >= BUSY_READ_BYTES or self.reads > BUSY_READS):
+        # also when that read paused reads (backpressure): a busy publisher is paused after most reads
+        if self._state in (_PARKED, _PAUSED) and (nbytes >= BUSY_READ_BYTES or self.reads > BUSY_READS):
             self.unpark()
 
     def unpark(self) -> None:

@@ -304,3 +304,23 @@ async def test_out_of_file_descriptors_pauses_accepting_counts_it_and_accepting_
     assert await raw.connect("after-emfile") == Connack(False, 0)  # accepted when accepting resumed (1 s)
     assert server.hub.stats.accept_errors == 1
     await raw.close()
+
+
+async def test_a_publisher_whose_large_read_paused_reads_still_gets_its_transport(start_server: StartServer) -> None:
+    """A busy publisher's read usually pauses reads (backpressure) at once: it gets its transport all the
+    same (paused), and nothing is lost or reordered."""
+    store = GatedLogStore()  # the disk stalls until the gate opens
+    server = await start_server(store=store, receive_maximum=4)
+    raw = await RawClient.open(server.port)
+    await raw.connect("paused-publisher")
+    conn = connection_of(server, "paused-publisher")
+    assert type(conn.transport) is ParkedSocket
+    payloads = [b"%03d" % i + b"x" * 1000 for i in range(20)]  # ~20 KiB in one write: one large read
+    raw.send_raw(b"".join(encode(Publish("plant/fh", p, 1, packet_id=i + 1), MQTT_311) for i, p in enumerate(payloads)))
+    await wait_until(lambda: conn.machine.paused and type(conn.transport) is not ParkedSocket and conn.transport
+                     is not None, what="a paused transport")
+    assert server.hub.stats.unparks == 1 and server.hub.stats.read_pauses == 1
+    store.gate.set()
+    assert [await raw.recv(timeout=10) for _ in payloads] == [Puback(i + 1) for i in range(len(payloads))]
+    assert [r.value for r in records(server.store, "mqtt")] == payloads
+    await raw.close()
