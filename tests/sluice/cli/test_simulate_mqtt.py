@@ -44,7 +44,6 @@ def test_simulate_over_sluice_mqtt_and_sources_shows_a_device_going_idle(server:
         # sender may look bursty if the loaded server took several of its readings in one 100 ms, never slow or idle
         assert (devices[idle]["state"], devices[slow]["state"], devices[bursty]["state"]) == ("idle", "slow", "bursty")
         assert devices[steady]["state"] in ("active", "bursty")
-        assert devices[steady]["rate_per_s"] > 0
 
         code, out, _ = sluice("sources", "--idle", "--interval", "0", "--http", server.http)
         assert code == 0
