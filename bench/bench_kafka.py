@@ -371,7 +371,7 @@ async def nats_throughput(port: int, n: int, size: int) -> tuple[float, float]:
     import nats
 
     nc = await nats.connect(f"nats://127.0.0.1:{port}")
-    js = nc.jetstream()
+    js = nc.jetstream(timeout=NATS_ACK_TIMEOUT_S)
     stream = f"bench{size}"
     await js.add_stream(name=stream, subjects=[f"{stream}.x"])
     payload = b"x" * size
@@ -403,7 +403,7 @@ async def nats_latency(port: int, seconds: float) -> list[float]:
     from nats.aio.msg import Msg
 
     nc = await nats.connect(f"nats://127.0.0.1:{port}")
-    js = nc.jetstream()
+    js = nc.jetstream(timeout=NATS_ACK_TIMEOUT_S)
     await js.add_stream(name="lat", subjects=["lat.x"])
     latencies: list[float] = []
     total = int(seconds * RATE)
@@ -427,7 +427,12 @@ async def nats_latency(port: int, seconds: float) -> list[float]:
         task = asyncio.ensure_future(js.publish("lat.x", stamp))
         pending.add(task)
         task.add_done_callback(pending.discard)
-    await asyncio.wait_for(done.wait(), 30)
+    failed = sum(isinstance(r, Exception) for r in await asyncio.gather(*pending, return_exceptions=True))
+    try:
+        await asyncio.wait_for(done.wait(), 30)
+    except TimeoutError:  # a row with what arrived, said so, rather than no latency table at all
+        print(f"nats latency: {len(latencies)} of {total} records arrived ({failed} publishes failed)",
+              file=sys.stderr, flush=True)
     await nc.close()
     return latencies
 
@@ -443,6 +448,13 @@ def pct(values: list[float], q: float) -> float:
 def acks_label(acks: str) -> str:
     """A row's producer settings: acks=all runs with idempotence (the one plain acks=all row says so)."""
     return "acks=all + idempotence" if acks == "all" else f"acks={acks}"
+
+
+# nats-py waits 5 s for a JetStream publish ack by default. Publisher, push subscriber and its acks share
+# one asyncio loop; on a loaded machine (load 15-25 on 2 cores) that loop fell more than 5 s behind, the
+# publishes raised nats.errors.TimeoutError and the benchmark stopped (bench/RESULTS.md). A late ack is
+# slowness to measure, not a failure.
+NATS_ACK_TIMEOUT_S = 120.0
 
 
 def nats_server(root: Path, name: str) -> tuple[list[str], int]:
