@@ -129,6 +129,10 @@ def walk_piece(
             if b < 0x80:  # one-byte varints are the common case: read inline
                 length = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif buf[pos + 1] < 0x80:  # two bytes: records of 64 bytes to 8 KiB, inline too
+                v = (b & 0x7F) | (buf[pos + 1] << 7)
+                length = (v >> 1) ^ -(v & 1)
+                pos += 2
             else:
                 length, pos = _read_varint(buf, pos)
             record_end = pos + length
@@ -167,6 +171,10 @@ def walk_piece(
             if b < 0x80:
                 size = (b >> 1) ^ -(b & 1)
                 p += 1
+            elif buf[p + 1] < 0x80:
+                v = (b & 0x7F) | (buf[p + 1] << 7)
+                size = (v >> 1) ^ -(v & 1)
+                p += 2
             else:
                 size, p = _read_varint(buf, p)
             if size > 0:
