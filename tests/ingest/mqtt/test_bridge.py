@@ -10,6 +10,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,6 +48,17 @@ def publish(port: int, topic: str, payloads: list[bytes], pace_s: float = 0.0, c
     finally:
         client.disconnect()
         client.loop_stop()
+
+
+def stored_count(data: Path) -> int:
+    """Records in topic ``mqtt`` of the running ``sluice serve`` (its HTTP API; 0 until it answers)."""
+    try:
+        port = json.loads((data / "endpoints.json").read_text())["http"]["port"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/topics/mqtt", timeout=5) as reply:
+            detail = json.load(reply)
+    except (OSError, KeyError, ValueError):
+        return 0  # not listening yet, or the bridge has not created the topic yet
+    return sum(p["high_watermark"] - p["log_start_offset"] for p in detail["partitions"])
 
 
 async def wait_for(predicate: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> None:
@@ -130,12 +142,15 @@ async def test_sluice_killed_mid_stream_loses_nothing(tmp_path: Path) -> None:
         await asyncio.to_thread(proc.wait)
         proc = (await asyncio.to_thread(start_sluice, data))[0]
 
-        # Everything Mosquitto accepted must reach the log. Stop Sluice cleanly to read its log; if the
-        # bridge was still catching up, start it again (the broker still holds the rest for us).
+        # Everything Mosquitto accepted must reach the log. Wait until the topic holds at least as many
+        # records as were sent (the bridge catches up at its own pace: on a loaded machine that takes
+        # a while), then stop Sluice cleanly and read its log; if something is still missing, start it
+        # again (the broker still holds the rest for us).
         expected = set(live) | set(backlog)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # a deadline for a loaded machine, not a wait
         while True:
-            await asyncio.sleep(1.0)
+            while await asyncio.to_thread(stored_count, data) < len(expected) and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
             proc.send_signal(signal.SIGTERM)
             assert await asyncio.to_thread(proc.wait, 30) == 0
             store = SegmentLogStore(data / "logs")
