@@ -169,6 +169,9 @@ class TxnLogSink:
     async def flush(self) -> None:
         return None  # appends return once durable; they become visible at the commit
 
+    async def abort(self) -> None:
+        return None  # attached processors own every partition: none is ever lost to another member
+
 
 class TxnLogSource(LogSource):
     """``LogSource`` that reads ``read_committed`` (up to the last stable offset, without aborted
@@ -194,9 +197,10 @@ class TxnLogSource(LogSource):
     def end_offset(self, tp: TopicPartition) -> int | None:
         return self.txn.coordinator.last_stable_offset(self.store.partition(*tp))
 
-    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
+    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener,
+                    on_lost: AssignmentListener | None = None) -> None:
         await self.txn.init()  # before the checkpoint is loaded: what a crash left open is aborted first
-        await super().start(on_assigned, on_revoked)
+        await super().start(on_assigned, on_revoked, on_lost)
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         async with self.txn._lock:

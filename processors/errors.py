@@ -10,13 +10,16 @@ processed is not an exception that stops anything: it goes to the dead-letter to
     ├── StateError                keyed state used outside a key, or not serializable
     ├── CheckpointError           a checkpoint cannot be written, read or decoded
     └── SourceError               the log or Kafka cluster under a source or sink failed
-                                  (raised ``from`` the broker / aiokafka error)
+        │                         (raised ``from`` the broker / aiokafka error)
+        └── PartitionsLostError   exactly-once: the group refused this member's offsets (it lost its
+                                  partitions to others); its transaction was aborted
 """
 
 from __future__ import annotations
 
 __all__ = [
     "CheckpointError",
+    "PartitionsLostError",
     "PipelineDefinitionError",
     "ProcessorError",
     "SourceError",
@@ -42,3 +45,9 @@ class CheckpointError(ProcessorError):
 
 class SourceError(ProcessorError):
     """The storage or cluster under a source or sink failed."""
+
+
+class PartitionsLostError(SourceError):
+    """The consumer group gave this member's partitions to others while it was out of the group (a
+    stall past its session timeout): its open transaction was refused and aborted. Everything
+    processed since the last committed checkpoint must be dropped; the next assignment restores."""

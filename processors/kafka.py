@@ -19,6 +19,14 @@ of ``consumer.commit``) commit together at the checkpoint. The input is read ``r
 transaction that fails (fenced, timed out, broker error) is aborted and stops the processor: its
 in-memory state includes the aborted interval, so it must restart from the last committed checkpoint.
 
+Zombie fencing (KIP-447, ``processors.txn_offsets``): the transaction's offsets carry the consumer's
+generation and member id, so the group refuses them from a member it has removed (a stall past the
+session timeout) whose partitions another member has restored from their last committed checkpoint;
+the refusal aborts the transaction (``PartitionsLostError``). A member whose consumer finds itself
+out of the group (a heartbeat answered UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION: no generation left)
+reports its partitions lost rather than revoked, so the runner aborts instead of committing them
+(Kafka's ``onPartitionsLost``; Kafka Streams closes such tasks dirty).
+
 A commit that loses a race with a rebalance (aiokafka's ``CommitFailedError``, raised for
 REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION and UNKNOWN_MEMBER_ID) is not fatal, as in Kafka's own
 clients (Kafka Streams treats it as "task migrated"): the checkpoint is already stored and is what
@@ -54,12 +62,13 @@ from processors.checkpoint import (
     checkpoint_topic,
     load_from_tail,
 )
-from processors.errors import CheckpointError, SourceError
+from processors.errors import CheckpointError, PartitionsLostError, SourceError
 from processors.executor import OutRecord, RecordLike
 from processors.executor import TopicPartition as TP
 from processors.kafka_records import use_parser_records
 from processors.purge import RepartitionPurger
 from processors.sources import AssignmentListener
+from processors.txn_offsets import GroupMember, MemberFencedError, fence_by_group
 
 __all__ = ["KafkaCheckpointStore", "KafkaSink", "KafkaSource"]
 
@@ -72,12 +81,21 @@ log = logging.getLogger("processors.kafka")
 
 
 class _Listener(ConsumerRebalanceListener):
-    def __init__(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
+    def __init__(self, source: KafkaSource, on_assigned: AssignmentListener, on_revoked: AssignmentListener,
+                 on_lost: AssignmentListener | None) -> None:
+        self.source = source
         self.on_assigned = on_assigned
         self.on_revoked = on_revoked
+        self.on_lost = on_lost
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self.on_revoked(sorted((tp.topic, tp.partition) for tp in revoked))
+        tps = sorted((tp.topic, tp.partition) for tp in revoked)
+        # aiokafka calls this before every rejoin; without a generation the member was out of the
+        # group (Java's ConsumerCoordinator.onJoinPrepare makes the same test for onPartitionsLost)
+        if self.on_lost is not None and tps and self.source.member(self.source.group) is None:
+            await self.on_lost(tps)
+        else:
+            await self.on_revoked(tps)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         await self.on_assigned(sorted((tp.topic, tp.partition) for tp in assigned))
@@ -98,7 +116,8 @@ class KafkaSource:
         self._paused: set[TP] = set()
         self.commits_lost = 0
 
-    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
+    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener,
+                    on_lost: AssignmentListener | None = None) -> None:
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             group_id=self.group,
@@ -111,7 +130,11 @@ class KafkaSource:
             isolation_level="read_committed" if self.transactions is not None else "read_uncommitted",
             **ClientSecurity.from_env().kafka_options(),
         )
-        self.consumer.subscribe(list(self.topics), listener=_Listener(on_assigned, on_revoked))
+        exactly_once = self.transactions is not None
+        listener = _Listener(self, on_assigned, on_revoked, on_lost if exactly_once else None)
+        self.consumer.subscribe(list(self.topics), listener=listener)
+        if self.transactions is not None:  # its offsets name this consumer's generation and member
+            fence_by_group(self.transactions.producer, self.member)
         try:
             await self.consumer.start()
         except KafkaError as exc:
@@ -128,6 +151,16 @@ class KafkaSource:
     def seek(self, tp: TP, offset: int) -> None:
         self.consumer.seek(TopicPartition(*tp), offset)
 
+    def member(self, group: str) -> GroupMember | None:
+        """This consumer as a member of ``group`` (Kafka's ``consumer.groupMetadata()``), None when it
+        has no generation: not joined yet, or found out of the group and rejoining."""
+        coordinator = getattr(self.consumer, "_coordinator", None)  # aiokafka's GroupCoordinator
+        generation = getattr(coordinator, "generation", -1)
+        member_id = getattr(coordinator, "member_id", "")
+        if group != self.group or generation is None or generation < 0 or not member_id:
+            return None
+        return GroupMember(int(generation), str(member_id))
+
     def end_offset(self, tp: TP) -> int | None:
         if self.consumer is None:
             return None
@@ -138,7 +171,11 @@ class KafkaSource:
         assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
         chosen = {TopicPartition(*tp): OffsetAndMetadata(off, "") for tp, off in offsets.items() if tp in assigned}
         if self.transactions is not None:
-            await self.transactions.commit_transaction(chosen, self.group)
+            try:
+                await self.transactions.commit_transaction(chosen, self.group)
+            except PartitionsLostError:
+                self.consumer._coordinator.request_rejoin()  # its next assignment restores what is left
+                raise
             await self._purge(chosen)
             return
         if not chosen:
@@ -227,6 +264,8 @@ class KafkaSink:
             self.transactions_committed += 1
         except (KafkaError, SourceError) as exc:
             await self.abort()
+            if isinstance(exc, MemberFencedError):
+                raise PartitionsLostError(f"transaction {self.transactional_id!r} aborted: {exc}") from exc
             raise SourceError(f"transaction {self.transactional_id!r} failed and was aborted: {exc!r}") from exc
 
     async def abort(self) -> None:

@@ -14,6 +14,14 @@ and travel through ``out_q`` behind the outputs they cover; ``sink`` flushes tho
 then stores the checkpoint and commits the offsets (exactly-once: the checkpoint, the offsets and the
 outputs before them commit as one transaction, see ``processors.kafka``). Rebalances (standalone
 mode) use the same path: a revoke waits until a checkpoint of the revoked partitions is stored, then drops their state.
+
+Lost partitions (exactly-once, standalone): when the group has given this member's partitions to
+others (it stalled past its session timeout; they restore from the last committed checkpoint), nothing
+processed since that checkpoint may be committed. Either the source reports them lost (``on_lost``)
+or the group refuses the interval's commit (``PartitionsLostError``); then ``process`` drops the state
+of every partition (the open transaction holds results of all of them) and sends a reset through
+``out_q``, ``sink`` aborts the transaction and discards every item before the reset, and the next
+assignment restores from the committed checkpoints, as Kafka Streams closes lost tasks dirty.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from processors.checkpoint import (
     restore_executor,
     take_checkpoint,
 )
-from processors.errors import ProcessorError
+from processors.errors import PartitionsLostError, ProcessorError
 from processors.executor import Executor, KeyedStateFactory, RecordLike, TopicPartition
 from processors.pipeline import Pipeline
 from processors.sources import Sink, Source
@@ -119,6 +127,10 @@ class Runner:
         self._assigned = asyncio.Event()
         self._revokes: set[asyncio.Future[None]] = set()
         self._stopping = False
+        # set by sink when the group refused a commit: process drops all state before its next item
+        self._lost_pending = False
+        self._discarding = False  # sink: skip everything until process's reset arrives
+        self.partitions_lost = 0
         self.checkpoints_written = 0
         self.last_checkpoint_ms: int | None = None
         self.records_out = 0
@@ -135,7 +147,7 @@ class Runner:
             asyncio.create_task(self._guard(self._process_loop()), name=f"{self.name}:process"),
             asyncio.create_task(self._guard(self._sink_loop()), name=f"{self.name}:sink"),
         ]
-        await self.source.start(self._on_assigned, self._on_revoked)
+        await self.source.start(self._on_assigned, self._on_revoked, self._on_lost)
         self._tasks += [
             asyncio.create_task(self._guard(self._fetch_loop()), name=f"{self.name}:fetch"),
             asyncio.create_task(self._guard(self._tick_loop()), name=f"{self.name}:tick"),
@@ -213,6 +225,12 @@ class Runner:
         self._assigned.set()
 
     async def _on_revoked(self, tps: list[TopicPartition]) -> None:
+        await self._hand_back("revoke", tps)  # resolved once their checkpoint is stored (or by stop())
+
+    async def _on_lost(self, tps: list[TopicPartition]) -> None:
+        await self._hand_back("lost", tps)  # resolved once every state is dropped and the transaction aborted
+
+    async def _hand_back(self, kind: str, tps: list[TopicPartition]) -> None:
         self._known.difference_update(tps)
         for tp in tps:
             self._gen[tp] = self._gen.get(tp, 0) + 1
@@ -221,9 +239,9 @@ class Runner:
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._revokes.add(done)
-        put = asyncio.ensure_future(self.in_q.put(("revoke", tps, done)))
+        put = asyncio.ensure_future(self.in_q.put((kind, tps, done)))
         try:
-            await done  # resolved once the revoked partitions' checkpoint is stored (or by stop())
+            await done
         finally:
             if not put.done():
                 put.cancel()
@@ -275,6 +293,12 @@ class Runner:
         while True:
             kind, arg, done = await self.in_q.get()
             now = self.clock.now_ms()
+            if self._lost_pending or kind == "lost":  # before anything else, an assignment above all
+                self._lost_pending = False
+                self._drop_everything()
+                await self._put_out(("reset", None, done if kind == "lost" else None))
+                if kind == "lost":
+                    continue
             if kind == "data":
                 tp, (epoch, records) = arg, done
                 if epoch == self._gen.get(tp, 0):  # else fetched before a revoke or repositioning
@@ -301,6 +325,18 @@ class Runner:
                 if progress != self._last_progress:  # nothing new since the last one: skip it
                     self._last_progress = progress
                     await self._put_out(("checkpoint", self._checkpoint(now, None), None))
+
+    def _drop_everything(self) -> None:
+        """Lost partitions: the state of every partition goes, and outputs not yet taken with it."""
+        everything = set(self.positions)
+        self.executor.take_outputs()
+        self.executor.drop_partitions(everything)
+        for tp in everything:
+            self.positions.pop(tp, None)
+            self.checkpoints.codec.delta.forget(tp)
+        self._last_progress = ()
+        log.warning("partitions lost to a group rebalance: their state since the last committed checkpoint "
+                    "is dropped", extra={"pipeline": self.pipeline.name, "partitions": sorted(everything)})
 
     def _process(self, tp: TopicPartition, records: list[RecordLike], now: int) -> None:
         if tp not in self.positions or not records:
@@ -342,7 +378,15 @@ class Runner:
         while True:
             kind, arg, done = await self.out_q.get()
             try:
-                if kind == "out":
+                if kind == "reset":  # process has dropped the lost state: what follows is clean
+                    self._discarding = False
+                    await self.sink.abort()
+                    if done is not None and not done.done():
+                        done.set_result(None)
+                elif self._discarding:  # results and checkpoints of lost state: never written
+                    if done is not None and not done.done():
+                        done.set_result(None)
+                elif kind == "out":
                     await self.sink.write(arg)
                     self.records_out += len(arg)
                 else:
@@ -358,6 +402,17 @@ class Runner:
                         self.last_checkpoint_ms = self.clock.now_ms()
                     if done is not None and not done.done():
                         done.set_result(None)
+            except PartitionsLostError as exc:  # aborted already; process drops the state behind it
+                self.partitions_lost += 1
+                log.warning("the group refused this member's commit: its partitions are lost",
+                            extra={"pipeline": self.pipeline.name, "error": str(exc),
+                                   "partitions_lost": self.partitions_lost})
+                self._discarding = True
+                self._lost_pending = True
+                if done is not None and not done.done():
+                    done.set_result(None)
+                with contextlib.suppress(asyncio.QueueFull):
+                    self.in_q.put_nowait(("tick", None, None))  # wake process (a tick changes nothing)
             except ProcessorError as exc:
                 if done is not None and not done.done():
                     done.set_exception(exc)

@@ -30,7 +30,10 @@ AssignmentListener = Callable[[list[TopicPartition]], Awaitable[None]]
 
 
 class Source(Protocol):
-    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None: ...
+    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener,
+                    on_lost: AssignmentListener | None = None) -> None:
+        """``on_lost``: partitions the group gave to others while this member was out of it (only a
+        group member's source calls it; without it such partitions are reported revoked)."""
     async def stop(self) -> None: ...
     def seek(self, tp: TopicPartition, offset: int) -> None: ...
     async def fetch(self, max_records: int, timeout: float, paused: set[TopicPartition]
@@ -42,6 +45,8 @@ class Source(Protocol):
 class Sink(Protocol):
     async def write(self, records: list[OutRecord]) -> None: ...
     async def flush(self) -> None: ...
+    async def abort(self) -> None:
+        """Take back what was written since the last commit, where a sink can (a transaction)."""
 
 
 class LogSource:
@@ -55,7 +60,8 @@ class LogSource:
         self.positions_lost = 0  # positions found beyond a partition's log end (records lost in a crash)
         self._rr = 0
 
-    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
+    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener,
+                    on_lost: AssignmentListener | None = None) -> None:
         tps: list[TopicPartition] = []
         try:
             for topic in self.topics:
@@ -164,3 +170,6 @@ class LogSink:
 
     async def flush(self) -> None:
         return None  # appends return once durable under the topic's flush policy
+
+    async def abort(self) -> None:
+        return None  # at-least-once: nothing to take back

@@ -161,7 +161,8 @@ class MemorySource:
         rows.append(Record(len(rows), timestamp, key, raw, ()))
         self._event.set()
 
-    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
+    async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener,
+                    on_lost: AssignmentListener | None = None) -> None:
         tps = [(self.topic, p) for p in self.data]
         self.positions = dict.fromkeys(tps, 0)
         await on_assigned(tps)
@@ -224,6 +225,9 @@ class MemorySink:
         self.written.set()
 
     async def flush(self) -> None:
+        return None
+
+    async def abort(self) -> None:
         return None
 
     def topic(self, name: str) -> list[dict[str, Any]]:

@@ -225,7 +225,8 @@ async def test_records_fetched_before_the_assignment_is_restored_are_not_lost() 
             return await super().load(tps)
 
     class BackgroundAssign(MemorySource):
-        async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener) -> None:
+        async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener,
+                        on_lost: AssignmentListener | None = None) -> None:
             tps = [(self.topic, p) for p in self.data]
             self.positions = dict.fromkeys(tps, 0)
             # typed as returning an Awaitable; ensure_future wraps the coroutine in a Task like create_task
