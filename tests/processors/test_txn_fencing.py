@@ -35,6 +35,7 @@ from tests.processors.test_standalone import finals, heartbeat_all, produce, rea
 from tests.processors.workloads import batch_window_means, sensor_readings
 from tests.sluice_server import SluiceProcess
 
+pytestmark = pytest.mark.slow
 PARTITIONS = 4
 
 
