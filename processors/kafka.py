@@ -73,6 +73,7 @@ from processors.txn_offsets import GroupMember, MemberFencedError, fence_by_grou
 __all__ = ["KafkaCheckpointStore", "KafkaSink", "KafkaSource"]
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+REBALANCE_TIMEOUT_MS = 300_000  # Kafka's max.poll.interval.ms default, which its consumers send
 # how aiokafka reports a commit lost to a rebalance (it wraps the three group errors in CommitFailedError)
 COMMIT_LOST = (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError)
 
@@ -126,6 +127,12 @@ class KafkaSource:
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=1024 * 1024,
             session_timeout_ms=self.session_timeout_ms,
+            # How long the group waits for members to rejoin (their revoke checkpoint and commit run
+            # first). aiokafka's default is the session timeout: a revoke slower than that (a loaded
+            # host, 2 s sessions) had the member removed at the rebalance deadline, its partitions lost,
+            # and restoring them started the next rebalance. Kafka's consumers send max.poll.interval.ms
+            # (5 min); a member that dies mid-rebalance is still removed at its session timeout.
+            rebalance_timeout_ms=max(REBALANCE_TIMEOUT_MS, self.session_timeout_ms),
             heartbeat_interval_ms=max(self.session_timeout_ms // 6, 100),
             isolation_level="read_committed" if self.transactions is not None else "read_uncommitted",
             **ClientSecurity.from_env().kafka_options(),

@@ -29,7 +29,7 @@ from aiokafka.structs import OffsetAndMetadata
 from broker.log.partitioner import partition_for_key
 from processors.errors import PartitionsLostError
 from processors.executor import OutRecord
-from processors.kafka import KafkaSink
+from processors.kafka import KafkaSink, KafkaSource
 from processors.txn_offsets import GroupMember, fence_by_group
 from tests.processors.test_standalone import finals, heartbeat_all, produce, read_all
 from tests.processors.workloads import batch_window_means, sensor_readings
@@ -212,3 +212,47 @@ async def read_values(bootstrap: str, topic: str) -> list[bytes]:
     finally:
         await consumer.stop()
 
+
+
+async def test_a_member_slower_to_revoke_than_its_session_timeout_keeps_its_place(sluice: SluiceProcess) -> None:
+    """A revoke (checkpoint and commit) may take longer than the session timeout on a loaded host: the
+    group must wait for the member to rejoin (the rebalance timeout) while it heartbeats, not remove it
+    at the session timeout (aiokafka's default rebalance timeout), which lost its partitions and made
+    it rejoin under a new member id, starting the next rebalance (the storms seen under load)."""
+    bootstrap, group = sluice.bootstrap, f"slow-{uuid.uuid4().hex[:8]}"
+    await produce(bootstrap, "slow-in", sensor_readings(0.4))
+    source = KafkaSource(bootstrap, ("slow-in",), group, session_timeout_ms=2000)
+    assigned: list[list[tuple[str, int]]] = []
+    revoked = asyncio.Event()
+
+    async def on_assigned(tps: list[tuple[str, int]]) -> None:
+        assigned.append(tps)
+
+    async def on_revoked(tps: list[tuple[str, int]]) -> None:
+        if tps:
+            revoked.set()
+            await asyncio.sleep(5)  # 2.5 session timeouts
+
+    await source.start(on_assigned, on_revoked)
+    other = AIOKafkaConsumer("slow-in", bootstrap_servers=bootstrap, group_id=group, session_timeout_ms=2000,
+                             heartbeat_interval_ms=300, enable_auto_commit=False)
+    try:
+        deadline = time.monotonic() + 60
+        while not assigned:
+            await source.fetch(100, 0.2, set())
+            assert time.monotonic() < deadline
+        before = source.member(group)
+        assert before is not None
+        await other.start()  # its join starts a rebalance; the source's revoke takes 5 s
+        while len(assigned) < 2:
+            await asyncio.gather(source.fetch(100, 0.2, set()), other.getmany(timeout_ms=200))
+            assert time.monotonic() < deadline, assigned
+        assert revoked.is_set()
+        after = source.member(group)
+        assert after is not None and after.member_id == before.member_id, (before, after)
+        assert after.generation_id == before.generation_id + 1  # one rebalance, not a storm
+        assert sorted(assigned[-1] + [(tp.topic, tp.partition) for tp in other.assignment()]) == [
+            ("slow-in", p) for p in range(PARTITIONS)]
+    finally:
+        await other.stop()
+        await source.stop()
