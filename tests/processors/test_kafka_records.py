@@ -59,7 +59,9 @@ async def produce(bootstrap: str, topic: str) -> int:
         await txn.stop()
 
 
-async def read(bootstrap: str, topic: str, isolation: str, *, parser: bool) -> tuple[list[Seen], list[Any]]:
+async def read(bootstrap: str, topic: str, isolation: str, *, parser: bool, start: int = 0,
+               one_by_one: bool = False) -> tuple[list[Seen], list[Any]]:
+    """From offset ``start``, 7 records per ``getmany`` (or, ``one_by_one``, ``getone`` and ``getmany`` in turn)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level=isolation)
     await consumer.start()
     try:
@@ -67,11 +69,15 @@ async def read(bootstrap: str, topic: str, isolation: str, *, parser: bool) -> t
             assert use_parser_records(consumer)  # the aiokafka pinned in pyproject.toml has the internals it needs
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
+        consumer.seek(tp, start)
         end = (await consumer.end_offsets([tp]))[tp]
         seen: list[Seen] = []
         raw: list[Any] = []
         while await consumer.position(tp) < end:
+            if one_by_one:
+                one = await consumer.getone(tp)
+                raw.append(one)
+                seen.append((one.offset, one.timestamp, one.key, one.value, tuple(one.headers)))
             # 7 at a time: most calls stop inside a batch, so the position must follow each record
             for records in (await consumer.getmany(tp, timeout_ms=1_000, max_records=7)).values():
                 raw += records
@@ -95,3 +101,16 @@ async def test_parser_records_are_the_records_aiokafka_returns(sluice: SluicePro
     assert len(aborted) == (0 if isolation == "read_committed" else 20)
     assert len(values) == produced + len(aborted)
     assert len(set(o for o, *_ in got)) == len(got)  # no record twice across the 7-record calls
+
+
+@pytest.mark.parametrize("start", [0, 23, 57])
+async def test_parser_records_from_inside_a_batch_and_through_getone(sluice: SluiceProcess, start: int) -> None:
+    """A read that starts inside a batch skips the batch's records before it (offset 23 is inside the
+    first burst's batch, 57 inside the committed transaction); getone and getmany in turn share the
+    position."""
+    topic = f"parser-records-start-{start}"
+    await produce(sluice.bootstrap, topic)
+    want, _ = await read(sluice.bootstrap, topic, "read_committed", parser=False, start=start, one_by_one=True)
+    got, parsed = await read(sluice.bootstrap, topic, "read_committed", parser=True, start=start, one_by_one=True)
+    assert got == want and got[0][0] == start
+    assert not any(isinstance(r, ConsumerRecord) for r in parsed)
