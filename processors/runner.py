@@ -127,8 +127,8 @@ class Runner:
         self._assigned = asyncio.Event()
         self._revokes: set[asyncio.Future[None]] = set()
         self._stopping = False
-        # set by sink when the group refused a commit: process drops all state before its next item
-        self._lost_pending = False
+        # set by sink when the group refused a commit (the reason): process drops all state before its next item
+        self._lost_pending: str | None = None
         self._discarding = False  # sink: skip everything until process's reset arrives
         self.partitions_lost = 0
         self.checkpoints_written = 0
@@ -293,9 +293,9 @@ class Runner:
         while True:
             kind, arg, done = await self.in_q.get()
             now = self.clock.now_ms()
-            if self._lost_pending or kind == "lost":  # before anything else, an assignment above all
-                self._lost_pending = False
-                self._drop_everything()
+            if self._lost_pending is not None or kind == "lost":  # before anything else, an assignment above all
+                self._drop_everything(self._lost_pending or "the consumer found itself out of the group")
+                self._lost_pending = None
                 await self._put_out(("reset", None, done if kind == "lost" else None))
                 if kind == "lost":
                     continue
@@ -326,8 +326,9 @@ class Runner:
                     self._last_progress = progress
                     await self._put_out(("checkpoint", self._checkpoint(now, None), None))
 
-    def _drop_everything(self) -> None:
+    def _drop_everything(self, reason: str) -> None:
         """Lost partitions: the state of every partition goes, and outputs not yet taken with it."""
+        self.partitions_lost += 1
         everything = set(self.positions)
         self.executor.take_outputs()
         self.executor.drop_partitions(everything)
@@ -336,7 +337,8 @@ class Runner:
             self.checkpoints.codec.delta.forget(tp)
         self._last_progress = ()
         log.warning("partitions lost to a group rebalance: their state since the last committed checkpoint "
-                    "is dropped", extra={"pipeline": self.pipeline.name, "partitions": sorted(everything)})
+                    "is dropped", extra={"pipeline": self.pipeline.name, "partitions": sorted(everything),
+                                         "reason": reason, "partitions_lost": self.partitions_lost})
 
     def _process(self, tp: TopicPartition, records: list[RecordLike], now: int) -> None:
         if tp not in self.positions or not records:
@@ -402,13 +404,9 @@ class Runner:
                         self.last_checkpoint_ms = self.clock.now_ms()
                     if done is not None and not done.done():
                         done.set_result(None)
-            except PartitionsLostError as exc:  # aborted already; process drops the state behind it
-                self.partitions_lost += 1
-                log.warning("the group refused this member's commit: its partitions are lost",
-                            extra={"pipeline": self.pipeline.name, "error": str(exc),
-                                   "partitions_lost": self.partitions_lost})
+            except PartitionsLostError as exc:  # aborted already; process drops the state (and logs it)
                 self._discarding = True
-                self._lost_pending = True
+                self._lost_pending = f"the group refused this member's commit: {exc}"
                 if done is not None and not done.done():
                     done.set_result(None)
                 with contextlib.suppress(asyncio.QueueFull):
@@ -453,6 +451,7 @@ class Runner:
             "records_in": ex.records_in,
             "records_out": self.records_out,
             "late_records": ex.late_count,
+            "partitions_lost": self.partitions_lost,
             "dead_letters": ex.dead_letters,
             "queues": {"in": self.in_q.qsize(), "out": self.out_q.qsize(), "max": self.config.queue_batches,
                        "max_in_seen": self.max_in_q, "max_out_seen": self.max_out_q},
