@@ -71,11 +71,15 @@ _ATTRIBUTES_LOW_AT = 22  # low byte of the int16 attributes: the compression bit
 _I64 = struct.Struct(">q")
 _U32 = struct.Struct(">I")
 _MAGIC_AT = 16
-# the mypyc build of the record walk, or its source (same code, same verdicts)
-_walk_records: Callable[[bytes, int, int, int], tuple[int, list[int]]] = native.select(record_walk).walk_records
+# the mypyc build of the record walk, or its source (same code, same verdicts); every name comes from the
+# selected module (a stale build is importable but not selected: mixing the two failed every Produce)
+_record_walk = native.select(record_walk)
+_walk_records: Callable[[bytes, int, int, int], tuple[int, list[int]]] = _record_walk.walk_records
 _walk_piece: Callable[
     [bytes, int, int, int, int, int, list[int], list[tuple[int, str]]], tuple[int, int, int, int]
-] = native.select(record_walk).walk_piece
+] = _record_walk.walk_piece
+_finish_walk: Callable[[int, int, int, list[tuple[int, str]]], None] = _record_walk.finish_walk
+_LONGEST_DELTA: int = _record_walk.LONGEST_DELTA
 # A batch handed over as a view of the request buffer is walked in copies of this size: below glibc's mmap
 # threshold (sluice.malloc_tuning), so each copy reuses warm heap memory. A whole-batch copy of 1 MB was a
 # fresh mapping every request: 256 page faults and an munmap, a third of the broker's CPU at 1 KiB records.
@@ -135,7 +139,7 @@ def _walk_view(data: memoryview, count: int) -> tuple[int, list[int]]:
     The verdict is the whole-batch walk's: a record refused in a piece is walked again over one copy of
     the batch, so that even the message of a malformed record is the same."""
     end = len(data)
-    pos, i, max_delta = BATCH_HEADER_SIZE, 0, record_walk.LONGEST_DELTA
+    pos, i, max_delta = BATCH_HEADER_SIZE, 0, _LONGEST_DELTA
     null_keys: list[int] = []
     bad_offsets: list[tuple[int, str]] = []
     size = _PIECE_BYTES
@@ -148,7 +152,7 @@ def _walk_view(data: memoryview, count: int) -> tuple[int, list[int]]:
             if i == count or piece_end == end:
                 break
             size = max(_PIECE_BYTES, need)
-        record_walk.finish_walk(pos, end, count, bad_offsets)
+        _finish_walk(pos, end, count, bad_offsets)
     except InvalidRecordError:
         return _walk_records(bytes(data), BATCH_HEADER_SIZE, end, count)  # the verdict, with its message
     return max_delta, null_keys

@@ -47,3 +47,26 @@ def test_pure_always_runs_the_source() -> None:
     assert Path(str(module.__file__)).name == "record_walk.py"
     assert native.pure("broker.protocol.record_walk") is module
     assert not native.is_compiled(native.select(module))
+
+
+def test_importers_take_every_name_of_a_compiled_module_from_select() -> None:
+    """A stale build is still what ``import`` returns; only ``native.select`` falls back to the source.
+    A name read from the imported module beside ``select``'s choice mixed the two (``batch_validation``
+    read ``record_walk.LONGEST_DELTA`` and ``finish_walk`` so: with a stale build every Produce failed)."""
+    import ast
+
+    root = Path(native.__file__).parent.parent
+    compiled = [line.split("#")[0].strip() for line in (root / "native-modules.txt").read_text().splitlines()]
+    names = {Path(path).stem: path.removesuffix(".py").replace("/", ".") for path in compiled if path}
+    direct_reads = []
+    for source in root.glob("[a-z]*/**/*.py"):
+        if "tests" in source.parts or "bench" in source.parts or ".venv" in source.parts:
+            continue
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+        imported = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    for alias in node.names if f"{node.module}.{alias.name}" in names.values()}
+        direct_reads += [f"{source.relative_to(root)}:{node.lineno} {node.value.id}.{node.attr}"
+                         for node in ast.walk(tree)
+                         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                         and node.value.id in imported]
+    assert direct_reads == []
