@@ -155,7 +155,8 @@ class HealthRegistry:
             dev = known.get(device) or self._device(entry, device)
             dev.messages += messages
             dev.bytes += nbytes
-            dev.last_seen = seen
+            if dev.last_seen is None or seen > dev.last_seen:  # devices folded into OVERFLOW_DEVICE: the latest
+                dev.last_seen = seen
             arrivals = dev.arrivals
             if arrivals.bucket == bucket:
                 arrivals.count += messages
