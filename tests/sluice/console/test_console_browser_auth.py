@@ -47,8 +47,7 @@ def test_console_asks_for_credentials(browser: Browser, server: SluiceProcess) -
     assert response.status == 401
     assert 'Basic realm="sluice"' in (response.headers.get("www-authenticate") or "")
     assert "kwh" not in response.text()
-    offline.errors.clear()  # the refused load is logged by the browser
-    offline.close()
+    offline.close(expected_error="status of 401")  # the refused load, logged by the browser
 
 
 def test_console_with_credentials_and_the_live_tail(browser: Browser, server: SluiceProcess) -> None:
