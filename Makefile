@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint typecheck unit system-deps bench demo clean native
+.PHONY: run test test-external lint typecheck unit system-deps bench demo clean native
 # Hot modules compiled with mypyc at install (setup.py; pure Python when that fails): a change to one
 # reinstalls, so the build never lags its source.
 NATIVE_SOURCES := $(shell sed -e 's/\#.*//' native-modules.txt)
@@ -20,6 +20,18 @@ test: system-deps $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# The tests' external-kafka variants (client round trips, processor exactly-once and scale-out under
+# kill -9) against a Kafka-protocol cluster you run, e.g. Apache Kafka in KRaft mode or Redpanda:
+#   make test-external SLUICE_TEST_KAFKA_BOOTSTRAP=127.0.0.1:9092
+# Not part of `make test`. Without the address every variant would skip, so the target refuses to run;
+# kcat checks that the address answers Metadata first, so a wrong one fails in seconds, not per test.
+EXTERNAL_TESTS := tests/clients/test_clients.py tests/processors/test_exactly_once.py tests/processors/test_scale_out.py
+
+test-external: system-deps $(VENV)/.installed-dev
+	@test -n "$(SLUICE_TEST_KAFKA_BOOTSTRAP)" || { echo "test-external: set SLUICE_TEST_KAFKA_BOOTSTRAP=host:port (a Kafka or Redpanda cluster)" >&2; exit 2; }
+	@kcat -b "$(SLUICE_TEST_KAFKA_BOOTSTRAP)" -L -m 10 >/dev/null || { echo "test-external: no Kafka-protocol broker answers at $(SLUICE_TEST_KAFKA_BOOTSTRAP)" >&2; exit 2; }
+	SLUICE_TEST_KAFKA_BOOTSTRAP="$(SLUICE_TEST_KAFKA_BOOTSTRAP)" $(BIN)/pytest -q -n 0 -k external-kafka $(EXTERNAL_TESTS)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
