@@ -152,7 +152,8 @@ def parse_json(payload: bytes) -> Parsed:
     # lone surrogates), so whatever it refuses goes through the stdlib below, as do long integers:
     # the same documents are accepted, with the same values and the same error messages
     # (tests/ingest/test_json_fast.py checks this against the stdlib).
-    if _LONG_DIGITS not in payload.translate(_DIGITS_TO_9):
+    # find(), not `in`: bytes.__contains__ first tries its operand as an int and builds a TypeError each call
+    if payload.translate(_DIGITS_TO_9).find(_LONG_DIGITS) < 0:
         try:
             return Parsed("json", orjson.loads(payload))
         except orjson.JSONDecodeError:

@@ -10,13 +10,18 @@ typed locals, ``bytes``/``list``/``dict`` work, no closures or generators in the
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["Group", "LineTarget", "bucket_lines", "route_influx_lines"]
+import crc32c
+
+__all__ = ["LineGroup", "LineTarget", "PreparedRecord", "bucket_lines", "encode_line_group", "route_influx_lines"]
 
 _DIGITS_TO_9: Final = bytes(0x39 if 0x30 <= b <= 0x39 else b for b in range(256))
 _MAX_MS: Final = 2**53
+_QUOTE: Final = 0x22  # b'"'
+_BACKSLASH: Final = 0x5C  # b"\\"
 
 
 class LineTarget:
@@ -37,22 +42,38 @@ class LineTarget:
         self.slot = (topic, -1)
 
 
-# (records, lines): what one (topic, partition) gets from one read, in line order
-Group = tuple[list[tuple[bytes, bytes, bytes, int]], list[int]]
+# (value, encoded key, encoded headers, timestamp ms): broker/protocol/prepared_records' record
+PreparedRecord = tuple[bytes, bytes, bytes, int]
+
+
+class LineGroup:
+    """The records one read sends to one (topic, partition), in line order, without a tuple per record:
+    ``owners[k]`` is the line of record k, which is that line as it came with its target's key and headers
+    at its stamp, unless ``extra`` holds record k itself (a line ``route_each`` routed: its own value, key
+    and headers)."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.owners: list[int] = []
+        self.extra: dict[int, PreparedRecord] = {}
+
+    def add(self, owner: int, record: PreparedRecord) -> None:
+        """Record ``record`` (of line ``owner``) next."""
+        self.extra[len(self.owners)] = record
+        self.owners.append(owner)
 
 
 def bucket_lines(
     lines: list[bytes],
     targets: list[LineTarget | None],
-    stamps: list[int] | None,
-    arrival_ms: int,
     partitions: dict[str, int],
-    groups: dict[tuple[str, int], Group],
+    groups: dict[tuple[str, int], LineGroup],
     seen: dict[str | None, list[Any]],
     now: float,
     resolve: Callable[[int], None],
 ) -> None:
-    """Append each line's record to its (topic, partition) group, in line order, and count it in ``seen``
+    """Append each line to its (topic, partition) group, in line order, and count it in ``seen``
     (device -> [lines, bytes, last seen]: ``HealthRegistry.open_counts``, at ``now``). A line is left to
     ``resolve(index)`` (which does all of that itself) when it has no target, no key (keyless records take
     a partition each), or its target's partition is not known for the topic's partition count in
@@ -67,9 +88,7 @@ def bucket_lines(
             resolve(index)
             continue
         line = lines[index]
-        group[0].append((line, target.key_part, target.header_part,
-                         stamps[index] if stamps is not None else arrival_ms))
-        group[1].append(index)
+        group.owners.append(index)
         counts = seen.get(target.device)
         if counts is None:
             seen[target.device] = [1, len(line), now]
@@ -97,13 +116,14 @@ def route_influx_lines(
     stamps: list[int] = []
     screened = True
     for line in lines:
-        if b'"' in line or b"\\" in line:
+        # ints, not one-byte bytes: `b'"' in line` tries its operand as an int first and builds a TypeError
+        if _QUOTE in line or _BACKSLASH in line:
             screened = False
             break
     for line in lines:
         stamp = arrival_ms
         target: Any = None
-        if screened or (b'"' not in line and b"\\" not in line):
+        if screened or (_QUOTE not in line and _BACKSLASH not in line):
             sections = line.split(b" ")
             count = len(sections)
             ok = count == 2 or count == 3
@@ -136,3 +156,85 @@ def route_influx_lines(
         out.append(target)
         stamps.append(stamp if target is not None else arrival_ms)
     return out, stamps
+
+
+# ---------------------------------------------------------------- RecordBatch v2 of a LineGroup
+# The same bytes as broker/protocol/prepared_records.encode_prepared_records of the group's records (the
+# base timestamp is the smallest; tests/ingest/test_line_routes.py compares them), written from the lines
+# themselves: no record tuple per line between bucketing and the batch.
+
+_BEFORE_CRC: Final = struct.Struct(">qiibI")  # base offset, batch length, leader epoch, magic, CRC
+_AFTER_CRC: Final = struct.Struct(">hiqqqhii")  # attributes … record count: what the CRC covers
+_BATCH_OVERHEAD: Final = 49  # the batch length counts the header from the leader epoch on
+_SMALL_LIMIT: Final = 16384  # zigzag varints of 0 .. _SMALL_LIMIT - 1, looked up instead of computed
+
+
+def _varint(n: int) -> bytes:
+    """``n`` (non-negative: a length or a delta) as a zigzag varint."""
+    v = n << 1
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+_SMALL: Final = [_varint(n) for n in range(_SMALL_LIMIT)]
+
+
+def encode_line_group(group: LineGroup, lines: list[bytes], targets: list[LineTarget | None],
+                      stamps: list[int] | None, arrival_ms: int, start: int, end: int) -> bytes:
+    """One RecordBatch (base offset 0) of the group's records ``start`` to ``end`` - 1: a plain record's
+    value is its line, key and headers its target's, timestamp ``stamps[line]`` (None: ``arrival_ms``)."""
+    owners = group.owners
+    extra = group.extra
+    mixed = len(extra) > 0
+    base_ts = arrival_ms
+    max_ts = arrival_ms
+    if stamps is not None or mixed:
+        first = True
+        for k in range(start, end):
+            record = extra.get(k) if mixed else None
+            ts = record[3] if record is not None else stamps[owners[k]] if stamps is not None else arrival_ms
+            if first or ts < base_ts:
+                base_ts = ts
+            if first or ts > max_ts:
+                max_ts = ts
+            first = False
+    small = _SMALL
+    parts: list[bytes] = []
+    zero = b"\x00"  # a record's attributes
+    for k in range(start, end):
+        record = extra.get(k) if mixed else None
+        if record is not None:
+            value, key, headers, ts = record
+        else:
+            line_index = owners[k]
+            value = lines[line_index]
+            target = targets[line_index]
+            assert target is not None
+            key = target.key_part
+            headers = target.header_part
+            ts = stamps[line_index] if stamps is not None else arrival_ms
+        ts_delta = ts - base_ts
+        tsv = small[ts_delta] if ts_delta < _SMALL_LIMIT else _varint(ts_delta)
+        delta = k - start
+        dv = small[delta] if delta < _SMALL_LIMIT else _varint(delta)
+        n = len(value)
+        vv = small[n] if n < _SMALL_LIMIT else _varint(n)
+        size = 1 + len(tsv) + len(dv) + len(key) + len(vv) + n + len(headers)
+        parts.append(small[size] if size < _SMALL_LIMIT else _varint(size))
+        parts.append(zero)
+        parts.append(tsv)
+        parts.append(dv)
+        parts.append(key)
+        parts.append(vv)
+        parts.append(value)
+        parts.append(headers)
+    payload = b"".join(parts)
+    count = end - start
+    after = _AFTER_CRC.pack(0, count - 1, base_ts, max_ts, -1, -1, -1, count)
+    crc = crc32c.crc32c(payload, crc32c.crc32c(after))
+    head = _BEFORE_CRC.pack(0, _BATCH_OVERHEAD + len(payload), 0, 2, crc)
+    return b"".join([head, after, payload])

@@ -209,7 +209,7 @@ class JsonLinePlan(LinePlan):
                 except Exception:
                     docs.append(None)
         joined = b"\n".join(lines)
-        suspect = _LONG_DIGITS in joined.translate(_DIGITS_TO_9)
+        suspect = joined.translate(_DIGITS_TO_9).find(_LONG_DIGITS) >= 0  # not `in`: see formats.parse_json
         if not suspect and not joined.isascii():
             try:
                 joined.decode("utf-8")
@@ -303,7 +303,7 @@ def _utf8_short_digits(line: bytes) -> bool:
         line.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    return _LONG_DIGITS not in line.translate(_DIGITS_TO_9)
+    return line.translate(_DIGITS_TO_9).find(_LONG_DIGITS) < 0
 
 
 # ---------------------------------------------------------------- InfluxDB line protocol

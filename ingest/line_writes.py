@@ -10,9 +10,11 @@ The same records, dead letters, health counts and failures as ``IngestSink.inges
 - a topic the log refuses, a batch it refuses, a line the rules reject: dead letters with the reason;
   a storage failure raises ``SinkError`` and nothing is acknowledged.
 
-Records are encoded with their target's key and headers encoded once (``prepared_records``); the
-per-line loop is ``line_kernels.bucket_lines`` (compiled when built), which leaves to ``resolve`` the
-lines without a target, keyless ones, and the first line of a target whose partition is not yet known.
+Records are encoded with their target's key and headers encoded once; the per-line loops are
+``line_kernels.bucket_lines`` (compiled when built), which puts each line's index in its partition's
+``LineGroup`` and leaves to ``resolve`` the lines without a target, keyless ones, and the first line of a
+target whose partition is not yet known, and ``line_kernels.encode_line_group``, which writes a group's
+RecordBatch from the lines themselves (no record tuple per line).
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from broker import native
 from broker.errors import BrokerError, StorageError
 from broker.protocol.records import encode_headers, encode_key
 from ingest import line_kernels
-from ingest.line_kernels import Group, LineTarget
+from ingest.line_kernels import LineTarget
 from ingest.line_routes import line_plan
 from ingest.router import SourceRoutes
 from ingest.routing import RawMessage, Rejected, SourceRef
-from ingest.sink import _Letter, _LineGroup
+from ingest.sink import _MAX_BATCH_BYTES, _RECORD_OVERHEAD, _Letter
 
 if TYPE_CHECKING:
+    from ingest.line_kernels import LineGroup  # (a stale compiled build lacks it: select() then runs the source)
     from ingest.sink import IngestSink
 
 __all__ = ["write_lines"]
@@ -51,8 +54,7 @@ class _LineBatch:
         self.targets = targets
         self.stamps = stamps
         self.arrival_ms = arrival_ms
-        self.groups: dict[tuple[str, int], _LineGroup] = {}
-        self.lists: dict[tuple[str, int], Group] = {}  # the kernel's view of ``groups``: (records, lines)
+        self.groups: dict[tuple[str, int], LineGroup] = {}
         self.partitions: dict[str, int] = {}  # topic -> partitions, looked up once per call
         self.letters: list[_Letter] = []
         self.routed: dict[int, RawMessage] = {}  # the lines routed one by one
@@ -84,9 +86,7 @@ class _LineBatch:
             self.letters.append(_Letter(index, f"log refused topic {target.topic!r}: {exc}", line, target.device))
             self._count(target.device, line)
             return
-        group[0].append((line, target.key_part, target.header_part,
-                         self.stamps[index] if self.stamps is not None else self.arrival_ms))
-        group[1].append(index)
+        group.owners.append(index)
         self._count(target.device, line)
 
     def _route(self, message: RawMessage, index: int) -> str | None:
@@ -113,20 +113,49 @@ class _LineBatch:
                 if len(cache) >= 100_000:
                     cache.clear()
                 hbytes = cache[headers] = encode_headers(headers)
-            group[0].append((value if value is not None else b"", encode_key(key), hbytes, timestamp))
-            group[1].append(index)
+            group.add(index, (value if value is not None else b"", encode_key(key), hbytes, timestamp))
             self.devices[index] = routed_device
         return device
 
-    def _group(self, topic: str, key: bytes | None, target: LineTarget | None) -> Group:
-        """The (records, lines) of the group for a record of ``topic`` with ``key``; caches the key's
-        partition on ``target`` (``IngestSink._line_group``)."""
-        group = self.sink._line_group(self.groups, self.partitions, topic, key, target)
-        slot = (group.topic, group.partition)
-        lists = self.lists.get(slot)
-        if lists is None:
-            lists = self.lists[slot] = (group.records, group.owners)
-        return lists
+    def _group(self, topic: str, key: bytes | None, target: LineTarget | None) -> LineGroup:
+        """The group for a record of ``topic`` with ``key``; caches the key's partition on ``target``
+        (``IngestSink._line_partition``)."""
+        partition = self.sink._line_partition(self.partitions, topic, key, target)
+        group = self.groups.get((topic, partition))
+        if group is None:
+            # The kernels' own class (compiled, when they are): they read its fields directly.
+            group = self.groups[(topic, partition)] = _kernels.LineGroup(topic, partition)
+        return group
+
+    def batches(self, group: LineGroup) -> list[bytes]:
+        """The group's RecordBatches: one, unless that would exceed ``_MAX_BATCH_BYTES``."""
+        encode = _kernels.encode_line_group
+        end = len(group.owners)
+        whole = encode(group, self.lines, self.targets, self.stamps, self.arrival_ms, 0, end)
+        if len(whole) <= _MAX_BATCH_BYTES:
+            return [whole]
+        return [encode(group, self.lines, self.targets, self.stamps, self.arrival_ms, start, stop)
+                for start, stop in self._chunks(group)]
+
+    def _chunks(self, group: LineGroup) -> list[tuple[int, int]]:
+        """``sink._prepared_chunks`` for a group (rare: a read bigger than a batch)."""
+        spans: list[tuple[int, int]] = []
+        start = 0
+        size = 0
+        for k, owner in enumerate(group.owners):
+            record = group.extra.get(k)
+            if record is not None:
+                est = _RECORD_OVERHEAD + len(record[0]) + len(record[1]) + len(record[2])
+            else:
+                target = self.targets[owner]
+                assert target is not None
+                est = _RECORD_OVERHEAD + len(self.lines[owner]) + len(target.key_part) + len(target.header_part)
+            if size and size + est > _MAX_BATCH_BYTES:
+                spans.append((start, k))
+                start, size = k, 0
+            size += est
+        spans.append((start, len(group.owners)))
+        return spans
 
 
 async def write_lines(sink: IngestSink, source: SourceRef, lines: Sequence[bytes], arrival_ms: int,
@@ -143,15 +172,15 @@ async def write_lines(sink: IngestSink, source: SourceRef, lines: Sequence[bytes
     seen, now = sink.health.open_counts(source)  # every line is counted there, by the kernel or by resolve
     batch = _LineBatch(sink, source, routes, listed, targets, stamps, arrival_ms, seen, now)
     try:
-        _kernels.bucket_lines(listed, targets, stamps, arrival_ms, batch.partitions, batch.lists, seen, now,
-                              batch.resolve)
+        _kernels.bucket_lines(listed, targets, batch.partitions, batch.groups, seen, now, batch.resolve)
     finally:  # received, whatever becomes of them (a storage failure creating a topic is raised from here)
         sink.health.counted(source, len(listed), nbytes, now)
 
     groups = list(batch.groups.values())
     letters = batch.letters
     if groups:
-        failures = await sink._append_line_groups(groups)
+        failures = await sink._append_line_groups([(group.topic, group.partition, batch.batches(group))
+                                                   for group in groups])
         for group, failure in zip(groups, failures, strict=True):
             if isinstance(failure, StorageError):
                 raise sink._storage_failed(source, group.topic, failure) from failure

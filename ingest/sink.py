@@ -431,27 +431,31 @@ class IngestSink:
         target: LineTarget | None,
     ) -> _LineGroup:
         """The group for a record of ``topic`` with ``key`` (``_group_for`` with a target's cached partition)."""
-        partitions = topics.get(topic)
-        if partitions is None:
-            partitions = topics[topic] = self.store.ensure_topic(topic).partitions
-        if key is None:
-            partition = self.store.partition_for(topic, None)
-        elif target is not None and target.partitions == partitions:
-            partition = target.partition
-        else:
-            cache_key = (topic, partitions, key)
-            cached = self._partition_cache.get(cache_key)
-            if cached is None:
-                if len(self._partition_cache) >= 100_000:
-                    self._partition_cache.clear()
-                cached = self._partition_cache[cache_key] = self.store.partition_for(topic, key)
-            partition = cached
-            if target is not None:  # the line kernels read these (ingest/line_kernels.bucket_lines)
-                target.partition, target.partitions, target.slot = partition, partitions, (topic, partition)
+        partition = self._line_partition(topics, topic, key, target)
         group = groups.get((topic, partition))
         if group is None:
             group = groups[(topic, partition)] = _LineGroup(topic, partition)
         return group
+
+    def _line_partition(self, topics: dict[str, int], topic: str, key: bytes | None, target: LineTarget | None) -> int:
+        """The partition of a record of ``topic`` with ``key`` (``topics``: partition counts looked up in this
+        call); caches it on ``target`` for the line kernels (ingest/line_kernels.bucket_lines)."""
+        partitions = topics.get(topic)
+        if partitions is None:
+            partitions = topics[topic] = self.store.ensure_topic(topic).partitions
+        if key is None:
+            return self.store.partition_for(topic, None)
+        if target is not None and target.partitions == partitions:
+            return target.partition
+        cache_key = (topic, partitions, key)
+        cached = self._partition_cache.get(cache_key)
+        if cached is None:
+            if len(self._partition_cache) >= 100_000:
+                self._partition_cache.clear()
+            cached = self._partition_cache[cache_key] = self.store.partition_for(topic, key)
+        if target is not None:
+            target.partition, target.partitions, target.slot = cached, partitions, (topic, cached)
+        return cached
 
     async def _append_line_group(self, group: _LineGroup) -> str | StorageError | None:
         """``_append_group`` for a ``_LineGroup`` (no placements: ``ingest_lines`` reports none)."""
@@ -467,25 +471,22 @@ class IngestSink:
             return _append_failure(group.topic, group.partition, exc)
         return None
 
-    async def _append_line_groups(self, groups: Sequence[_LineGroup]) -> list[str | StorageError | None]:
-        """``_append_line_group`` for each group, in order (the failure of each, or None), without a task per
-        partition: every group's RecordBatch is written in turn without awaiting (our encoder made it, so
-        the store does not check its CRC again), then the writes are waited for, together, only where the
-        flush policy has something to wait for (``flush=always``)."""
+    async def _append_line_groups(
+        self, groups: Sequence[tuple[str, int, Sequence[bytes]]]
+    ) -> list[str | StorageError | None]:
+        """Append each (topic, partition, RecordBatches) in order (the failure of each, or None), without a
+        task per partition: every group's batches are written in turn without awaiting (our encoder made
+        them, so the store does not check their CRC again), then the writes are waited for, together, only
+        where the flush policy has something to wait for (``flush=always``)."""
         failures: list[str | StorageError | None] = []
         waits: list[tuple[int, PartitionLog, int]] = []
-        for index, group in enumerate(groups):
+        for index, (topic, partition, batches) in enumerate(groups):
             try:
-                plog = self.store.partition(group.topic, group.partition)
-                records = group.records
-                whole = _encode_prepared(records)
-                if len(whole) <= _MAX_BATCH_BYTES:
-                    plog.append_nowait(whole, verified=True)
-                else:
-                    for start, end in _prepared_chunks(records):
-                        plog.append_nowait(_encode_prepared(records[start:end]), verified=True)
+                plog = self.store.partition(topic, partition)
+                for batch in batches:
+                    plog.append_nowait(batch, verified=True)
             except BrokerError as exc:  # StorageError included
-                failures.append(_append_failure(group.topic, group.partition, exc))
+                failures.append(_append_failure(topic, partition, exc))
                 continue
             failures.append(None)
             mark = plog.write_mark()

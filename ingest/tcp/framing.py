@@ -59,7 +59,8 @@ class LineFramer:
             del buf[: last + 1]
             limit = self.max_line_bytes
             lines = complete.split(b"\n")
-            if b"\r" not in complete and (len(complete) <= limit or max(map(len, lines)) <= limit):
+            # 0x0D is b"\r" as an int: `b"\r" in` would first build a TypeError (see line_kernels)
+            if 0x0D not in complete and (len(complete) <= limit or max(map(len, lines)) <= limit):
                 out.extend(lines)  # the usual read: nothing to strip or cut, no loop over the lines
             else:
                 for line in lines:

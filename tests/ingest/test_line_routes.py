@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from broker import native
 from broker.log.memory import MemoryLogStore
 from broker.protocol import prepared_records
+from broker.protocol.prepared_records import encode_prepared_records
 from broker.protocol.records import encode_headers, encode_key, encode_record_tuples
-from ingest import line_routes, line_writes
+from ingest import line_kernels, line_routes, line_writes
 from ingest import sink as sink_module
 from ingest.health import HealthRegistry
 from ingest.line_routes import InfluxLinePlan, JsonLinePlan, line_plan
@@ -312,3 +313,37 @@ def test_prepared_records_encode_like_record_tuples(records: list[tuple[bytes, b
     expected = encode_record_tuples(records)
     assert native.pure("broker.protocol.prepared_records").encode_prepared_records(prepared) == expected
     assert native.select(prepared_records).encode_prepared_records(prepared) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(records=st.lists(st.tuples(st.binary(max_size=300), st.none() | st.binary(max_size=20),
+                                  st.sampled_from([(), (("source", b"tcp:x"),), (("a", None), ("device", b"d"))]),
+                                  st.integers(0, 2**41), st.booleans()), min_size=1, max_size=40),
+       stamped=st.booleans(), cut=st.tuples(st.integers(0, 40), st.integers(0, 40)))
+def test_line_groups_encode_like_prepared_records(
+    records: list[tuple[bytes, bytes | None, tuple, int, bool]], stamped: bool, cut: tuple[int, int]
+) -> None:
+    """A LineGroup's batch (lines with their targets' key and headers, and records routed alone) is the
+    batch of the same records as PreparedRecords, for any run of them, compiled and pure."""
+    start, end = sorted(min(c, len(records)) for c in cut)
+    if start == end:
+        start, end = 0, len(records)
+    for module in (native.select(line_kernels), native.pure("ingest.line_kernels")):
+        group = module.LineGroup("t", 0)
+        lines: list[bytes] = []
+        targets: list[object] = []
+        stamps: list[int] = []
+        prepared = []
+        for index, (value, key, headers, ts, alone) in enumerate(records):
+            ts = ts if stamped or alone else ARRIVAL  # a record routed alone has its own time either way
+            prepared.append((value, encode_key(key), encode_headers(headers), ts))
+            lines.append(value if not alone else b"not the record's value")
+            targets.append(module.LineTarget("t", None, key, headers, encode_key(key), encode_headers(headers)))
+            stamps.append(ts if not alone else -1)
+            if alone:
+                group.add(index, prepared[-1])
+            else:
+                group.owners.append(index)
+        expected = encode_prepared_records(prepared[start:end])
+        assert module.encode_line_group(group, lines, targets, stamps if stamped else None, ARRIVAL,
+                                        start, end) == expected
