@@ -1,6 +1,6 @@
 """Idempotent producers: producer ids, and per-partition sequence state that drops retried batches.
 
-Rules (Kafka's, for non-transactional idempotent producers; one state per (topic, partition, producer id)):
+Rules (Kafka's, for idempotent and transactional producers; one state per (topic, partition, producer id)):
 
 1. A batch with ``producer_id < 0`` or ``base_sequence < 0`` is not idempotent: always appended.
 2. First batch of a producer id on a partition: any sequence is accepted (the producer may have
@@ -17,7 +17,8 @@ Rules (Kafka's, for non-transactional idempotent producers; one state per (topic
 8. On start the state is rebuilt as Kafka does, from the stored batches (they carry producer id,
    epoch, base sequence and their offsets): ``rebuild`` replays the headers of the tail of every
    partition (``PartitionLog.tail_headers``, bounded: the last ``scan_bytes`` per partition) through
-   ``record``, so a producer retrying right after a restart gets its original offset back instead of
+   ``record`` (transactional batches included: their retry would otherwise be appended, and committed,
+   twice), so a producer retrying right after a restart gets its original offset back instead of
    a duplicate append. A producer whose last batch on a partition lies before the scanned tail is
    treated as new there (rule 2).
 9. Expiry (Kafka's ``producer.id.expiration.ms``, default 1 day, swept every
@@ -228,7 +229,11 @@ def rebuild(store: LogStore, table: ProducerStateTable, ids: ProducerIdAllocator
                 if header.producer_id < 0:
                     continue
                 ids.observe(header.producer_id)
-                if header.base_sequence >= 0 and not header.is_transactional and not header.is_control:
+                # Transactional batches too (Kafka's loadProducersFromRecords takes every batch with a
+                # producer id): a transactional producer retries an unanswered batch after a restart like
+                # any idempotent one. Control batches carry no sequence; a marker's epoch bump needs no
+                # entry here, since the coordinator refuses an older epoch before this table is asked.
+                if header.base_sequence >= 0 and not header.is_control:
                     table.record(info.name, plog.partition, header, header.base_offset)
                     batches += 1
             producers += len(table.producers(info.name, plog.partition))

@@ -1,13 +1,17 @@
 """Idempotent-producer state: expiry of idle producer ids (Kafka's producer.id.expiration.ms, swept
-every producer.id.expiration.check.interval.ms) and its removal with a deleted topic, on a fake clock."""
+every producer.id.expiration.check.interval.ms) and its removal with a deleted topic, on a fake clock;
+its rebuild from the stored batches."""
 
 from __future__ import annotations
 
+import crc32c
+
 from broker.log.memory import MemoryLogStore
 from broker.protocol.kafka_codes import ErrorCode
-from broker.protocol.records import RecordSpec, decode_header, encode_batch
+from broker.protocol.records import ATTR_TRANSACTIONAL, RecordSpec, decode_header, encode_batch
 from broker.server.handlers_common import BrokerContext
 from broker.server.producer_state import APPEND, ProducerIdAllocator, ProducerStateTable, rebuild
+from broker.txn.markers import encode_marker
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -77,3 +81,22 @@ async def test_deleting_a_topic_through_the_store_clears_its_producer_state() ->
     await store.delete_topic("t")
     assert ctx.producer_state.producers("t", 0) == {}
     assert list(ctx.producer_state.producers("other", 0)) == [3]
+
+
+async def test_rebuild_takes_transactional_batches_so_their_retry_is_answered_not_appended() -> None:
+    """A transactional producer retries an unanswered batch after a restart like an idempotent one
+    (Kafka's loadProducersFromRecords takes every batch with a producer id); only markers are skipped."""
+    store = MemoryLogStore()
+    store.create_topic("t", 1)
+    batch = bytearray(encode_batch([RecordSpec(b"a"), RecordSpec(b"b")], producer_id=21, producer_epoch=3,
+                                   base_sequence=0))
+    batch[22] |= ATTR_TRANSACTIONAL  # the low byte of the attributes
+    batch[17:21] = crc32c.crc32c(bytes(batch[21:])).to_bytes(4, "big")
+    await store.append("t", 0, bytes(batch))
+    await store.append("t", 0, encode_marker(21, 3, False, timestamp_ms=1))
+    table = ProducerStateTable()
+    rebuild(store, table, ProducerIdAllocator(start=0))
+    assert table.producers("t", 0) == {21: (3, [(0, 1, 0)])}
+    assert table.check("t", 0, decode_header(bytes(batch))).duplicate_of == 0
+    follow_up = decode_header(encode_batch([RecordSpec(b"c")], producer_id=21, producer_epoch=3, base_sequence=2))
+    assert table.check("t", 0, follow_up) == APPEND
