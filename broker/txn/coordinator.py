@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from broker.errors import BrokerError, UnknownTopicError
 from broker.log.api import LogStore, PartitionLog
 from broker.protocol.kafka_codes import ErrorCode
-from broker.protocol.records import BatchHeader
+from broker.protocol.records import BatchHeader, split_complete_batches
 from broker.txn import machine
 from broker.txn.markers import encode_marker
 from broker.txn.metadata import PendingOffset, TopicPartition, TxnMetadata, TxnState
@@ -83,7 +83,11 @@ class TransactionCoordinator:
             self._remember(md)
             if md.state in (TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
                 for (topic, partition), lower_bound in md.partitions.items():
-                    self.index.of(topic, partition).begin(md.producer_id, lower_bound)
+                    index = self.index.of(topic, partition)
+                    index.begin(md.producer_id, lower_bound)
+                    first = self._first_batch_since(topic, partition, md.producer_id, lower_bound)
+                    if first is not None:
+                        index.appended(md.producer_id, first)
         stale: list[tuple[str, int, AbortedTxn]] = []
         for topic, partition, entry in loaded.aborted:
             if self._store.has_topic(topic):
@@ -223,6 +227,28 @@ class TransactionCoordinator:
         except UnknownTopicError:
             return False
         return True
+
+    def _first_batch_since(self, topic: str, partition: int, producer_id: int, lower_bound: int) -> int | None:
+        """Where the open transaction's data starts in the log (its first batch at or after the
+        partition's end when it joined), as Kafka's producer state knows it after a restart. Without
+        it, the producer's first append after the restart would be taken as the first, and the
+        batches it wrote before the restart would pass the last stable offset and, aborted, stay
+        visible to read_committed readers."""
+        try:
+            plog = self._store.partition(topic, partition)
+        except UnknownTopicError:
+            return None
+        offset = max(lower_bound, plog.log_start_offset)
+        while offset < plog.high_watermark:
+            data = plog.read(offset, 1 << 20)
+            headers, _ = split_complete_batches(data)
+            if not headers:
+                return None
+            for header in headers:
+                if header.producer_id == producer_id and header.is_transactional and not header.is_control:
+                    return header.base_offset
+            offset = headers[-1].last_offset + 1
+        return None
 
     def _remember(self, md: TxnMetadata) -> None:
         old = self._txns.get(md.transactional_id)

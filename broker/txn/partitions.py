@@ -10,8 +10,11 @@ data may start at) and the aborted ones (producer id, first offset, offset of th
   offset until it meets the producer's abort marker.
 
 A first offset is known exactly when the transaction's first batch is appended here; before that
-(and after a restart) it is the partition's end when the partition joined the transaction, which
-is never later than the real one, so the LSO is never too high.
+it is the partition's end when the partition joined the transaction, which is never later than the
+real one, so the LSO is never too high. After a restart the coordinator looks for the first batch in
+the log from that bound (``appended`` with what it finds): an append after the restart must not be
+taken as the first, since batches written before the restart would then pass the LSO and, if the
+transaction aborts, stay visible to ``read_committed`` readers.
 """
 
 from __future__ import annotations

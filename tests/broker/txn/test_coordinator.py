@@ -124,3 +124,29 @@ async def test_zombie_batches_are_fenced_after_a_timeout_abort() -> None:
     assert coord.check_produce("t", 0, zombie) == ErrorCode.INVALID_PRODUCER_EPOCH
     assert await coord.end_txn("x", init.producer_id, init.producer_epoch, True) == ErrorCode.PRODUCER_FENCED
     await coord.stop()
+
+
+async def test_an_open_transactions_first_offset_is_found_in_the_log_after_a_restart() -> None:
+    """The producer writes before and after the restart, then aborts: the LSO and the aborted range
+    start at its first batch before the restart, not at its first append after it."""
+    store = MemoryLogStore()
+    store.create_topic("t", 1)
+    offsets = Offsets()
+    coord = _coordinator(store, offsets)
+    await coord.start()
+    init = await coord.init_producer_id("x", 60_000, None)
+    pid, epoch = init.producer_id, init.producer_epoch
+    assert await coord.add_partitions("x", pid, epoch, [("t", 0)]) == {("t", 0): ErrorCode.NONE}
+    await store.append_records("t", [RecordSpec(b"plain, after the partition joined")], partition=0)
+    first = await _append_txn(store, coord, pid, epoch, 0)
+    await coord.stop()
+    again = _coordinator(store, offsets)
+    await again.start()
+    plog = store.partition("t", 0)
+    assert again.last_stable_offset(plog) == first == 1
+    await store.append_records("t", [RecordSpec(b"plain, after the restart")], partition=0)
+    await _append_txn(store, again, pid, epoch, 1)
+    assert again.last_stable_offset(plog) == first
+    assert await again.end_txn("x", pid, epoch, False) == ErrorCode.NONE
+    assert again.aborted_between(plog, 0, plog.high_watermark) == [(pid, first)]
+    await again.stop()
