@@ -141,6 +141,30 @@ def test_batch_level_rules_in_kafkas_order() -> None:
         validate_produce_batch(good, len(good) - 1)
 
 
+@pytest.mark.parametrize("as_view", [False, True], ids=["bytes", "view"])
+def test_a_wrong_crc_is_answered_before_the_header_and_record_rules_after_it(as_view: bool) -> None:
+    """Kafka checks the CRC before the record count, the control bit, the producer's sequence and the
+    records: a batch broken in transit is CORRUPT_MESSAGE whatever else is wrong with it. A view of a
+    request buffer has its CRC taken during the walk, so it must answer the same."""
+    good = encode_batch(specs(3))
+    control = bytearray(good)
+    control[22] |= 0x20
+    miscounted = bytearray(good)
+    struct.pack_into(">i", miscounted, 57, 4)  # record_count 4, last_offset_delta 2
+    bad_record = bytearray(good)
+    bad_record[61] = 0x7F  # the first record's length varint: runs past the batch
+    no_sequence = bytearray(encode_batch(specs(2), producer_id=5, producer_epoch=0, base_sequence=-1))
+    for broken in (control, miscounted, bad_record, no_sequence):
+        broken[17] ^= 0x01  # the stored CRC no longer matches
+        batch = memoryview(bytearray(broken)).toreadonly() if as_view else bytes(broken)
+        with pytest.raises(CorruptRecordError, match="CRC"):
+            validate_produce_batch(batch, LIMIT)
+        broken[17] ^= 0x01
+        resealed = memoryview(bytearray(reseal(broken))).toreadonly() if as_view else reseal(broken)
+        with pytest.raises(InvalidRecordError):
+            validate_produce_batch(resealed, LIMIT)
+
+
 def test_zstd_before_produce_v7_is_an_unsupported_compression_type() -> None:
     zstd = encode_batch(specs(2), compression=Compression.ZSTD)
     with pytest.raises(UnsupportedCompressionError, match="version 6"):

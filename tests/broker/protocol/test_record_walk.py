@@ -123,10 +123,10 @@ def test_a_fifth_varint_byte_keeps_only_the_bits_a_java_int_holds() -> None:
     assert assert_same_verdict(data, 1) == ("accepted", (0, []))
 
 
-def validation_verdict(records: bytes | memoryview) -> Verdict:
+def validation_verdict(records: bytes | memoryview, compacted: bool = False) -> Verdict:
     """What Produce validation answers: the bytes to store and their header, or the error."""
     try:
-        accepted = validate_produce_batch(records, 1 << 20)
+        accepted = validate_produce_batch(records, 1 << 20, compacted=compacted)
     except BrokerError as exc:
         return type(exc).__name__, (str(exc), getattr(exc, "record_errors", ()))
     return "accepted", (bytes(accepted.data), accepted.header)
@@ -135,23 +135,28 @@ def validation_verdict(records: bytes | memoryview) -> Verdict:
 @settings(max_examples=500, deadline=None)
 @given(specs=records, edits=st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 255)), max_size=3),
        cut=st.integers(min_value=0, max_value=4), count_change=st.sampled_from([0, 0, 0, -1, 1]),
-       piece=st.sampled_from([5, 9, 40, 300]), walk=st.sampled_from([SELECTED, PURE]))
+       piece=st.sampled_from([5, 9, 40, 300]), walk=st.sampled_from([SELECTED, PURE]),
+       bad_crc=st.booleans(), compacted=st.booleans())
 def test_a_batch_handed_over_as_a_view_gets_the_verdict_of_the_whole_batch(
-    specs: list[RecordSpec], edits: list[tuple[int, int]], cut: int, count_change: int, piece: int, walk: ModuleType
+    specs: list[RecordSpec], edits: list[tuple[int, int]], cut: int, count_change: int, piece: int, walk: ModuleType,
+    bad_crc: bool, compacted: bool,
 ) -> None:
-    """A request buffer's view is walked in pieces (copies small enough to reuse warm memory); records
-    cut by a piece's end, records longer than a piece and malformed records must come out as the walk
-    of one whole ``bytes`` batch says."""
+    """A request buffer's view is walked in pieces (copies small enough to reuse warm memory) and its CRC
+    taken from them; records cut by a piece's end, records longer than a piece, malformed records and a
+    wrong CRC (which wins over every record error, as in Kafka) must come out as the checks of one whole
+    ``bytes`` batch say."""
     body = bytearray(encode_batch(specs)[HEADER:])
     for where, value in edits:
         if body:
             body[where % len(body)] = value
     del body[len(body) - cut:]
-    data = batch_of(bytes(body), max(1, len(specs) + count_change))
-    whole = validation_verdict(data)
+    data = bytearray(batch_of(bytes(body), max(1, len(specs) + count_change)))
+    if bad_crc:
+        data[17] ^= 0x01
+    whole = validation_verdict(bytes(data), compacted)
     saved = batch_validation._PIECE_BYTES, batch_validation._walk_piece
     batch_validation._PIECE_BYTES, batch_validation._walk_piece = piece, walk.walk_piece
     try:
-        assert validation_verdict(memoryview(bytearray(data)).toreadonly()) == whole
+        assert validation_verdict(memoryview(data).toreadonly(), compacted) == whole
     finally:
         batch_validation._PIECE_BYTES, batch_validation._walk_piece = saved
