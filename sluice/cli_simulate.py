@@ -207,7 +207,10 @@ def simulate(
                 progress.set(sum(s.sent for s in fleet))
             await drivers
         for d in devices:
-            await d.close(timeout=5 if d.stats.connects else 0.5)  # nothing to wait for if never connected
+            # A device still connecting (the TCP ack probe waits up to 2 s for an answer) delivers within
+            # the wait; only one whose connects all failed has nothing to wait for.
+            reachable = d.stats.connects > 0 or d.stats.last_error is None
+            await d.close(timeout=5 if reachable else 0.5)
         if producer is not None:
             await producer.stop()
         return devices

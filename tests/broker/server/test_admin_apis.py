@@ -173,7 +173,7 @@ def test_confluent_admin_deletes_consumer_groups(sluice: SluiceProcess) -> None:
             with pytest.raises(KafkaException) as info:
                 futures[group].result(10)
             assert info.value.args[0].code() == code
-        listed = {g.group_id for g in admin.list_consumer_groups(request_timeout=10).result(10).valid}
+        listed = {g.group_id for g in admin.list_consumer_groups(request_timeout=60).result(60).valid}
         assert "dg-idle" not in listed and "dg-busy" in listed
         check = Consumer({"bootstrap.servers": bootstrap, "group.id": "dg-idle"})
         assert check.committed([TopicPartition("dg", 0)], timeout=10)[0].offset == -1001

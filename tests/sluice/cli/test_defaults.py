@@ -61,6 +61,24 @@ def test_simulate_tcp_against_the_defaults_writes_each_reading_once(default_serv
     assert Counter(line.split("\t", 1)[0] for line in lines) == {r["sensor"]: r["sent"] for r in report["sensors"]}
 
 
+def test_simulate_tcp_shorter_than_the_ack_probe_delivers_every_reading(default_server: SluiceProcess) -> None:
+    """A run that ends while each connection still asks the listener whether it acks (``probe_timeout``,
+    2 s, unanswered by the default listener) waits for that answer and delivers: it used to see no
+    completed connection yet, wait 0.5 s as if the listener were absent, and report readings undelivered
+    (seen under load in the test above; here every time)."""
+    host, port = default_server.address("tcp").rsplit(":", 1)
+    before = len(read_topic(default_server.bootstrap, "sensors", 0))
+    done = sluice("simulate", "--transport", "tcp", "--host", host, "--port", port, "--sensors", "2",
+                  "--first-id", "600", "--profile", "steady", "--duration", "0.3", "--seed", "4", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["tcp_acks"] is False
+    assert all(r["sent"] > 0 and r["delivered"] == r["sent"] and r["undelivered"] == 0 for r in report["sensors"])
+    lines = read_topic(default_server.bootstrap, "sensors", before + sum(r["sent"] for r in report["sensors"]))
+    stored = Counter(line.split("\t", 1)[0] for line in lines)
+    assert {s: stored[s] for s in ("sensor_600", "sensor_601")} == {r["sensor"]: r["sent"] for r in report["sensors"]}
+
+
 def test_version() -> None:
     from sluice import __version__
 
