@@ -385,7 +385,8 @@ def run_executor(decoded: list[tuple[tuple[str, int], list[Any]]], n: int
     return elapsed, results_from(out)
 
 
-async def main_async(n: int, repeat: int, with_quix: bool = True, with_standalone: bool = True) -> None:
+async def main_async(n: int, repeat: int, with_quix: bool = True, with_standalone: bool = True,
+                     shuffle_only: bool = False) -> None:
     rows = make_input(n)
     expected = batch_job(rows)
     want_closed = closed(expected, rows)
@@ -413,6 +414,11 @@ async def main_async(n: int, repeat: int, with_quix: bool = True, with_standalon
                 produce_confluent(bootstrap, "bench-sa-in", rows)
             # rounds interleave the engines so that noise from a shared machine hits all of them
             for round_ in range(repeat):
+                if shuffle_only:  # the shuffle's pair alone, for quick iterations on the repartition path
+                    record(names[1], *await run_standalone_bench(rows, bootstrap, round_), want_closed)
+                    record(names[5], *await run_standalone_bench(rows, bootstrap, round_, repartition=True),
+                           want_closed)
+                    continue
                 record(names[0], *await run_attached(rows), want_closed)
                 record(names[3], *run_plain(rows), expected)  # beside the attached row: the target's pair
                 record(names[9], *await run_plain_end_to_end(rows), expected)
@@ -436,6 +442,14 @@ async def main_async(n: int, repeat: int, with_quix: bool = True, with_standalon
                 proc.terminate()
                 proc.wait(30)
 
+    if shuffle_only:
+        for name in (names[1], names[5]):
+            print(f"{name:38} best {max(rates[name]):11,.0f} median {statistics.median(rates[name]):9,.0f}  "
+                  f"{', '.join(sorted(checks[name]))}")
+        shuffled, plain = rates[names[5]], rates[names[1]]
+        print(f"repartitioned / not (standalone at-least-once): best {max(shuffled) / max(plain):.2f}, "
+              f"median {statistics.median(shuffled) / statistics.median(plain):.2f}")
+        return
     best_bytewax = max(rates[names[2]])
     median_bytewax = statistics.median(rates[names[2]])
     print(f"keyed 10 s tumbling mean, {n:,} records, {SENSORS} keys, Python {sys.version.split()[0]}, "
@@ -475,8 +489,10 @@ def main() -> None:
     parser.add_argument("--no-quix", action="store_true", help="leave out the Quix Streams row")
     parser.add_argument("--attached-only", action="store_true",
                         help="only the in-process rows (attached, executor, plain, Bytewax): no broker subprocess")
+    parser.add_argument("--shuffle-only", action="store_true",
+                        help="only the standalone at-least-once row and its repartitioned twin (the shuffle's cost)")
     args = parser.parse_args()
-    asyncio.run(main_async(args.records, args.repeat, not args.no_quix, not args.attached_only))
+    asyncio.run(main_async(args.records, args.repeat, not args.no_quix, not args.attached_only, args.shuffle_only))
 
 
 if __name__ == "__main__":

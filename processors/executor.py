@@ -26,7 +26,8 @@ from processors.time import NO_TIME
 from processors.triggers import EarlyEvery
 from processors.watermarks import WatermarkTracker
 
-__all__ = ["Executor", "KeyedStateFactory", "OutRecord", "PartitionExtension", "RecordLike", "TopicPartition"]
+__all__ = ["Executor", "KeyedStateFactory", "OutBatch", "OutRecord", "PartitionExtension", "RecordLike",
+           "TopicPartition", "output_records"]
 
 TopicPartition = tuple[str, int]
 # (operator id, the operator's logic builder) -> the map holding its per-key logics
@@ -70,6 +71,26 @@ class OutRecord:
     headers: tuple[tuple[str, bytes | None], ...]
     timestamp: int
     partition: int | None = None  # None: the sink's partitioner (murmur2 of the key) chooses
+
+
+@dataclass(frozen=True, slots=True)
+class OutBatch(OutRecord):
+    """``count`` records already encoded as the records section of one RecordBatch (Kafka's v2 record
+    layout) for ``partition``; ``value`` is that section, ``timestamp`` the first record's. Only the
+    repartition stages make these (``processors.repartition``), and only ``KafkaSink`` writes them
+    (it adds the batch header): repartitioned stages run standalone only."""
+
+    count: int = 0
+    max_timestamp: int = 0
+
+
+def output_records(outputs: list[OutRecord]) -> int:
+    """How many records ``outputs`` hold (an ``OutBatch`` holds ``count``)."""
+    n = len(outputs)
+    for o in outputs:
+        if type(o) is OutBatch:
+            n += o.count - 1
+    return n
 
 
 class _Node:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections.abc import Collection
 from typing import Any
 
@@ -52,6 +53,7 @@ from aiokafka.errors import (
     UnknownMemberIdError,
 )
 from aiokafka.structs import OffsetAndMetadata
+from crc32c import crc32c
 
 from clients.security import ClientSecurity
 from processors.checkpoint import (
@@ -63,7 +65,7 @@ from processors.checkpoint import (
     load_from_tail,
 )
 from processors.errors import CheckpointError, PartitionsLostError, SourceError
-from processors.executor import OutRecord, RecordLike
+from processors.executor import OutBatch, OutRecord, RecordLike
 from processors.executor import TopicPartition as TP
 from processors.kafka_records import use_parser_records
 from processors.purge import RepartitionPurger
@@ -224,6 +226,49 @@ class KafkaSource:
         return [((tp.topic, tp.partition), messages) for tp, messages in data.items() if messages]
 
 
+_BATCH_HEAD = struct.Struct(">qiibI")  # base offset, batch length, partition leader epoch, magic, CRC
+_BATCH_REST = struct.Struct(">hiqqqhii")  # attributes ... record count: what the CRC covers, with the records
+_TRANSACTIONAL = 0x10
+
+
+class _PreparedBuilder:
+    """aiokafka's ``BatchBuilder`` interface over an ``OutBatch`` (``producer.send_batch`` takes
+    it as one of its own): the batch header is written when the sender drains it, once aiokafka has
+    set the producer id, epoch and base sequence (idempotent and transactional producers)."""
+
+    def __init__(self, batch: OutBatch, transactional: bool) -> None:
+        self.batch = batch
+        self.transactional = transactional
+        self.producer: tuple[int, int, int] = (-1, -1, -1)
+        self._buffer: bytes | None = None
+
+    def _set_producer_state(self, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
+        self.producer = (producer_id, producer_epoch, base_sequence)
+
+    def _build(self) -> bytes:
+        if self._buffer is None:  # built once: a retry sends the same bytes
+            b = self.batch
+            rest = _BATCH_REST.pack(_TRANSACTIONAL if self.transactional else 0, b.count - 1, b.timestamp,
+                                    b.max_timestamp, *self.producer, b.count) + (b.value or b"")
+            self._buffer = _BATCH_HEAD.pack(0, len(rest) + 9, -1, 2, crc32c(rest)) + rest
+        return self._buffer
+
+    def append(self, **_: Any) -> None:
+        return None  # full: aiokafka's own records go into a batch of their own
+
+    def close(self) -> None:
+        return None
+
+    def closed(self) -> bool:
+        return True  # no lingering: it is complete
+
+    def record_count(self) -> int:
+        return self.batch.count
+
+    def size(self) -> int:
+        return len(self.batch.value or b"") + 61
+
+
 class KafkaSink:
     """The producer of results and checkpoints. With ``transactional_id`` every write goes into a
     transaction begun by the first write after a commit; ``commit_transaction`` ends it."""
@@ -311,13 +356,20 @@ class KafkaSink:
         await self.producer.stop()
 
     async def write(self, records: list[OutRecord]) -> None:
-        """Records with a partition (a repartition topic's) go in batches built here, one future per
-        batch: ``send`` costs a future and a partitioner call per record, the shuffle's largest cost."""
+        """Records with a partition go in batches built here, one future per batch: ``send`` costs a
+        future and a partitioner call per record. An ``OutBatch`` (a repartition topic's records,
+        encoded by the stage) is sent as the one RecordBatch it is."""
         try:
             await self._begin()
             producer = self.producer
             batches: dict[tuple[str, int], Any] = {}
+            transactional = self.transactional_id is not None
             for r in records:
+                if type(r) is OutBatch:
+                    assert r.partition is not None
+                    self._pending.append(await producer.send_batch(_PreparedBuilder(r, transactional), r.topic,
+                                                                   partition=r.partition))
+                    continue
                 if r.partition is None:
                     self._pending.append(await producer.send(
                         r.topic, r.value, key=r.key, headers=list(r.headers), timestamp_ms=r.timestamp))

@@ -56,15 +56,17 @@ import json
 import logging
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.log.partitioner import partition_for_key
-from processors import jsonvalues
+from broker.native import select
+from processors import jsonvalues, shuffle_kernels
 from processors.errors import PipelineDefinitionError
 from processors.executor import (
     _SLICE,
     Executor,
     KeyedStateFactory,
+    OutBatch,
     OutRecord,
     RecordLike,
     TopicPartition,
@@ -91,6 +93,9 @@ __all__ = [
 
 HEADER_SHUFFLE_SEQ = "sluice-shuffle-seq"
 HEADER_SHUFFLE_MARK = "sluice-shuffle-mark"
+if TYPE_CHECKING:
+    from processors.shuffle_kernels import Finished
+_KERNELS = select(shuffle_kernels)  # the compiled build of the per-record loops when there is one
 MARK_MIN_INTERVAL_MS = 100  # marks on watermark moves, at most this often
 MARK_REFRESH_MS = 1_000  # and at least this often (ticks), or after an ownership change
 # one encoder for every record (json.dumps builds one per call when given options); no fallback: a
@@ -219,64 +224,59 @@ class _SequenceCounters:
         self.next.pop(tp, None)
 
 
+def _encode_value(value: Any) -> bytes:
+    return _ENCODE(value).encode()
+
+
 class _RepartitionNode(_Node):
+    """Writes keyed items into the repartition partitions' batches (``processors.shuffle_kernels``)."""
+
     def __init__(self, spec: NodeSpec, ex: ShuffleWriter) -> None:
         super().__init__(spec, ex)
         self.writer = ex
-        self.topic = spec.config.topic
+        self.topic: str = spec.config.topic
         self.fn = spec.config.fn
-        self.where: dict[Any, tuple[bytes, int]] = {}  # key -> (encoded key, partition); murmur2 is Python
+        self.where: dict[Any, tuple[bytes, int]] = {}  # key -> (encoded key, partition): murmur2 is Python
+        self.builders = [_KERNELS.RecordsBuilder(p) for p in range(ex.partitions)]
+        self.finished: list[Finished] = []  # builders finished when full, not taken yet
 
-    def _place(self, key: Any) -> tuple[bytes, int]:
-        placed = self.where.get(key) if isinstance(key, Hashable) else None
-        if placed is None:
-            raw = encode_key(key)
-            placed = (raw, partition_for_key(raw, self.writer.partitions))
-            if isinstance(key, Hashable):
-                if len(self.where) >= 100_000:
-                    self.where.clear()
-                self.where[key] = placed
-        return placed
+    def _locate(self, key: Any) -> tuple[bytes, int]:
+        raw = encode_key(key)
+        return raw, partition_for_key(raw, self.writer.partitions)
 
-    def push(self, items: list[Any]) -> None:
+    def _write(self, items: list[tuple[int, Any]], raws: list[bytes | None] | None, reason: str) -> None:
         ex = self.writer
         tp = ex.current_tp
         assert isinstance(tp, tuple)
-        counters = ex.counters.of(tp)
-        origin = f"{tp[0]}:{tp[1]}:"
-        out = ex.outputs
-        topic, fn = self.topic, self.fn
-        for ts, value in items:
-            try:
-                raw_key, p = self._place(fn(value))
-                raw_value = _ENCODE(value).encode()
-            except Exception as exc:
-                ex.dead_letter(value, ts, f"key_by failed (the key, or a value a repartition topic cannot carry as "
-                                          f"JSON): {exc!r}")
-                continue
-            seq = counters[p]
-            counters[p] = seq + 1
-            out.append(OutRecord(topic, raw_key, raw_value, ((HEADER_SHUFFLE_SEQ, f"{origin}{seq}".encode()),), ts, p))
+        failures: list[tuple[int, Any, Exception]] = []
+        _KERNELS.write_items(items, raws, self.fn, self.where, self._locate, _encode_value, self.builders,
+                             ex.counters.of(tp), f"{tp[0]}:{tp[1]}:".encode(), self.finished, failures)
+        for ts, value, exc in failures:
+            ex.dead_letter(value, ts, f"{reason}: {exc!r}")
+
+    def push(self, items: list[Any]) -> None:
+        self._write(items, None, "key_by failed (the key, or a value a repartition topic cannot carry as JSON)")
 
     def push_forwarding(self, items: list[tuple[int, Any]], raws: list[bytes | None]) -> None:
         """``push`` for a key_by straight on a JSON source: each item's value goes out as the bytes it
         came in (the downstream decodes them with the same decoder, so it sees the same value)."""
-        ex = self.writer
-        tp = ex.current_tp
-        assert isinstance(tp, tuple)
-        counters = ex.counters.of(tp)
-        origin = f"{tp[0]}:{tp[1]}:"
-        out = ex.outputs
-        topic, fn, place = self.topic, self.fn, self._place
-        for (ts, value), raw in zip(items, raws, strict=True):
-            try:
-                raw_key, p = place(fn(value))
-            except Exception as exc:
-                ex.dead_letter(value, ts, f"key_by failed: {exc!r}")
-                continue
-            seq = counters[p]
-            counters[p] = seq + 1
-            out.append(OutRecord(topic, raw_key, raw, ((HEADER_SHUFFLE_SEQ, f"{origin}{seq}".encode()),), ts, p))
+        self._write(items, raws, "key_by failed")
+
+    def mark(self, mark: bytes, now: int) -> None:
+        for builder in self.builders:  # after the records it covers, in each partition
+            builder.add_mark(mark, now)
+
+    def take(self, out: list[OutRecord]) -> None:
+        """Every record written so far, as one ``OutBatch`` per partition (more when one filled up)."""
+        finished = self.finished
+        for builder in self.builders:
+            last = builder.finish()
+            if last is not None:
+                finished.append(last)
+        topic = self.topic
+        for p, records, count, base_ts, max_ts in finished:
+            out.append(OutBatch(topic, None, records, (), base_ts, p, count, max_ts))
+        finished.clear()
 
     def watermark(self, wm: int, now: int) -> None:
         if now - self.writer.marked_at >= MARK_MIN_INTERVAL_MS:
@@ -296,7 +296,7 @@ class ShuffleWriter(Executor):
         self.partitions = partitions
         self.partition_counts = partition_counts  # input topic -> partition count (the marks name them)
         self.counters = _SequenceCounters(partitions)
-        self.topics: list[str] = []
+        self.writers: list[_RepartitionNode] = []
         self.marked_at = NO_TIME
         self.last_mark: tuple[int, list[Hashable]] = (NO_TIME, [])
         self.marks_sent = 0
@@ -327,8 +327,9 @@ class ShuffleWriter(Executor):
 
     def _build(self, spec: NodeSpec) -> _Node:
         if spec.kind == "repartition":
-            self.topics.append(spec.config.topic)
-            return _RepartitionNode(spec, self)
+            node = _RepartitionNode(spec, self)
+            self.writers.append(node)
+            return node
         return super()._build(spec)
 
     def owned(self) -> list[TopicPartition]:
@@ -342,10 +343,16 @@ class ShuffleWriter(Executor):
         if not owned:
             return
         mark = to_json({"wm": self.watermark, "parts": owned, "of": self.partition_counts()})
-        headers = ((HEADER_SHUFFLE_MARK, mark),)
-        for topic in self.topics:
-            self.outputs.extend(OutRecord(topic, None, b"", headers, now, p) for p in range(self.partitions))
+        for node in self.writers:
+            node.mark(mark, now)
         self.marks_sent += 1
+
+    def take_outputs(self) -> list[OutRecord]:
+        """The outputs, with the repartition records written so far as ``OutBatch``es: the runner takes
+        them after every batch, tick and assignment, so a checkpoint never covers records still here."""
+        for node in self.writers:
+            node.take(self.outputs)
+        return super().take_outputs()
 
 
 # -- downstream ------------------------------------------------------------------------------------
@@ -424,53 +431,27 @@ class ShuffleReader(Executor):
         self.extensions.append(self.inputs)
         self.duplicates = 0
         self._keys: dict[bytes, Hashable] = {}  # encoded key -> key: few keys, many records
+        self._origins: dict[bytes, str] = {}  # b"<topic>:<partition>" -> its text
 
     def process(self, tp: TopicPartition, records: Sequence[RecordLike], now: int) -> None:
         self.now = now
         part = self.inputs.of(tp)
-        seqs = part.seqs
-        items: list[tuple[int, Hashable, Any]] = []
-        loads = json.loads
-        json_loads = jsonvalues.loads
-        keys = self._keys
-        duplicates_before = self.duplicates
-        for r in records:
-            headers = r.headers
-            seq_header = None
-            for name, raw in headers:
-                if name == HEADER_SHUFFLE_SEQ:
-                    seq_header = raw
-                    break
-                if name == HEADER_SHUFFLE_MARK:
-                    try:
-                        part.mark(loads(raw or b""))
-                    except (ValueError, KeyError, TypeError) as exc:
-                        self._undecodable(tp, r, exc)
-                    break
-            else:
-                self._undecodable(tp, r, ValueError(f"a repartition record without a {HEADER_SHUFFLE_SEQ} header"))
-                continue
-            if seq_header is None:
-                continue  # a mark
+        marks: list[RecordLike] = []
+        bad: list[tuple[RecordLike, Exception]] = []
+        items, duplicates = _KERNELS.read_records(records, part.seqs, self._origins, self._keys, decode_key,
+                                                  jsonvalues.loads, marks, bad)
+        for r in marks:
             try:
-                origin, _, seq_text = seq_header.decode().rpartition(":")
-                seq = int(seq_text)
-                if seq <= seqs.get(origin, -1):
-                    self.duplicates += 1  # written again by a replaying upstream instance
-                    continue
-                raw_key = r.key or b"null"
-                key = keys.get(raw_key)
-                if key is None:
-                    if len(keys) >= 100_000:
-                        keys.clear()
-                    key = keys[raw_key] = decode_key(raw_key)
-                items.append((r.timestamp, key, None if r.value is None else json_loads(r.value)))
-                seqs[origin] = seq
-            except Exception as exc:
+                raw = next(value for name, value in r.headers if name == HEADER_SHUFFLE_MARK)
+                part.mark(json.loads(raw or b""))
+            except (ValueError, KeyError, TypeError) as exc:
                 self._undecodable(tp, r, exc)
-        if self.duplicates != duplicates_before:
+        for r, error in bad:
+            self._undecodable(tp, r, error)
+        if duplicates:
+            self.duplicates += duplicates
             log.info("dropped records a replaying upstream instance wrote again",
-                     extra={"partition": f"{tp[0]}/{tp[1]}", "dropped": self.duplicates - duplicates_before,
+                     extra={"partition": f"{tp[0]}/{tp[1]}", "dropped": duplicates,
                             "dropped_total": self.duplicates})
         self.records_in += len(items)
         if items:

@@ -42,7 +42,7 @@ from processors.checkpoint import (
     take_checkpoint,
 )
 from processors.errors import PartitionsLostError, ProcessorError
-from processors.executor import Executor, KeyedStateFactory, RecordLike, TopicPartition
+from processors.executor import Executor, KeyedStateFactory, RecordLike, TopicPartition, output_records
 from processors.pipeline import Pipeline
 from processors.sources import Sink, Source
 from processors.time import NO_TIME, Clock, SystemClock
@@ -392,7 +392,7 @@ class Runner:
                         done.set_result(None)
                 elif kind == "out":
                     await self.sink.write(arg)
-                    self.records_out += len(arg)
+                    self.records_out += output_records(arg)
                 else:
                     data, offsets = arg
                     await self.sink.flush()
