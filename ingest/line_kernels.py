@@ -27,7 +27,9 @@ _BACKSLASH: Final = 0x5C  # b"\\"
 class LineTarget:
     """Where lines that route alike go: log topic, device, key and headers (``key_part`` and
     ``header_part``: the last two as they sit in a record). ``partition`` is the key's partition when the
-    topic had ``partitions`` partitions (the sink's cache; -1: not known), ``slot`` (topic, partition)."""
+    topic had ``partitions`` partitions (the sink's cache; -1: not known), ``slot`` (topic, partition).
+    ``group`` is the slot's group in the ``bucket_lines`` call numbered ``call``; ``lines`` and ``nbytes``
+    what that call has counted for the target so far (folded into the health counts at its end)."""
 
     def __init__(self, topic: str, device: str | None, key: bytes | None,
                  headers: tuple[tuple[str, bytes | None], ...], key_part: bytes, header_part: bytes) -> None:
@@ -40,6 +42,11 @@ class LineTarget:
         self.partition = -1
         self.partitions = -1
         self.slot = (topic, -1)
+        self.group: LineGroup | None = None
+        self.call = -1
+        self.lines = 0
+        self.nbytes = 0
+        self.key_and_length: dict[int, bytes] = {}  # value length -> key_part + the length's varint
 
 
 # (value, encoded key, encoded headers, timestamp ms): broker/protocol/prepared_records' record
@@ -72,30 +79,53 @@ def bucket_lines(
     seen: dict[str | None, list[Any]],
     now: float,
     resolve: Callable[[int], None],
+    call: int,
 ) -> None:
     """Append each line to its (topic, partition) group, in line order, and count it in ``seen``
     (device -> [lines, bytes, last seen]: ``HealthRegistry.open_counts``, at ``now``). A line is left to
     ``resolve(index)`` (which does all of that itself) when it has no target, no key (keyless records take
     a partition each), or its target's partition is not known for the topic's partition count in
-    ``partitions`` (filled by ``resolve``) or has no group yet."""
-    for index in range(len(lines)):
-        target = targets[index]
-        if target is None or target.key is None or target.partitions != partitions.get(target.topic, -1):
-            resolve(index)
-            continue
-        group = groups.get(target.slot)
-        if group is None:
-            resolve(index)
-            continue
-        line = lines[index]
-        group.owners.append(index)
-        counts = seen.get(target.device)
-        if counts is None:
-            seen[target.device] = [1, len(line), now]
-        else:
-            counts[0] += 1
-            counts[1] += len(line)
+    ``partitions`` (filled by ``resolve``) or has no group yet. ``call``: a number no earlier call had.
+
+    Counts are kept on each target while the loop runs (no boxed integers per line) and added to ``seen``
+    at the end; a device enters ``seen`` at its first line, so devices are still created in the order
+    their lines came (the order decides which ones a device cap folds into the overflow device)."""
+    touched: list[LineTarget] = []
+    try:
+        for index in range(len(lines)):
+            target = targets[index]
+            if target is None or target.key is None:
+                resolve(index)
+                continue
+            if target.call == call:
+                group = target.group
+            else:
+                if target.partitions != partitions.get(target.topic, -1):
+                    resolve(index)
+                    continue
+                group = groups.get(target.slot)
+                if group is None:
+                    resolve(index)
+                    continue
+                target.group = group
+                target.call = call
+            assert group is not None
+            group.owners.append(index)
+            if target.lines == 0:
+                touched.append(target)
+                if target.device not in seen:
+                    seen[target.device] = [0, 0, now]
+            target.lines += 1
+            target.nbytes += len(lines[index])
+    finally:
+        for target in touched:
+            counts = seen[target.device]
+            counts[0] += target.lines
+            counts[1] += target.nbytes
             counts[2] = now
+            target.lines = 0
+            target.nbytes = 0
+            target.group = None
 
 
 def route_influx_lines(
@@ -181,6 +211,9 @@ def _varint(n: int) -> bytes:
 
 
 _SMALL: Final = [_varint(n) for n in range(_SMALL_LIMIT)]
+# attributes, timestamp delta 0 and offset delta n, as they follow a record's length: one part, not three
+_HEADS: Final = [b"\x00\x00" + _varint(n) for n in range(_SMALL_LIMIT)]
+_KEY_AND_LENGTH_MAX: Final = 256  # value lengths remembered per target; forgotten when more
 
 
 def encode_line_group(group: LineGroup, lines: list[bytes], targets: list[LineTarget | None],
@@ -203,23 +236,45 @@ def encode_line_group(group: LineGroup, lines: list[bytes], targets: list[LineTa
                 max_ts = ts
             first = False
     small = _SMALL
+    heads = _HEADS
     parts: list[bytes] = []
     zero = b"\x00"  # a record's attributes
+    # Each record is joined from as few parts as the usual case allows (bytes.join costs per part): its
+    # length, then attributes + timestamp delta + offset delta from one table (delta 0: every line of an
+    # NDJSON read), key + value length from the target's cache, the value, the headers.
     for k in range(start, end):
         record = extra.get(k) if mixed else None
-        if record is not None:
-            value, key, headers, ts = record
-        else:
+        delta = k - start
+        if record is None:
             line_index = owners[k]
             value = lines[line_index]
             target = targets[line_index]
             assert target is not None
+            ts_delta = (stamps[line_index] if stamps is not None else arrival_ms) - base_ts
+            n = len(value)
+            if ts_delta == 0 and delta < _SMALL_LIMIT:
+                cached = target.key_and_length
+                key_and_length = cached.get(n)
+                if key_and_length is None:
+                    if len(cached) >= _KEY_AND_LENGTH_MAX:
+                        cached.clear()
+                    key_and_length = target.key_part + (small[n] if n < _SMALL_LIMIT else _varint(n))
+                    cached[n] = key_and_length
+                head = heads[delta]
+                headers = target.header_part
+                size = len(head) + len(key_and_length) + n + len(headers)
+                parts.append(small[size] if size < _SMALL_LIMIT else _varint(size))
+                parts.append(head)
+                parts.append(key_and_length)
+                parts.append(value)
+                parts.append(headers)
+                continue
             key = target.key_part
             headers = target.header_part
-            ts = stamps[line_index] if stamps is not None else arrival_ms
-        ts_delta = ts - base_ts
+        else:
+            value, key, headers, ts = record
+            ts_delta = ts - base_ts
         tsv = small[ts_delta] if ts_delta < _SMALL_LIMIT else _varint(ts_delta)
-        delta = k - start
         dv = small[delta] if delta < _SMALL_LIMIT else _varint(delta)
         n = len(value)
         vv = small[n] if n < _SMALL_LIMIT else _varint(n)

@@ -19,6 +19,7 @@ RecordBatch from the lines themselves (no record tuple per line).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["write_lines"]
 
 _kernels = native.select(line_kernels)
+_calls = itertools.count()  # numbers bucket_lines calls (a target's cached group belongs to one)
 
 
 class _LineBatch:
@@ -172,7 +174,8 @@ async def write_lines(sink: IngestSink, source: SourceRef, lines: Sequence[bytes
     seen, now = sink.health.open_counts(source)  # every line is counted there, by the kernel or by resolve
     batch = _LineBatch(sink, source, routes, listed, targets, stamps, arrival_ms, seen, now)
     try:
-        _kernels.bucket_lines(listed, targets, batch.partitions, batch.groups, seen, now, batch.resolve)
+        _kernels.bucket_lines(listed, targets, batch.partitions, batch.groups, seen, now, batch.resolve,
+                              next(_calls))
     finally:  # received, whatever becomes of them (a storage failure creating a topic is raised from here)
         sink.health.counted(source, len(listed), nbytes, now)
 
