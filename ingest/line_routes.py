@@ -15,7 +15,11 @@ Every line the plan is not sure about comes back as ``None`` and the caller rout
 
 - NDJSON (``JsonLinePlan``): JSON objects that msgspec decodes (fields other than the few the rules
   read are validated and skipped), in a read whose bytes are valid UTF-8 (msgspec does not check the
-  UTF-8 of skipped strings) and hold no run of 19 digits (``parse_json`` reads those with the stdlib);
+  UTF-8 of skipped strings) and, in reads with a line of 400 bytes or more, hold no run of 19 digits
+  (``parse_json`` reads those with the stdlib, which refuses integers of more digits than
+  ``sys.get_int_max_str_digits()`` (at least 640) and may hit its recursion limit at a shallower nesting
+  than msgspec did: neither fits in a line under 400 bytes, which nests at most 199 deep; below both
+  limits the stdlib and msgspec accept the same documents with the same values);
   the field values the rules read are strings, non-boolean numbers or absent. msgspec refuses some
   documents ``parse_json`` accepts (NaN, lone surrogates, numbers out of float range): those fall back.
 - InfluxDB line protocol (``InfluxLinePlan``): lines without ``"`` or ``\\`` of two or three sections
@@ -54,6 +58,7 @@ _kernels = native.select(line_kernels)
 _CACHE_MAX = 100_000  # distinct field values / series / shapes per plan; cleared when full
 _DIGITS_TO_9 = bytes(0x39 if 0x30 <= b <= 0x39 else b for b in range(256))
 _LONG_DIGITS = b"9" * 19  # parse_json hands payloads with 19+ digits in a row to the stdlib
+_SHORT_LINE = 400  # reads of shorter lines need no digit screen (the module docstring says why)
 _SLOW: Any = object()  # a cached "route_each decides lines like this one"
 _NONE_TYPE = type(None)
 _SCALARS = (str, int, float, _NONE_TYPE)  # field values a target may be keyed on (bool is not: True == 1)
@@ -209,7 +214,9 @@ class JsonLinePlan(LinePlan):
                 except Exception:
                     docs.append(None)
         joined = b"\n".join(lines)
-        suspect = joined.translate(_DIGITS_TO_9).find(_LONG_DIGITS) >= 0  # not `in`: see formats.parse_json
+        suspect = max(map(len, lines)) >= _SHORT_LINE and (
+            joined.translate(_DIGITS_TO_9).find(_LONG_DIGITS) >= 0  # not `in`: see formats.parse_json
+        )
         if not suspect and not joined.isascii():
             try:
                 joined.decode("utf-8")

@@ -134,6 +134,10 @@ def _well_formed_json(i: int) -> bytes:
 @example(lines=[b'{"device_id":"a","device_id":"b"}', b'{"device\\u005fid":"c"}', b'{"sensor":null}'])
 @example(lines=[b'{"device_id":true}', b'{"device_id":1}', b'{"device_id":1.0}', b'{"device_id":"1"}'])
 @example(lines=[b'{"x":' + b"[" * 1100 + b"]" * 1100 + b"}", b"[1]", b'"s"', b"{}", b"\xef\xbb\xbf{}"])
+# more digits than the stdlib's int() converts (parse_json's path for 19+ digits refuses it, msgspec skips it),
+# and deep nesting with a long number: lines of 400+ bytes, which the digit screen checks
+@example(lines=[b'{"device_id":"a","n":1}', b'{"device_id":"a","n":' + b"1" * 5000 + b"}"])
+@example(lines=[b'{"device_id":"a","n":1}', b'{"device_id":"a","x":' + b"[" * 980 + b"1" * 20 + b"]" * 980 + b"}"])
 def test_json_lines_get_the_old_verdicts(router_index: int, lines: list[bytes]) -> None:
     routes = _json_routers()[router_index].for_source(JSON_SOURCE)
     old, new, _ = _verdicts(routes, lines)
