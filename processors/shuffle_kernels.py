@@ -4,8 +4,8 @@
 its repartition partition, numbers it and appends it, encoded as a Kafka v2 record, to that
 partition's ``RecordsBuilder``; a builder grown past ``BATCH_BYTES`` is finished there and then.
 The stage hands finished records to the sink as an ``executor.OutBatch``, which it sends as one
-RecordBatch (``processors.kafka``), so no client object is made per record. ``read_records`` is the downstream
-stage's loop: the sequence header, the duplicate check, the key and the value of each fetched record.
+RecordBatch (``processors.kafka``), so no client object is made per record. ``read_records`` is the
+downstream stage's loop: the sequence header, the duplicate check, the key and the value of each fetched record.
 The rules (what a sequence number means, what marks do) belong to ``processors.repartition``; these
 loops only apply them.
 
@@ -26,6 +26,7 @@ __all__ = [
     "HEADER_SHUFFLE_SEQ",
     "Finished",
     "RecordsBuilder",
+    "prefixed",
     "read_records",
     "write_items",
 ]
@@ -39,13 +40,31 @@ _SEQ_NAME: Final = HEADER_SHUFFLE_SEQ.encode()
 _MARK_NAME: Final = HEADER_SHUFFLE_MARK.encode()
 
 
-def _put_varint(buf: bytearray, n: int) -> None:
+def _varint(n: int) -> bytes:
     """``n`` as Kafka's zigzag varint (signed: timestamp deltas may be negative)."""
     v = (n << 1) ^ (n >> 63)
+    out = bytearray()
     while v >= 0x80:
-        buf.append((v & 0x7F) | 0x80)
+        out.append((v & 0x7F) | 0x80)
         v >>= 7
-    buf.append(v)
+    out.append(v)
+    return bytes(out)
+
+
+_SMALL_LIMIT: Final = 16384  # varints of 0 .. _SMALL_LIMIT - 1, looked up instead of computed
+_SMALL: Final = [_varint(n) for n in range(_SMALL_LIMIT)]
+_ZERO: Final = b"\x00"  # a record's attributes
+_SEQ_HEAD: Final = b"\x02" + _varint(len(_SEQ_NAME)) + _SEQ_NAME  # one header, its name
+_MARK_HEAD: Final = b"\x01\x00\x02" + _varint(len(_MARK_NAME)) + _MARK_NAME  # null key, empty value, one header
+
+
+def _small(n: int) -> bytes:
+    return _SMALL[n] if 0 <= n < _SMALL_LIMIT else _varint(n)
+
+
+def prefixed(raw: bytes) -> bytes:
+    """A key as it sits in a record: its length, then its bytes."""
+    return _small(len(raw)) + raw
 
 
 # a finished builder: (partition, records section, record count, base timestamp, max timestamp); the
@@ -62,54 +81,55 @@ class RecordsBuilder:
         self.count = 0
         self.base_ts = 0
         self.max_ts = 0
-        self._record = bytearray()  # the record being encoded (its length goes first)
 
-    def _start(self, ts: int) -> bytearray:
+    def _delta(self, ts: int) -> bytes:
         if self.count == 0:
             self.base_ts = ts
             self.max_ts = ts
         elif ts > self.max_ts:
             self.max_ts = ts
-        rec = self._record
-        rec.clear()
-        rec.append(0)  # attributes
-        _put_varint(rec, ts - self.base_ts)
-        _put_varint(rec, self.count)  # offset delta
-        return rec
-
-    def _end(self) -> None:
-        rec = self._record
-        _put_varint(self.buf, len(rec))
-        self.buf += rec
-        self.count += 1
+        return _small(ts - self.base_ts)
 
     def add_keyed(self, key: bytes, value: bytes, ts: int, origin: bytes, seq: int) -> None:
-        """A keyed item with its ``sluice-shuffle-seq`` header ``<origin><seq>``."""
-        rec = self._start(ts)
-        _put_varint(rec, len(key))
-        rec += key
-        _put_varint(rec, len(value))
-        rec += value
-        rec.append(2)  # one header
-        _put_varint(rec, len(_SEQ_NAME))
-        rec += _SEQ_NAME
+        """A keyed item (``key`` as ``prefixed`` made it) with its ``sluice-shuffle-seq`` header
+        ``<origin><seq>``."""
+        tsv = self._delta(ts)
+        dv = _small(self.count)
+        n = len(value)
+        vv = _small(n)
         digits = str(seq).encode()
-        _put_varint(rec, len(origin) + len(digits))
-        rec += origin
-        rec += digits
-        self._end()
+        header_len = len(origin) + len(digits)
+        hv = _small(header_len)
+        size = 1 + len(tsv) + len(dv) + len(key) + len(vv) + n + len(_SEQ_HEAD) + len(hv) + header_len
+        buf = self.buf
+        buf += _small(size)
+        buf += _ZERO
+        buf += tsv
+        buf += dv
+        buf += key
+        buf += vv
+        buf += value
+        buf += _SEQ_HEAD
+        buf += hv
+        buf += origin
+        buf += digits
+        self.count += 1
 
     def add_mark(self, mark: bytes, ts: int) -> None:
         """A mark: no key, an empty value, the ``sluice-shuffle-mark`` header."""
-        rec = self._start(ts)
-        rec.append(1)  # null key
-        rec.append(0)  # empty value
-        rec.append(2)  # one header
-        _put_varint(rec, len(_MARK_NAME))
-        rec += _MARK_NAME
-        _put_varint(rec, len(mark))
-        rec += mark
-        self._end()
+        tsv = self._delta(ts)
+        dv = _small(self.count)
+        mv = _small(len(mark))
+        size = 1 + len(tsv) + len(dv) + len(_MARK_HEAD) + len(mv) + len(mark)
+        buf = self.buf
+        buf += _small(size)
+        buf += _ZERO
+        buf += tsv
+        buf += dv
+        buf += _MARK_HEAD
+        buf += mv
+        buf += mark
+        self.count += 1
 
     def size(self) -> int:
         return len(self.buf)
@@ -140,9 +160,10 @@ def write_items(
     """Key, place and number each ``(ts, value)`` item, appending it to its partition's builder.
 
     ``raws``: the value bytes of each item as they came (forwarded as they are), else each value is
-    ``encode_value(value)``. ``where`` caches ``locate(key)`` (the encoded key and its partition) per
-    hashable key; it is cleared at 100,000 keys. ``counters``: the next sequence number per partition
-    (of the input partition these items came from, named by ``origin``, ``<topic>:<partition>:``).
+    ``encode_value(value)``. ``locate(key)`` gives the encoded key and its partition; ``where`` caches
+    that per hashable key (the key ``prefixed``), cleared at 100,000 keys. ``counters``: the next
+    sequence number per partition (of the input partition these items came from, named by ``origin``,
+    ``<topic>:<partition>:``).
     Builders that outgrow ``BATCH_BYTES`` are finished into ``batches``; items whose key or value fails
     go to ``failures`` as ``(ts, value, exception)``."""
     for i in range(len(items)):
@@ -155,10 +176,12 @@ def write_items(
             try:
                 placed = where.get(key)
             except TypeError:  # not hashable: located each time
-                placed = locate(key)
+                located = locate(key)
+                placed = (prefixed(located[0]), located[1])
             else:
                 if placed is None:
-                    placed = locate(key)
+                    located = locate(key)
+                    placed = (prefixed(located[0]), located[1])
                     if len(where) >= 100_000:
                         where.clear()
                     where[key] = placed
