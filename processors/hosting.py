@@ -113,6 +113,8 @@ async def run_standalone(
     try:
         for runner in reversed(runners):  # downstream first: it is ready when the first records arrive
             await runner.start()
+        for stage in stages:  # their producers started beside the consumers' group joins: fail here if one did not
+            await stage.sink.ready()
         for runner in runners:
             if on_started is not None:
                 on_started(runner)

@@ -37,6 +37,7 @@ still owns. It is logged once per occurrence and counted (``commits_lost``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
 from collections.abc import Collection
@@ -291,6 +292,7 @@ class KafkaSink:
             **ClientSecurity.from_env().kafka_options(),
         )
         self._pending: list[asyncio.Future[Any]] = []
+        self._starting: asyncio.Future[None] | None = None  # start_in_background
         self.in_transaction = False
         self.transactions_committed = 0
         self.transactions_aborted = 0
@@ -341,6 +343,24 @@ class KafkaSink:
             await self.producer.stop()
             raise SourceError(f"cannot connect producer to {self.bootstrap}: {exc}") from exc
 
+    def start_in_background(self, topics: list[str]) -> None:
+        """``start`` and ``track(topics)`` while the caller goes on (a standalone stage's consumer joins
+        its group meanwhile: their round trips overlap); ``ready`` waits for them and raises their error."""
+        async def start_and_track() -> None:
+            await self.start()
+            await self.track(topics)
+
+        self._starting = asyncio.ensure_future(start_and_track())
+        # not lost when nobody waits: ready() raises it, and stop() ends a start still in flight
+        self._starting.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    async def ready(self) -> None:
+        """Wait for ``start_in_background`` (nothing to wait for after ``start``). Exactly-once, the
+        checkpoint load waits here: the producer's InitProducerId has fenced this instance's predecessor
+        and aborted the transaction it left open before any checkpoint is read."""
+        if self._starting is not None:
+            await asyncio.shield(self._starting)  # an awaiter cancelled (a rebalance) does not cancel the start
+
     async def track(self, topics: list[str]) -> None:
         """Have the producer keep metadata for every topic it will write. aiokafka's producer tracks no
         topic until its first send to one created after it started; from then on each metadata refresh
@@ -353,6 +373,10 @@ class KafkaSink:
             raise SourceError(f"cannot read metadata of the output topics {topics}: {exc}") from exc
 
     async def stop(self) -> None:
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._starting
         await self.producer.stop()
 
     async def write(self, records: list[OutRecord]) -> None:
@@ -421,12 +445,31 @@ class KafkaCheckpointStore:
         self.sink = sink
         self.codec = CheckpointCodec()
         self._topic_ready = False
+        self._creating: asyncio.Future[None] | None = None  # created in the background since load found none
 
     async def _ensure_topic(self) -> None:
         """Create the checkpoint topic compacted before the first write (auto-creation would make it
         ``delete``): restores read the newest record per key, which is exactly what compaction keeps."""
         if self._topic_ready:
             return
+        if self._creating is not None:
+            creating, self._creating = self._creating, None
+            with contextlib.suppress(CheckpointError, KafkaError):  # it failed: create it again below
+                await creating
+            if self._topic_ready:
+                return
+        await self._create_topic()
+
+    def _create_in_background(self) -> None:
+        """Start creating the topic now (a first run's load found none), so that the first checkpoint
+        does not wait for an admin client; ``_ensure_topic`` waits for it, or creates it again."""
+        if self._topic_ready or self._creating is not None:
+            return
+        self._creating = asyncio.ensure_future(self._create_topic())
+        # its failure is not lost: _ensure_topic creates the topic again and raises its own error then
+        self._creating.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    async def _create_topic(self) -> None:
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **ClientSecurity.from_env().kafka_options())
         try:
             await admin.start()
@@ -475,7 +518,20 @@ class KafkaCheckpointStore:
         finally:
             await probe.stop()
 
+    async def _topic_exists(self) -> bool:
+        """From the producer's connection: no consumer (connection, metadata) for a first run's load."""
+        await self.sink.ready()  # exactly-once: the predecessor's open transaction is aborted first
+        try:
+            metadata = await self.sink.producer.client.fetch_all_metadata()
+        except KafkaError as exc:
+            raise CheckpointError(f"cannot read {self.topic}: {exc}") from exc
+        return self.topic in metadata.topics()
+
     async def load(self, tps: Collection[TP] | None = None) -> dict[TP, PartitionRestore]:
+        if not await self._topic_exists():  # nothing to restore: the first checkpoint will need the topic
+            self._create_in_background()
+            return {}
+        self._topic_ready = True  # created by an earlier run (or instance): no admin client at the first save
         # read_committed: a checkpoint written in an aborted transaction (exactly-once) never restores
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                     isolation_level="read_committed", fetch_max_bytes=MAX_REQUEST_BYTES,

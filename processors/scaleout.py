@@ -74,9 +74,10 @@ async def _stage(pipeline: Pipeline, bootstrap: str, config: RunnerConfig, txn_i
     txn_timeout_ms = min(max(60_000, 3 * config.checkpoint_interval_ms), 900_000)
     sink = KafkaSink(bootstrap, client_id=client_id, transactional_id=txn_id if exactly_once else None,
                      transaction_timeout_ms=txn_timeout_ms)
-    await sink.start()  # exactly-once: fences this instance's predecessor, aborting its open transaction
+    # while the stage's consumer joins its group; exactly-once, it fences this instance's predecessor
+    # (aborting its open transaction) before the checkpoint load, which waits for it (sink.ready)
+    sink.start_in_background([*pipeline.sink_topics(), *extra_topics])
     try:
-        await sink.track([*pipeline.sink_topics(), *extra_topics])
         source = KafkaSource(bootstrap, pipeline.source_config.topics, pipeline.name, client_id=client_id,
                              session_timeout_ms=session_timeout_ms, transactions=sink if exactly_once else None,
                              purger=RepartitionPurger(bootstrap, purge, client_id=client_id) if purge else None)
@@ -89,8 +90,9 @@ async def _stage(pipeline: Pipeline, bootstrap: str, config: RunnerConfig, txn_i
 
 async def build_stages(pipeline: Pipeline, plan: ShufflePlan | None, bootstrap: str, config: RunnerConfig, *,
                        client_id: str | None, session_timeout_ms: int, instance_id: str) -> list[Stage]:
-    """The stages of ``pipeline``, upstream first, not started (their producers are). Exactly-once
-    transactional ids: ``<stage pipeline name>-<instance_id>`` (``hosting.transactional_id``)."""
+    """The stages of ``pipeline``, upstream first, not started (their producers are starting: ``sink.ready``
+    waits for them). Exactly-once transactional ids: ``<stage pipeline name>-<instance_id>``
+    (``hosting.transactional_id``)."""
     if plan is None:
         return [await _stage(pipeline, bootstrap, config, transactional_id(pipeline, instance_id), client_id=client_id,
                              session_timeout_ms=session_timeout_ms)]
@@ -103,6 +105,7 @@ async def build_stages(pipeline: Pipeline, plan: ShufflePlan | None, bootstrap: 
                                                    keyed_state=keyed_state_factory(config, plan.downstream.name)),
                             purge=frozenset({plan.topic}))
         stages.append(down)
+        await down.sink.ready()
         counts = {t: await _partition_count(down.sink, t) for t in plan.upstream.source_config.topics}
         await _ensure_repartition_topic(bootstrap, plan.topic, plan.partitions or max(counts.values()))
         partitions = await _partition_count(down.sink, plan.topic)
