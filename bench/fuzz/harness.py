@@ -229,7 +229,9 @@ class BrokerProcess:
         self._log_offset = 0
         self.data_dir = workdir / "data"
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = 120.0) -> None:
+        """Start `sluice serve`; ``timeout`` is a deadline for a loaded machine (the suite's first campaign
+        once took over 60 s, its workers importing side by side at load 16), not a wait."""
         self.starts += 1
         if self.data_dir.exists():
             shutil.rmtree(self.data_dir)  # a restart after a crash starts clean too
