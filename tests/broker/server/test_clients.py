@@ -13,6 +13,9 @@ import pytest
 from tests.broker.server.conftest import SluiceProcess, check_records, values_in_key_order
 
 N = 100_000
+# The group consumers' session timeout: generous, as nothing here waits for a member to expire and a
+# consumer starved of CPU for 6 s (kafka-python's, at load 15-23) was expelled mid-read.
+SESSION_MS = 30_000
 PARTITIONS = 3
 Received = list[tuple[int, int, bytes | None, bytes | None]]
 
@@ -77,7 +80,7 @@ def test_confluent_kafka_idempotent_producer_and_group_consumer(
 
     consumer = Consumer({
         "bootstrap.servers": server.bootstrap, "group.id": "confluent-group", "auto.offset.reset": "earliest",
-        "enable.auto.commit": True, "session.timeout.ms": 6000,
+        "enable.auto.commit": True, "session.timeout.ms": SESSION_MS,
     })
     consumer.subscribe(["confluent-test"])
     received: Received = []
@@ -112,7 +115,7 @@ async def _aiokafka_round_trip(bootstrap: str) -> Received:
         await producer.stop()
     consumer = AIOKafkaConsumer(
         "aiokafka-test", bootstrap_servers=bootstrap, group_id="aiokafka-group", auto_offset_reset="earliest",
-        session_timeout_ms=6000, heartbeat_interval_ms=1000,
+        session_timeout_ms=SESSION_MS, heartbeat_interval_ms=1000,
     )
     await consumer.start()
     received: Received = []
@@ -156,7 +159,7 @@ def test_kafka_python_producer_and_group_consumer(tmp_path: Path, sluice_factory
 
     consumer = KafkaConsumer(
         "kafka-python-test", bootstrap_servers=server.bootstrap, group_id="kafka-python-group",
-        auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=1000,
+        auto_offset_reset="earliest", session_timeout_ms=SESSION_MS, heartbeat_interval_ms=1000,
     )
     received: Received = []
     deadline = time.monotonic() + 60
