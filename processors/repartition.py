@@ -438,8 +438,17 @@ class ShuffleReader(Executor):
         part = self.inputs.of(tp)
         marks: list[RecordLike] = []
         bad: list[tuple[RecordLike, Exception]] = []
-        items, duplicates = _KERNELS.read_records(records, part.seqs, self._origins, self._keys, decode_key,
-                                                  jsonvalues.loads, marks, bad)
+        duplicates = 0
+        # in slices, as Executor.process: a slice's values die before the next is decoded, so the
+        # garbage collector's youngest generation is not filled with live values and rescanned
+        for i in range(0, len(records), _SLICE):
+            items, dropped = _KERNELS.read_records(records[i : i + _SLICE], part.seqs, self._origins, self._keys,
+                                                   decode_key, jsonvalues.loads, marks, bad)
+            duplicates += dropped
+            self.records_in += len(items)
+            if items:
+                self.current_tp = tp
+                self.root.push(items)
         for r in marks:
             try:
                 raw = next(value for name, value in r.headers if name == HEADER_SHUFFLE_MARK)
@@ -453,10 +462,6 @@ class ShuffleReader(Executor):
             log.info("dropped records a replaying upstream instance wrote again",
                      extra={"partition": f"{tp[0]}/{tp[1]}", "dropped": duplicates,
                             "dropped_total": self.duplicates})
-        self.records_in += len(items)
-        if items:
-            self.current_tp = tp
-            self.root.push(items)
         self.tracker.observe(tp, NO_TIME, now)
         wm = part.watermark()
         if wm != NO_TIME:
