@@ -15,6 +15,7 @@ event time), a 10 s tumbling-window mean per sensor with 5 s out-of-orderness.
 * Sluice standalone, key_by repartitioned: the at-least-once row with ``key_by(repartition=True)``:
   the records go through ``<group>.repartition.0`` (upstream stage: decode, key, write; downstream
   stage: read, window), as a pipeline keyed other than its input would (the shuffle's cost).
+  ``--shuffle-only`` runs this row and the standalone at-least-once row alone (quick iterations).
 * Quix Streams (PyPI, ``bench.quix_mean_app``): the same mean as a Quix app (tumbling window with 5 s
   grace, RocksDB state, changelog topics, at-least-once) in a subprocess, over the topic the standalone
   rows read on the same ``sluice serve``; timed by itself from its start to its last record.
