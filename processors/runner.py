@@ -161,20 +161,14 @@ class Runner:
         self._stopping = True
         fetchers = self._tasks[2:]
         for task in fetchers:
-            task.cancel()
-        for task in fetchers:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await _cancelled(task)
         if checkpoint and self.failed is None and self._tasks and not self._tasks[0].done():
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.in_q.put(("checkpoint", None, done)), self.config.stop_timeout_s)
                 await asyncio.wait_for(done, self.config.stop_timeout_s)
         for task in self._tasks[:2]:
-            task.cancel()
-        for task in self._tasks[:2]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await _cancelled(task)
         for waiting in self._revokes:  # a rebalance listener must not wait for loops that are gone
             if not waiting.done():
                 waiting.set_result(None)
@@ -461,3 +455,17 @@ class Runner:
             "checkpoints": {"written": self.checkpoints_written, "last_ms": self.last_checkpoint_ms,
                             "interval_ms": self.config.checkpoint_interval_ms},
         }
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait until it has ended, cancelling it again while it goes on: a cancellation
+    can be swallowed. Python 3.11's ``asyncio.wait_for`` returns its future's result instead of raising
+    when the cancellation arrives as that future completes (the attached source's ``wait_for_data``
+    waits so): the fetch loop went on, and ``stop`` waited for it forever (seen in bench_processors)."""
+    while not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):  # as before: stop() itself is not cut short
+            await asyncio.wait([task], timeout=0.5)
+    if not task.cancelled():
+        with contextlib.suppress(Exception):
+            task.result()  # retrieved (the runner's _guard has recorded and logged any failure)

@@ -353,3 +353,33 @@ async def test_a_batch_fetched_across_a_reassignment_is_read_again_from_the_chec
         assert sum(slot[3] for slot in key_state.windows.values()) == 101  # each record counted once
     finally:
         await runner.stop()
+
+
+async def test_stop_ends_a_fetch_loop_that_swallowed_its_cancellation() -> None:
+    """Python 3.11's asyncio.wait_for returns its future's result instead of raising CancelledError when
+    the cancellation arrives just as that future completes (the attached source waits for data so): the
+    fetch loop goes on as if nothing happened. stop() must still end it (it waited forever before)."""
+    from processors.testing import MemoryCheckpointStore, MemorySource
+
+    class SwallowingSource(MemorySource):
+        swallowed = 0
+
+        async def fetch(self, max_records: int, timeout: float, paused: set[TopicPartition]
+                        ) -> list[tuple[TopicPartition, list[RecordLike]]]:
+            try:
+                await asyncio.sleep(timeout)
+            except asyncio.CancelledError:
+                if self.swallowed == 0:  # the first cancellation is lost, as wait_for loses it
+                    self.swallowed += 1
+                    return []
+                raise
+            return await super().fetch(max_records, timeout, paused)
+
+    source = SwallowingSource("in", 1)
+    runner = Runner(sensor_pipeline(), source, MemorySink(), MemoryCheckpointStore(), clock=FakeClock(),
+                    config=RunnerConfig(fetch_timeout_s=0.05))
+    await runner.start()
+    stopping = asyncio.ensure_future(runner.stop())
+    done, _ = await asyncio.wait([stopping], timeout=5)
+    assert stopping in done, "stop() is still waiting for the fetch loop"
+    assert source.swallowed == 1
