@@ -324,7 +324,11 @@ class PartitionLog(ABC):
         entry = (offset, future)
         self._waiters.append(entry)
         try:
-            await asyncio.wait_for(future, timeout)
+            # asyncio.timeout, not wait_for: 3.11's wait_for returns the result when a cancellation
+            # arrives in the turn the data does, and the cancelled reader (a Fetch, a processor's
+            # fetch loop being stopped) would go on as if never cancelled
+            async with asyncio.timeout(timeout):
+                await future
             return True
         except TimeoutError:
             return self.high_watermark > offset

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from broker.errors import (
 from broker.log.api import LogStore
 from broker.log.config import FlushPolicy, TopicConfig
 from broker.protocol.records import RecordSpec, decode_all, encode_batch
+from tests.broker.log.conftest import STORE_FACTORIES
 
 
 def batch(*values: bytes, ts: int = 1_000) -> bytes:
@@ -140,6 +142,23 @@ async def test_wait_for_data_wakes_on_append(store: LogStore) -> None:
     await store.append("t", 0, batch(b"x"))
     assert await waiter is True
     assert await log.wait_for_data(1, timeout=0.01) is False
+
+
+async def test_a_cancellation_that_meets_new_data_is_not_swallowed(tmp_path: Path) -> None:
+    """A reader cancelled in the same loop turn as data arrives must end cancelled (Python 3.11's
+    asyncio.wait_for returned the result instead: a Fetch or processor loop being stopped went on, and
+    whoever waited for it to end waited forever). ``wait_for_data`` belongs to the base class; the memory
+    store is the one whose append wakes readers without yielding, which lines the two up."""
+    store = STORE_FACTORIES["memory"](tmp_path, default_config=TopicConfig())
+    store.create_topic("t", 1)
+    log = store.partition("t", 0)
+    waiter = asyncio.create_task(log.wait_for_data(0, timeout=5))
+    await asyncio.sleep(0)
+    await store.append("t", 0, batch(b"x"))
+    assert not waiter.done()  # woken, not yet run: the cancellation meets the data
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
 
 
 async def test_waiting_beyond_the_log_end_is_refused_not_silently_skipped(store: LogStore) -> None:
