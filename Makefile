@@ -11,10 +11,10 @@ NATIVE_SOURCES := $(shell sed -e 's/\#.*//' native-modules.txt)
 run: $(VENV)/.installed
 	$(BIN)/sluice serve
 
-# TEST_WORKERS=3: pytest-xdist workers, each test file on one worker, files with slow tests first
-# (tests/conftest.py). One process (0) until three runs in a row pass on a quiet machine: see
-# docs/operations.md "Running the tests" for the figures measured so far.
-TEST_WORKERS ?= 0
+# pytest-xdist workers, each test file on one worker, files with slow tests first (tests/conftest.py):
+# three on CI's two cores (most tests wait on sockets and subprocesses); TEST_WORKERS=0 runs in one
+# process. Figures: docs/operations.md "Running the tests".
+TEST_WORKERS ?= 3
 
 test: system-deps $(VENV)/.installed-dev
 	$(BIN)/ruff check .
