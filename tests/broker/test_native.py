@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib
+import os
 import shutil
 import sys
 import tomllib
 import types
 from pathlib import Path
+
+import pytest
 
 from broker import native
 from broker.protocol import record_walk
@@ -96,3 +100,16 @@ def test_every_library_a_compiled_module_imports_is_a_build_requirement() -> Non
                      if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
         third_party = imported - set(sys.stdlib_module_names) - first_party - {"mypy_extensions"}
         assert third_party <= available, f"{source} imports {sorted(third_party - available)}: add to build-system"
+
+
+def test_every_listed_module_runs_compiled_where_the_install_could_build_it() -> None:
+    """CI installs with a compiler (make test): there every module of native-modules.txt must run its
+    compiled build of the current source, or a failed build (pure Python, ~2-3x slower on the hot paths)
+    would pass unnoticed, as it did when orjson was missing from the build requirements."""
+    if not os.environ.get("CI"):
+        pytest.skip("outside CI a tree may run the pure modules on purpose (no `make native`)")
+    root = Path(__file__).resolve().parents[2]
+    sources = [line.split("#")[0].strip() for line in (root / "native-modules.txt").read_text().splitlines()]
+    pure = [source for source in sources if source and not native.is_compiled(
+        native.select(importlib.import_module(source.removesuffix(".py").replace("/", "."))))]
+    assert pure == [], f"running the pure source in CI (the mypyc build failed? see the install log): {pure}"
