@@ -9,8 +9,11 @@ Rules
    written by this MQTT listener (``source`` header ``mqtt:default``: those went to subscribers as they
    arrived). The value is the payload; the ``mqtt.*`` and other headers are its properties
    (``properties.py`` rule 3); it is sent at QoS 1 (capped by each subscription's QoS), not retained.
-3. Read up to the high watermark, control batches skipped (transactional records are delivered as
-   written, not only once committed). Records lost to retention before they were read are skipped.
+3. Read as a ``read_committed`` Kafka consumer reads (``broker.txn.committed``): up to the last stable
+   offset, without control batches and without the records of aborted transactions, so a transactional
+   producer's records reach devices once committed and never when aborted. Without a transaction
+   coordinator (Kafka listener off: nobody can write a transaction) up to the high watermark. Records
+   lost to retention before they were read are skipped.
 4. A record that cannot be delivered (no or a bad ``mqtt_topic``) is skipped and counted in
    ``HubStats.log_records_skipped``; headers that cannot become properties in ``log_headers_skipped``.
 """
@@ -21,11 +24,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from broker.errors import OffsetOutOfRangeError
 from broker.log.api import LogStore, PartitionLog, wait_for_any
 from broker.protocol.records import Record, decode_records, split_complete_batches
+from broker.txn.committed import StableOffsets, read_committed
 from ingest.mqtt.errors import EncodeError
 from ingest.mqtt.hub import Hub
 from ingest.mqtt.packets import Publish
@@ -43,10 +47,12 @@ _OWN_SOURCE = b"mqtt:default"
 class LogToMqtt:
     """Follows log topics and hands their MQTT-addressed records to the hub (rules above)."""
 
-    def __init__(self, hub: Hub, store: LogStore, topics: Sequence[str], *, poll_s: float = 1.0) -> None:
+    def __init__(self, hub: Hub, store: LogStore, topics: Sequence[str], *, poll_s: float = 1.0,
+                 committed: Callable[[], StableOffsets | None] = lambda: None) -> None:
         self.hub = hub
         self.store = store
         self.topics = tuple(topics)
+        self._committed = committed  # the transaction coordinator, looked up when reading (rule 3)
         self._poll_s = poll_s
         self._positions: dict[tuple[str, int], int] = {}
         self._stop = asyncio.Event()
@@ -77,9 +83,14 @@ class LogToMqtt:
         while not self._stop.is_set():
             try:
                 self._discover()
+                txns = self._committed()
                 for key, offset in list(self._positions.items()):
-                    self._positions[key] = self._drain(self.store.partition(*key), offset)
-                waits = [(self.store.partition(*key), offset) for key, offset in self._positions.items()]
+                    plog = self.store.partition(*key)
+                    self._positions[key] = self._drain(plog, offset) if txns is None else \
+                        self._drain_committed(txns, plog, offset)
+                waits = [(plog, self._wait_at(txns, plog, offset))
+                         for plog, offset in ((self.store.partition(*key), offset)
+                                              for key, offset in self._positions.items())]
                 if waits:
                     await wait_for_any(waits, self._poll_s, self._stop)
                 else:
@@ -115,6 +126,32 @@ class LogToMqtt:
                             self._deliver(record)
                 offset = max(offset, header.last_offset + 1)
         return offset
+
+    def _drain_committed(self, txns: StableOffsets, plog: PartitionLog, offset: int) -> int:
+        """``_drain`` up to the last stable offset, aborted transactions' records left out (rule 3)."""
+        while True:
+            try:
+                read = read_committed(txns, plog, offset, _READ_BYTES)
+            except OffsetOutOfRangeError:
+                return plog.log_start_offset if offset < plog.log_start_offset else plog.log_end_offset
+            if read.next_offset <= offset:
+                return offset  # at the last stable offset
+            view = memoryview(read.data)
+            headers, _ = split_complete_batches(view)
+            pos = 0
+            for header in headers:
+                for record in decode_records(view[pos : pos + header.size], header):
+                    if record.offset >= offset:
+                        self._deliver(record)
+                pos += header.size
+            offset = read.next_offset
+
+    @staticmethod
+    def _wait_at(txns: StableOffsets | None, plog: PartitionLog, offset: int) -> int:
+        """The offset whose arrival wakes this reader: held at an open transaction, its marker."""
+        if txns is None or offset < txns.last_stable_offset(plog):
+            return offset
+        return max(offset, plog.high_watermark)
 
     def _deliver(self, record: Record) -> None:
         stats = self.hub.stats

@@ -116,7 +116,9 @@ def mqtt_listener(runtime: Runtime) -> Component | None:
         store.restore(hub)
     runtime.registries["mqtt"] = hub
     publish_collector(runtime, MqttCollector(hub))
-    follower = LogToMqtt(hub, runtime.store, settings.deliver_from_topics) if settings.deliver_from_topics else None
+    follower = LogToMqtt(hub, runtime.store, settings.deliver_from_topics,
+                         committed=lambda: runtime.registries.get("transactions")) \
+        if settings.deliver_from_topics else None
     doors = mqtt_doors(settings, server_context(runtime))  # never empty: Settings refuses plaintext=false without TLS
     listener = MqttListener(hub, runtime.settings.host, settings.port, announce=runtime.announce,
                             backlog=settings.backlog, follower=follower, doors=doors,
