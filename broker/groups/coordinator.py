@@ -7,6 +7,12 @@ on asyncio futures until the group answers them, validates and stores offset com
 timeouts: ``check_timeouts(now)`` expires silent members, pending member ids and overdue
 rebalances. ``start()`` runs it every ``tick_interval_s`` on the injected clock (the real monotonic
 clock by default); tests pass a ``FakeClock``, advance it and call ``check_timeouts()`` themselves.
+
+Group metadata is stored beside the offsets when the group asks for it (rule 13 of group.py:
+a generation's assignment, an Empty group, a static member's swap), in the order asked, one write
+after the other per group; ``start()`` restores every stored group (group_records.restore_group),
+so a broker restart keeps each group's generation, members and assignments, and members that go on
+heartbeating carry on without a rebalance, as with Kafka's coordinator loading ``__consumer_offsets``.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Mapping
 from typing import TypeVar
@@ -27,8 +34,10 @@ from broker.groups.group import (
     GroupSettings,
     GroupState,
     JoinResult,
+    StoreGroup,
     SyncResult,
 )
+from broker.groups.group_records import GroupMetadataRecord, record_of, restore_group
 from broker.groups.offsets import CommittedOffset, OffsetStore, TopicPartition
 from broker.protocol.kafka_codes import ErrorCode
 
@@ -57,12 +66,19 @@ class GroupCoordinator:
         self._join_waiters: dict[_Key, asyncio.Future[JoinResult]] = {}
         self._sync_waiters: dict[_Key, asyncio.Future[SyncResult]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._writes: dict[str, asyncio.Task[ErrorCode]] = {}  # the latest metadata write of each group
+        self.metadata_write_failures = 0
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Open the offset store and start the timeout task."""
+        """Open the offset store, restore the stored groups and start the timeout task."""
         await self.offsets.open()
+        now = self.clock.monotonic()
+        for group_id, record in self.offsets.group_metadata().items():
+            self._groups[group_id] = group = restore_group(group_id, record, self.settings, now)
+            log.info("group restored", extra={"group": group_id, "state": group.state.value,
+                                              "generation": group.generation_id, "members": len(group.members)})
         self._task = asyncio.get_running_loop().create_task(self._run(), name="group-coordinator-timeouts")
 
     async def stop(self) -> None:
@@ -74,6 +90,7 @@ class GroupCoordinator:
             self._task = None
         for group in self._groups.values():
             self._deliver(group.group_id, group.fail_all(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+        await asyncio.gather(*self._writes.values(), return_exceptions=True)
         await self.offsets.close()
 
     async def _run(self) -> None:
@@ -144,7 +161,12 @@ class GroupCoordinator:
             new_member_id=f"{client_id}-{uuid.uuid4()}",
         )
         if answer is not None:
-            self._deliver(group_id, effects)
+            write = self._deliver(group_id, effects)
+            if write is not None:  # a static member's swap is answered once it is stored (rule 13c)
+                code = await asyncio.shield(write)
+                if code != ErrorCode.NONE:
+                    return JoinResult(code, generation_id=group.generation_id, protocol_type=group.protocol_type,
+                                      protocol_name=group.protocol_name, leader_id=answer.leader_id)
             return answer
         # Register before delivering: the effects may already hold this member's answer.
         key = (group_id, mid)
@@ -267,6 +289,9 @@ class GroupCoordinator:
                 # Dead before the first await: a JoinGroup arriving meanwhile starts a fresh group.
                 group.mark_dead()
                 del self._groups[group_id]
+            write = self._writes.get(group_id)
+            if write is not None:  # the delete must come after the group's last metadata write
+                await asyncio.gather(write, return_exceptions=True)
             try:
                 await self.offsets.delete_group(group_id)
             except OffsetStoreError as exc:
@@ -305,7 +330,8 @@ class GroupCoordinator:
             group = self._groups[group_id] = Group(group_id, self.settings)
         return group
 
-    def _deliver(self, group_id: str, effects: Effects) -> None:
+    def _deliver(self, group_id: str, effects: Effects) -> asyncio.Task[ErrorCode] | None:
+        """Answer the parked requests ``effects`` names; start the metadata write it asks for."""
         done = [r for _, r in effects.joins if r.error_code == ErrorCode.NONE]
         if done:
             log.info(
@@ -322,6 +348,45 @@ class GroupCoordinator:
             self._resolve(self._join_waiters, (group_id, mid), join_result)
         for mid, sync_result in effects.syncs:
             self._resolve(self._sync_waiters, (group_id, mid), sync_result)
+        group = self._groups.get(group_id)
+        if effects.store is None or group is None:
+            return None
+        # The record is taken now, in the state the group asked in; the writes of a group queue up.
+        record = record_of(group, effects.store, int(time.time() * 1000))
+        previous = self._writes.get(group_id)
+        write = asyncio.get_running_loop().create_task(
+            self._store_group(group, effects.store, record, previous), name=f"group-metadata-{group_id}")
+        self._writes[group_id] = write
+        write.add_done_callback(self._forget_write)
+        return write
+
+    def _forget_write(self, write: asyncio.Task[ErrorCode]) -> None:
+        for group_id, latest in list(self._writes.items()):
+            if latest is write:
+                del self._writes[group_id]
+
+    async def _store_group(self, group: Group, store: StoreGroup, record: GroupMetadataRecord,
+                           previous: asyncio.Task[ErrorCode] | None) -> ErrorCode:
+        """Write one metadata record, then tell the group (rule 13). Returns the error code of the write."""
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        code = ErrorCode.NONE
+        try:
+            await self.offsets.store_group(group.group_id, record)
+        except OffsetStoreError as exc:
+            self.metadata_write_failures += 1
+            log.error("group metadata write failed", extra={"group": group.group_id, "why": store.why,
+                                                              "generation": store.generation_id, "error": str(exc)})
+            code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        now = self.clock.monotonic()
+        if store.why == "assignment":
+            stored = group.assignment_stored(now, store.generation_id, dict(store.assignments), code)
+            self._deliver(group.group_id, stored)
+        elif store.why == "static-member" and code != ErrorCode.NONE and store.replaced is not None:
+            new_id = next((m.member_id for m in group.members.values()
+                           if m.group_instance_id == store.replaced.group_instance_id), "")
+            group.revert_static(now, new_id, store.replaced)
+        return code
 
     @staticmethod
     def _resolve(waiters: dict[_Key, asyncio.Future[_T]], key: _Key, result: _T) -> None:

@@ -76,12 +76,22 @@ Rules:
     (v3 does: a producer whose consumer lost its partitions is refused, and aborts); without them
     (v0-v2) the offsets are accepted whatever the state. CompletingRebalance refuses nothing here and
     no session restarts (a transaction's commit is no sign of life of the consumer).
+13. Persistence (Kafka's ``storeGroup``): the group asks its coordinator to write its metadata
+    (``Effects.store``) at three points, and nowhere else. (a) The leader's SyncGroup in
+    CompletingRebalance parks the leader too and asks to store the generation with its assignments;
+    the group stays CompletingRebalance until ``assignment_stored`` reports the write: then rule 6's
+    Stable transition happens; a failed write answers the parked SyncGroups with its error, clears
+    the assignments and rebalances; a report for another generation or state changes nothing.
+    (b) A completed join that leaves the group Empty stores it Empty (its generation, no members).
+    (c) A static member swapped in Stable (rule 11) stores the swap before its JoinGroup is
+    answered; a failed write swaps the old member back (``revert_static``). A group restored from
+    its last record (group_records.restore_group) is Stable with that generation, or Empty.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from broker.groups.answers import (
     GroupDescription,
@@ -92,6 +102,7 @@ from broker.groups.answers import (
     MemberDescription,
     SyncResult,
 )
+from broker.groups.member import Effects, InitialDelay, Member, StoreGroup
 from broker.protocol.kafka_codes import ErrorCode
 
 __all__ = [
@@ -105,55 +116,9 @@ __all__ = [
     "JoinResult",
     "Member",
     "MemberDescription",
+    "StoreGroup",
     "SyncResult",
 ]
-
-
-@dataclass(slots=True)
-class Member:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    protocol_type: str
-    protocols: list[tuple[str, bytes]]
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    session_deadline: float
-    assignment: bytes = b""
-    awaiting_join: bool = False
-    awaiting_sync: bool = False
-
-    def metadata_for(self, protocol_name: str | None) -> bytes:
-        for name, metadata in self.protocols:
-            if name == protocol_name:
-                return metadata
-        return b""
-
-    def touch(self, now: float) -> None:
-        self.session_deadline = now + self.session_timeout_ms / 1000.0
-
-
-@dataclass(slots=True)
-class InitialDelay:
-    """The window of the initial rebalance (rule 5) that is running."""
-
-    window_end: float
-    delay_ms: int  # length of this window
-    remaining_ms: int  # what is left of the rebalance timeout for further windows
-    new_member_added: bool = False
-
-
-@dataclass(slots=True)
-class Effects:
-    """Answers owed to parked requests, in the order they became due."""
-
-    joins: list[tuple[str, JoinResult]] = field(default_factory=list)
-    syncs: list[tuple[str, SyncResult]] = field(default_factory=list)
-
-    def extend(self, other: Effects) -> None:
-        self.joins.extend(other.joins)
-        self.syncs.extend(other.syncs)
 
 
 class Group:
@@ -283,18 +248,49 @@ class Group:
         if self.state is GroupState.STABLE:
             return self._sync_answer(member), effects
         # CompletingRebalance. A repeated SyncGroup replaces a parked one (the coordinator answers
-        # the old request).
+        # the old request). The leader's assignment takes effect once it is stored (rule 13a).
         member.awaiting_sync = True
         if member_id == self.leader_id:
+            plan = {mid: assignments.get(mid, b"") for mid in self.members}
+            effects.store = StoreGroup("assignment", self.generation_id, plan)
+        return None, effects
+
+    def assignment_stored(
+        self, now: float, generation_id: int, assignments: dict[str, bytes], error: ErrorCode
+    ) -> Effects:
+        """Rule 13a: the leader's assignment for ``generation_id`` was written (or failed to be)."""
+        effects = Effects()
+        if self.state is not GroupState.COMPLETING_REBALANCE or generation_id != self.generation_id:
+            return effects
+        if error != ErrorCode.NONE:
             for mid, m in self.members.items():
-                m.assignment = assignments.get(mid, b"")
-            self.state = GroupState.STABLE
-            for mid, m in self.members.items():
+                m.assignment = b""
                 if m.awaiting_sync:
                     m.awaiting_sync = False
-                    m.touch(now)
-                    effects.syncs.append((mid, self._sync_answer(m)))
-        return None, effects
+                    effects.syncs.append((mid, SyncResult(error)))
+            self._prepare_rebalance(now, effects)
+            self._try_complete_join(now, effects)
+            return effects
+        for mid, m in self.members.items():
+            m.assignment = assignments.get(mid, b"")
+        self.state = GroupState.STABLE
+        for mid, m in self.members.items():
+            if m.awaiting_sync:
+                m.awaiting_sync = False
+                m.touch(now)
+                effects.syncs.append((mid, self._sync_answer(m)))
+        return effects
+
+    def revert_static(self, now: float, new_id: str, old: Member) -> None:
+        """Rule 13c: the swap of ``old`` for ``new_id`` was not stored: ``old`` holds the instance again."""
+        if self.state is not GroupState.STABLE or new_id not in self.members:
+            return  # the group moved on (a rebalance, the new id left): nothing to undo
+        back = replace(old, awaiting_join=False, awaiting_sync=False)
+        back.touch(now)
+        self.members = {old.member_id if mid == new_id else mid: (back if mid == new_id else m)
+                        for mid, m in self.members.items()}
+        if self.leader_id == new_id:
+            self.leader_id = old.member_id
 
     # ------------------------------------------------------------------ Heartbeat, LeaveGroup
 
@@ -524,6 +520,7 @@ class Group:
         if not self.members:
             self.state = GroupState.EMPTY
             self.protocol_name = None
+            effects.store = StoreGroup("empty", self.generation_id, {})  # rule 13b
             return
         self.protocol_name = self._select_protocol()
         self.state = GroupState.COMPLETING_REBALANCE
@@ -598,6 +595,8 @@ class Group:
         member.rebalance_timeout_ms = rebalance_timeout_ms
         member.touch(now)
         if self.state is GroupState.STABLE and self._select_protocol() == self.protocol_name:
+            plan = {mid: m.assignment for mid, m in self.members.items()}
+            effects.store = StoreGroup("static-member", self.generation_id, plan, replaced=old)  # rule 13c
             return JoinResult(
                 error_code=ErrorCode.NONE,
                 generation_id=self.generation_id,

@@ -1,4 +1,4 @@
-"""Committed offsets: the ``OffsetStore`` interface and its two implementations.
+"""Committed offsets and group metadata: the ``OffsetStore`` interface and its two implementations.
 
 ``MemoryOffsetStore`` keeps offsets in a dict (tests, ``--storage memory``). ``DurableOffsetStore``
 keeps them under a directory (``<data_dir>/groups/``)::
@@ -7,8 +7,14 @@ keeps them under a directory (``<data_dir>/groups/``)::
     offsets-<N+1>.log ...     commits since, appended as framed records
 
 A framed record is ``u32 payload length, u32 CRC32C(payload), payload``; payloads are
-``u8 kind`` + ``str16 group`` and, for commits, ``u32 count`` × (``str16 topic, i32 partition,
-i64 offset, i32 metadata length (-1 = null), metadata utf-8``). Strings are ``u16 length`` + utf-8.
+``u8 kind`` + ``str16 group`` and, for commits (kind 1), ``u32 count`` × (``str16 topic, i32 partition,
+i64 offset, i32 metadata length (-1 = null), metadata utf-8``); a delete (kind 2, DeleteGroups) has no
+more and removes the group's offsets and metadata; group metadata (kind 4) is followed by Kafka's
+``GroupMetadataValue`` (group_records.py) and replaces the group's previous one (the latest per group
+counts, as in Kafka's compacted ``__consumer_offsets``). Strings are ``u16 length`` + utf-8. The
+snapshot (version 2; version 1, which had no group metadata, is still read) holds one commit record
+per group with offsets, one metadata record per group with metadata, and an end record (kind 3,
+``u32`` number of records before it).
 
 Durability: ``commit`` writes its record and returns only after an fsync that covers it. Commits
 that arrive while an fsync runs share the next one (group commit). A failed write or fsync poisons
@@ -38,6 +44,7 @@ from typing import NamedTuple
 import crc32c
 
 from broker.groups.errors import OffsetStoreCorruptError, OffsetStoreError
+from broker.groups.group_records import GroupMetadataRecord, decode_group_metadata, encode_group_metadata
 
 __all__ = [
     "CommittedOffset",
@@ -78,7 +85,11 @@ class OffsetStore(ABC):
 
     @abstractmethod
     async def delete_group(self, group_id: str) -> None:
-        """Forget every offset of the group."""
+        """Forget every offset of the group, and its metadata."""
+
+    @abstractmethod
+    async def store_group(self, group_id: str, record: GroupMetadataRecord) -> None:
+        """Store the group's metadata in place of the previous one; returns once it survives a crash."""
 
     def fetch(
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None
@@ -90,12 +101,17 @@ class OffsetStore(ABC):
         """Groups with at least one committed offset."""
         return sorted(self._state.groups)
 
+    def group_metadata(self) -> dict[str, GroupMetadataRecord]:
+        """The latest stored metadata of every group (what the coordinator restores at start)."""
+        return dict(self._state.metadata)
+
 
 class _State:
-    """The map both stores keep in memory."""
+    """The maps both stores keep in memory."""
 
     def __init__(self) -> None:
         self.groups: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+        self.metadata: dict[str, GroupMetadataRecord] = {}
 
     def apply_commit(self, group_id: str, offsets: Mapping[TopicPartition, CommittedOffset]) -> None:
         if offsets:
@@ -103,6 +119,15 @@ class _State:
 
     def apply_delete(self, group_id: str) -> None:
         self.groups.pop(group_id, None)
+        self.metadata.pop(group_id, None)
+
+    def apply(self, kind: int, group_id: str, body: _Body) -> None:
+        if kind == _KIND_COMMIT and isinstance(body, dict):
+            self.apply_commit(group_id, body)
+        elif kind == _KIND_GROUP and isinstance(body, GroupMetadataRecord):
+            self.metadata[group_id] = body
+        elif kind == _KIND_DELETE:
+            self.apply_delete(group_id)
 
     def fetch(
         self, group_id: str, partitions: Iterable[TopicPartition] | None
@@ -120,16 +145,22 @@ class MemoryOffsetStore(OffsetStore):
     async def delete_group(self, group_id: str) -> None:
         self._state.apply_delete(group_id)
 
+    async def store_group(self, group_id: str, record: GroupMetadataRecord) -> None:
+        self._state.metadata[group_id] = record
+
 
 # ---------------------------------------------------------------------- record codec
 
 _FRAME = struct.Struct(">II")
 _SNAPSHOT_HEADER = struct.Struct(">8sHQ")
 _SNAPSHOT_MAGIC = b"SLUICEOF"
-_SNAPSHOT_VERSION = 1
+_SNAPSHOT_VERSION = 2
+_SNAPSHOT_VERSIONS = (1, 2)  # 1: before group metadata records
 _KIND_COMMIT = 1
 _KIND_DELETE = 2
 _KIND_END = 3
+_KIND_GROUP = 4
+_Body = dict[TopicPartition, CommittedOffset] | GroupMetadataRecord | int | None
 _ENTRY = struct.Struct(">iqi")
 _LOG_NAME = re.compile(r"^offsets-(\d{12})\.log$")
 SNAPSHOT_NAME = "offsets.snapshot"
@@ -153,6 +184,10 @@ def encode_commit(group_id: str, offsets: Mapping[TopicPartition, CommittedOffse
     return b"".join(parts)
 
 
+def encode_group(group_id: str, record: GroupMetadataRecord) -> bytes:
+    return bytes([_KIND_GROUP]) + _str16(group_id) + encode_group_metadata(record)
+
+
 def _frame(payload: bytes) -> bytes:
     return _FRAME.pack(len(payload), crc32c.crc32c(payload)) + payload
 
@@ -174,7 +209,7 @@ class _Reader:
         return self.take(n).decode()
 
 
-def _decode_payload(payload: bytes) -> tuple[int, str, dict[TopicPartition, CommittedOffset] | int]:
+def _decode_payload(payload: bytes) -> tuple[int, str, _Body]:
     r = _Reader(payload)
     kind = r.take(1)[0]
     if kind == _KIND_END:
@@ -182,7 +217,9 @@ def _decode_payload(payload: bytes) -> tuple[int, str, dict[TopicPartition, Comm
         return kind, "", count
     group_id = r.str16()
     if kind == _KIND_DELETE:
-        return kind, group_id, {}
+        return kind, group_id, None
+    if kind == _KIND_GROUP:
+        return kind, group_id, decode_group_metadata(payload[r.pos :])
     if kind != _KIND_COMMIT:
         raise ValueError(f"unknown record kind {kind}")
     (count,) = struct.unpack(">I", r.take(4))
@@ -241,7 +278,7 @@ class DurableOffsetStore(OffsetStore):
         self._dir_dirty = False
         self._written = 0  # records written to the OS
         self._synced = 0  # records covered by a completed fsync
-        self._unsynced: list[tuple[int, int, str, dict[TopicPartition, CommittedOffset]]] = []
+        self._unsynced: list[tuple[int, int, str, _Body]] = []
         self._sync_task: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
 
@@ -267,8 +304,8 @@ class DurableOffsetStore(OffsetStore):
             self._dir_dirty = False
         except OSError as exc:
             raise OffsetStoreError(f"cannot open offset store in {self.directory}: {exc}") from exc
-        groups = len(self._state.groups)
-        log.info("offset store opened", extra={"dir": str(self.directory), "groups": groups, "replayed": len(replay)})
+        log.info("offset store opened", extra={"dir": str(self.directory), "groups": len(self._state.groups),
+                                               "group_metadata": len(self._state.metadata), "replayed": len(replay)})
 
     async def close(self) -> None:
         if self._sync_task is not None and not self._sync_task.done():
@@ -287,13 +324,14 @@ class DurableOffsetStore(OffsetStore):
         await self._append(_KIND_COMMIT, group_id, clean, encode_commit(group_id, clean))
 
     async def delete_group(self, group_id: str) -> None:
-        await self._append(_KIND_DELETE, group_id, {}, bytes([_KIND_DELETE]) + _str16(group_id))
+        await self._append(_KIND_DELETE, group_id, None, bytes([_KIND_DELETE]) + _str16(group_id))
+
+    async def store_group(self, group_id: str, record: GroupMetadataRecord) -> None:
+        await self._append(_KIND_GROUP, group_id, record, encode_group(group_id, record))
 
     # -------------------------------------------------------------- write path
 
-    async def _append(
-        self, kind: int, group_id: str, offsets: dict[TopicPartition, CommittedOffset], payload: bytes
-    ) -> None:
+    async def _append(self, kind: int, group_id: str, body: _Body, payload: bytes) -> None:
         if self._failed is not None:
             raise OffsetStoreError(f"offset store failed earlier: {self._failed}")
         if self._fd is None:
@@ -308,7 +346,7 @@ class DurableOffsetStore(OffsetStore):
         self._log_bytes += len(frame)
         self._written += 1
         seq = self._written
-        self._unsynced.append((seq, kind, group_id, offsets))
+        self._unsynced.append((seq, kind, group_id, body))
         while self._synced < seq:
             if self._failed is not None:
                 raise OffsetStoreError(f"offset store failed: {self._failed}")
@@ -333,11 +371,8 @@ class DurableOffsetStore(OffsetStore):
         self._synced = max(self._synced, target)
         done = [item for item in self._unsynced if item[0] <= target]
         self._unsynced = [item for item in self._unsynced if item[0] > target]
-        for _, kind, group_id, offsets in done:
-            if kind == _KIND_COMMIT:
-                self._state.apply_commit(group_id, offsets)
-            else:
-                self._state.apply_delete(group_id)
+        for _, kind, group_id, body in done:
+            self._state.apply(kind, group_id, body)
         if self._log_bytes >= self.compact_bytes and self._written == self._synced:
             await self._compact()
 
@@ -392,7 +427,9 @@ class DurableOffsetStore(OffsetStore):
         parts = [_SNAPSHOT_HEADER.pack(_SNAPSHOT_MAGIC, _SNAPSHOT_VERSION, covers)]
         for group_id, offsets in self._state.groups.items():
             parts.append(_frame(encode_commit(group_id, offsets)))
-        parts.append(_frame(bytes([_KIND_END]) + struct.pack(">I", len(self._state.groups))))
+        for group_id, record in self._state.metadata.items():
+            parts.append(_frame(encode_group(group_id, record)))
+        parts.append(_frame(bytes([_KIND_END]) + struct.pack(">I", len(parts) - 1)))
         return b"".join(parts)
 
     def _write_snapshot(self, data: bytes) -> None:
@@ -414,9 +451,9 @@ class DurableOffsetStore(OffsetStore):
         if len(data) < _SNAPSHOT_HEADER.size:
             raise OffsetStoreCorruptError(f"{path}: shorter than its header")
         magic, version, covers = _SNAPSHOT_HEADER.unpack_from(data, 0)
-        if magic != _SNAPSHOT_MAGIC or version != _SNAPSHOT_VERSION:
+        if magic != _SNAPSHOT_MAGIC or version not in _SNAPSHOT_VERSIONS:
             raise OffsetStoreCorruptError(f"{path}: not an offset snapshot (magic {magic!r}, version {version})")
-        groups = 0
+        records = 0
         end_seen = False
         pos = _SNAPSHOT_HEADER.size
         for pos, payload in _iter_frames(data, _SNAPSHOT_HEADER.size):  # noqa: B007 - pos used after the loop
@@ -425,13 +462,14 @@ class DurableOffsetStore(OffsetStore):
             except (ValueError, UnicodeDecodeError) as exc:
                 raise OffsetStoreCorruptError(f"{path}: undecodable record: {exc}") from exc
             if kind == _KIND_END:
-                end_seen = body == groups
+                end_seen = body == records
                 break
-            assert isinstance(body, dict)
-            self._state.apply_commit(group_id, body)
-            groups += 1
+            if kind not in (_KIND_COMMIT, _KIND_GROUP):
+                raise OffsetStoreCorruptError(f"{path}: record of kind {kind} in a snapshot")
+            self._state.apply(kind, group_id, body)
+            records += 1
         if not end_seen or pos != len(data):
-            raise OffsetStoreCorruptError(f"{path}: damaged or truncated (read {groups} groups)")
+            raise OffsetStoreCorruptError(f"{path}: damaged or truncated (read {records} records)")
         return int(covers)
 
     def _replay_log(self, seq: int, *, last: bool) -> None:
@@ -443,11 +481,7 @@ class DurableOffsetStore(OffsetStore):
                 kind, group_id, body = _decode_payload(payload)
             except (ValueError, UnicodeDecodeError) as exc:
                 raise OffsetStoreCorruptError(f"{path}@{good}: undecodable record: {exc}") from exc
-            if kind == _KIND_COMMIT:
-                assert isinstance(body, dict)
-                self._state.apply_commit(group_id, body)
-            elif kind == _KIND_DELETE:
-                self._state.apply_delete(group_id)
+            self._state.apply(kind, group_id, body)
             good = end
         if good != len(data):
             if not last:

@@ -1,11 +1,13 @@
-"""Random join/sync/heartbeat/leave/commit/restart/timeout sequences against the group state machine.
+"""Random join/sync/heartbeat/leave/commit/restart/timeout/crash sequences against the group state machine.
 
 The state machine is sans-IO, so the test plays every client itself and checks after each step:
 the generation never decreases; every parked request is answered exactly once; a member is in at
 most one of pending / parked join / parked sync; parked joins exist only in PreparingRebalance and
 parked syncs only in CompletingRebalance; Empty means no members; the leader is a member; a static
 instance id is held by at most one member; and in Stable every member holds exactly the assignment
-the leader gave for that generation.
+the leader gave for that generation. The world stores what the group asks to store (rule 13) at once;
+a broker crash brings the group back from the last record (group_records.restore_group), and the
+same invariants hold from there on.
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.groups.group import Effects, Group, GroupSettings, GroupState, JoinResult, SyncResult
+from broker.groups.group_records import (
+    GroupMetadataRecord,
+    decode_group_metadata,
+    encode_group_metadata,
+    record_of,
+    restore_group,
+)
 from broker.protocol.kafka_codes import ErrorCode
 
 CLIENTS = 5
@@ -41,6 +50,7 @@ class World:
     given: dict[int, dict[str, bytes]] = field(default_factory=dict)  # generation -> leader's plan
     last_generation: int = 0
     counter: int = 0
+    stored: GroupMetadataRecord | None = None  # the group's last metadata record
 
     def client_of(self, member_id: str) -> Client | None:
         return next((c for c in self.clients if c.member_id == member_id), None)
@@ -54,6 +64,16 @@ class World:
             assert mid in self.parked_sync, f"sync answer for {mid} that has no parked SyncGroup"
             self.parked_sync.discard(mid)
             self.on_sync(mid, sync_answer)
+        store = effects.store
+        if store is not None:  # the write succeeds at once (through the codec, as on disk)
+            assert store.generation_id == self.group.generation_id
+            self.stored = decode_group_metadata(encode_group_metadata(record_of(self.group, store, 0)))
+            if store.why == "assignment":
+                assert self.group.state is GroupState.COMPLETING_REBALANCE
+                self.apply(self.group.assignment_stored(self.now, store.generation_id, dict(store.assignments),
+                                                        ErrorCode.NONE))
+            else:
+                assert self.group.state is (GroupState.EMPTY if store.why == "empty" else GroupState.STABLE)
 
     def on_join(self, mid: str, r: JoinResult) -> None:
         client = self.client_of(mid)
@@ -158,7 +178,7 @@ def do_sync(w: World, i: int, stale: bool) -> None:
         w.parked_sync.add(c.member_id)
     w.apply(effects)
     if answer is not None:
-        if stale and c.member_id in w.group.members:
+        if gen != w.group.generation_id and c.member_id in w.group.members:
             assert answer.error_code == ErrorCode.ILLEGAL_GENERATION
         w.on_sync(c.member_id, answer)
 
@@ -228,6 +248,19 @@ def do_restart(w: World, i: int) -> None:
     w.clients[i] = Client()
 
 
+def do_crash(w: World) -> None:
+    """The broker restarts: the group is what it last stored; parked requests die with the connections."""
+    settings = w.group.settings
+    w.group = Group("g", settings) if w.stored is None else restore_group("g", w.stored, settings, w.now)
+    w.parked_join.clear()
+    w.parked_sync.clear()
+    w.last_generation = w.group.generation_id  # a generation nobody stored is rebalanced again
+    if w.stored is not None and w.stored.members:
+        assert w.group.state is GroupState.STABLE and w.group.leader_id == w.stored.leader_id
+        assert {m.member_id: m.assignment for m in w.stored.members} == {
+            mid: m.assignment for mid, m in w.group.members.items()}
+
+
 def do_time(w: World, seconds: float) -> None:
     w.now += seconds
     w.apply(w.group.tick(w.now))
@@ -271,6 +304,7 @@ ops = st.one_of(
     st.tuples(st.just("commit"), st.integers(0, CLIENTS - 1), st.booleans()),
     st.tuples(st.just("leave"), st.integers(0, CLIENTS - 1), st.booleans()),
     st.tuples(st.just("restart"), st.integers(0, CLIENTS - 1), st.booleans()),
+    st.tuples(st.just("crash"), st.just(0), st.booleans()),
     st.tuples(st.just("time"), st.sampled_from([0.5, 1.0, 2.9, 3.1, 6.0]), st.booleans()),
 )
 
@@ -320,6 +354,8 @@ def run_step(w: World, op: str, arg: float, flag: bool) -> None:
         do_leave(w, int(arg))
     elif op == "restart":
         do_restart(w, int(arg))
+    elif op == "crash":
+        do_crash(w)
     else:
         {"join": do_join, "sync": do_sync, "heartbeat": do_heartbeat, "commit": do_commit}[op](w, int(arg), flag)
     w.check()
@@ -330,7 +366,7 @@ def run_step(w: World, op: str, arg: float, flag: bool) -> None:
 def test_invariants_hold_for_long_random_histories(rnd: random.Random, delay_ms: int) -> None:
     """Long histories (hypothesis's lists stay short): mostly cooperative rounds, with churn."""
     w = World(Group("g", GroupSettings(initial_rebalance_delay_ms=delay_ms)))
-    kinds = ["round"] * 6 + ["join"] * 3 + ["sync", "heartbeat", "commit", "leave", "time", "restart"]
+    kinds = ["round"] * 6 + ["join"] * 3 + ["sync", "heartbeat", "commit", "leave", "time", "restart", "crash"]
     for _ in range(300):
         op = rnd.choice(kinds)
         arg = rnd.choice([0.5, 1.0, 2.9, 3.1, 6.0]) if op == "time" else rnd.randrange(CLIENTS)
