@@ -1,21 +1,23 @@
 """TCP line ingest into the durable log, side by side with Redis Streams, in one run.
 
     python -m bench.bench_tcp [--lines 200000] [--partitions 4] [--devices 100 --interval-ms 10 --device-seconds 5]
+                              [--formats ndjson,influx,csv]
 
-Sluice: the TCP line listener (NDJSON, then InfluxDB line protocol) runs in this process on the
-store ``sluice serve`` would open (``open_store``: segment files when that backend is present) with
+Sluice: the TCP line listener (NDJSON, InfluxDB line protocol, then CSV: a header line, then rows) runs in
+this process on the store ``sluice serve`` would open (``open_store``: segment files when that backend is present) with
 flush=always and flush=os; ``nc`` (C, netcat-openbsd) pushes a pre-generated file of lines.
 Time = from nc's start until the sink reports every line durably appended.
 
 Peer: redis-server started on a free port with AOF on (``appendfsync always`` / ``no``, the same
-durability promises), fed the same lines as ``XADD tcp * line <line>`` by ``redis-cli --pipe`` (C).
+durability promises), fed the same lines as ``XADD tcp * line <line>`` by ``redis-cli --pipe`` (C; for CSV
+the rows, without the header).
 Time = until redis-cli has every reply. Prints a table and the ratios (Sluice / Redis), and each server's
 CPU per line: for Sluice this process's CPU time over the run (user + system: the listener, the store's
 writes and this bench's wait for the last line), for Redis redis-server's (``/proc/<pid>/stat``), read
 before and after the pipe. On a shared machine CPU per line moves less than the rates do. This process
 takes ``sluice serve``'s garbage-collector settings (``sluice.gc_tuning``) before the runs.
 
-Devices row (``--devices 100``, 0 to skip): the realistic shape instead of one bulk pipe —
+Devices row (``--devices 100``, 0 to skip; NDJSON and InfluxDB only): the realistic shape instead of one bulk pipe —
 ``--devices`` connections, each sending one line every ``--interval-ms`` (10 ms: 10,000 lines/s in
 all) for ``--device-seconds``, from a separate Python process (``--drive``, asyncio). Both sides get
 the same lines (Redis as one ``XADD`` per line, replies read); flush=os against appendfsync no.
@@ -49,10 +51,13 @@ from sluice.config import load_settings
 from sluice.gc_tuning import tune_for_serving
 from sluice.serve import open_store
 
+CSV_HEADER = b"device_id,ts,temp,hum\n"
+
 
 def make_lines(fmt: str, count: int, seed: int = 1) -> bytes:
+    """``count`` readings of 1,000 devices as lines of ``fmt``; CSV starts with its header line (not counted)."""
     rng = random.Random(seed)
-    out = []
+    out = [CSV_HEADER.decode()] if fmt == "csv" else []
     ts = 1_700_000_000_000
     for i in range(count):
         dev = f"dev-{rng.randrange(1000):04d}"
@@ -60,6 +65,8 @@ def make_lines(fmt: str, count: int, seed: int = 1) -> bytes:
         hum = round(30 + rng.random() * 40, 1)
         if fmt == "ndjson":
             out.append(f'{{"device_id":"{dev}","ts":{ts + i},"temp":{temp},"hum":{hum}}}\n')
+        elif fmt == "csv":
+            out.append(f"{dev},{ts + i},{temp},{hum}\n")
         else:
             out.append(f"weather,device_id={dev} temp={temp},hum={hum} {(ts + i) * 1_000_000}\n")
     return "".join(out).encode()
@@ -253,6 +260,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=100, help="connections of the devices row (0: no row)")
     parser.add_argument("--interval-ms", type=float, default=10.0, help="devices row: ms between a device's lines")
     parser.add_argument("--device-seconds", type=float, default=5.0, help="devices row: how long each device sends")
+    parser.add_argument("--formats", default="ndjson,influx,csv", help="comma-separated: ndjson, influx, csv")
     parser.add_argument("--drive", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the driver process
     parser.add_argument("--drive-file", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--resp", action="store_true", help=argparse.SUPPRESS)
@@ -274,12 +282,12 @@ def main() -> None:
     devices: list[tuple[str, dict, dict]] = []
     with tempfile.TemporaryDirectory(prefix="bench-tcp-") as tmp:
         root = Path(tmp)
-        for fmt in ("ndjson", "influx"):
+        for fmt in args.formats.split(","):
             lines = make_lines(fmt, args.lines)
             lines_file = root / f"lines.{fmt}"
             lines_file.write_bytes(lines)
             resp_file = root / f"resp.{fmt}"
-            resp_file.write_bytes(resp_xadd(lines))
+            resp_file.write_bytes(resp_xadd(lines.removeprefix(CSV_HEADER) if fmt == "csv" else lines))
             for flush, fsync in (("always", "always"), ("os", "no")):
                 data_dir = root / f"sluice-{fmt}-{flush}"
                 coro = run_sluice(lines_file, fmt, args.lines, flush, args.partitions, data_dir)
@@ -288,7 +296,7 @@ def main() -> None:
                 rows.append((fmt, flush, sluice, redis, fsync))
                 with contextlib.suppress(OSError):
                     shutil.rmtree(data_dir)
-            if args.devices:
+            if args.devices and fmt != "csv":
                 coro_devices = run_sluice_devices(lines_file, fmt, args, root / f"sluice-{fmt}-devices")
                 sluice_devices = uvloop.run(coro_devices) if use_uvloop else asyncio.run(coro_devices)
                 devices.append((fmt, sluice_devices, run_redis_devices(lines_file, args, root / f"redis-{fmt}-dev")))

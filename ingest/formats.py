@@ -33,6 +33,7 @@ __all__ = [
     "InfluxPoint",
     "Parsed",
     "PayloadFormat",
+    "csv_value",
     "parse_csv_header",
     "parse_csv_row",
     "parse_influx",
@@ -193,7 +194,8 @@ def parse_csv_header(payload: bytes) -> tuple[str, ...]:
     return names
 
 
-def _csv_value(raw: str) -> str | int | float:
+def csv_value(raw: str) -> str | int | float:
+    """A CSV field as the row's document holds it: an int or a finite float when it reads as one, else as it came."""
     text = raw.strip()
     if text and (text[0].isdigit() or text[0] in "+-."):
         try:
@@ -217,7 +219,7 @@ def parse_csv_row(payload: bytes, columns: tuple[str, ...] | None) -> Parsed:
         raise FormatError(f"invalid CSV row: {exc}") from None
     if len(row) != len(columns):
         raise FormatError(f"CSV row has {len(row)} columns, the header has {len(columns)}")
-    return Parsed("csv", {name: _csv_value(value) for name, value in zip(columns, row, strict=True)})
+    return Parsed("csv", {name: csv_value(value) for name, value in zip(columns, row, strict=True)})
 
 
 # ---------------------------------------------------------------- InfluxDB line protocol

@@ -30,6 +30,9 @@ Every line the plan is not sure about comes back as ``None`` and the caller rout
   finite float / an integer in range, so is every value of the same shape (and digit replacement keeps
   UTF-8 validity and every separator).
 
+- CSV rows (``CsvLinePlan``, ``ingest/csv_lines.py``, whose docstring has its rules): by header and by
+  the raw bytes of the fields the rules read.
+
 Plans exist only for rule chains whose every rule is understood here (``line_plan``: no fan-out, no
 re-encoded values, no topic templates, top-level field names); otherwise every line takes
 ``route_each``. tests/ingest/test_line_routes.py compares both on random and malformed lines.
@@ -65,13 +68,14 @@ _SCALARS = (str, int, float, _NONE_TYPE)  # field values a target may be keyed o
 
 
 class LinePlan:
-    """``route(lines, arrival_ms)`` -> per line its target or None (route it with ``route_each``), and
-    per line its event time (or None: every line's is ``arrival_ms``)."""
+    """``route(lines, arrival_ms, columns)`` -> per line its target or None (route it with ``route_each``),
+    and per line its event time (or None: every line's is ``arrival_ms``). ``columns``: a CSV stream's header."""
 
     def __init__(self, routes: SourceRoutes) -> None:
         self.routes = routes
 
-    def route(self, lines: Sequence[bytes], arrival_ms: int) -> tuple[list[LineTarget | None], list[int] | None]:
+    def route(self, lines: Sequence[bytes], arrival_ms: int,
+              columns: tuple[str, ...] | None = None) -> tuple[list[LineTarget | None], list[int] | None]:
         raise NotImplementedError
 
     def _learn(self, line: bytes, arrival_ms: int, topic: str, stamp: int) -> LineTarget | None:
@@ -134,6 +138,10 @@ def _build(routes: SourceRoutes) -> LinePlan | None:
     if source_format == "influx" and formats[-1] == "influx" and all(fmt != "influx" for fmt in formats[:-1]):
         # The guards read JSON (or raw, or CSV without a header): none applies to a line without '"'.
         return InfluxLinePlan.build(routes, chain[-1])
+    if source_format == "csv":
+        from ingest.csv_lines import CsvLinePlan  # imports this module
+
+        return CsvLinePlan.build(routes, chain)
     return None
 
 
@@ -228,7 +236,8 @@ class JsonLinePlan(LinePlan):
                     docs[i] = None
         return docs
 
-    def route(self, lines: Sequence[bytes], arrival_ms: int) -> tuple[list[LineTarget | None], list[int] | None]:
+    def route(self, lines: Sequence[bytes], arrival_ms: int,
+              columns: tuple[str, ...] | None = None) -> tuple[list[LineTarget | None], list[int] | None]:
         docs = self._documents(lines)
         final = self._final
         if final.time_field is None and len(final.identity) == 1 and None not in docs and all(
@@ -339,7 +348,8 @@ class InfluxLinePlan(LinePlan):
             return None
         return cls(routes, rule)
 
-    def route(self, lines: Sequence[bytes], arrival_ms: int) -> tuple[list[LineTarget | None], list[int] | None]:
+    def route(self, lines: Sequence[bytes], arrival_ms: int,
+              columns: tuple[str, ...] | None = None) -> tuple[list[LineTarget | None], list[int] | None]:
         if len(self._series) >= _CACHE_MAX:
             self._series.clear()
         if len(self._shapes) >= _CACHE_MAX:

@@ -48,7 +48,7 @@ class _LineBatch:
 
     def __init__(self, sink: IngestSink, source: SourceRef, routes: SourceRoutes, lines: list[bytes],
                  targets: list[LineTarget | None], stamps: list[int] | None, arrival_ms: int,
-                 seen: dict[str | None, list[Any]], now: float) -> None:
+                 seen: dict[str | None, list[Any]], now: float, columns: tuple[str, ...] | None) -> None:
         self.sink = sink
         self.source = source
         self.routes = routes
@@ -56,6 +56,7 @@ class _LineBatch:
         self.targets = targets
         self.stamps = stamps
         self.arrival_ms = arrival_ms
+        self.columns = columns  # a CSV stream's header (the lines routed alone are parsed against it)
         self.groups: dict[tuple[str, int], LineGroup] = {}
         self.partitions: dict[str, int] = {}  # topic -> partitions, looked up once per call
         self.letters: list[_Letter] = []
@@ -77,7 +78,7 @@ class _LineBatch:
         line = self.lines[index]
         target = self.targets[index]
         if target is None:
-            message = self.routed[index] = RawMessage(line, None, None, self.arrival_ms)
+            message = self.routed[index] = RawMessage(line, None, None, self.arrival_ms, self.columns)
             self._count(self._route(message, index), line)
             return
         try:
@@ -161,18 +162,18 @@ class _LineBatch:
 
 
 async def write_lines(sink: IngestSink, source: SourceRef, lines: Sequence[bytes], arrival_ms: int,
-                      nbytes: int) -> None:
+                      nbytes: int, columns: tuple[str, ...] | None = None) -> None:
     """Route, append and wait for durability (``IngestSink._write`` for lines; see the module docstring).
-    ``nbytes``: the lines' length in all."""
+    ``nbytes``: the lines' length in all; ``columns``: a CSV stream's header."""
     routes = sink.router.for_source(source)
     plan = line_plan(routes)
     if plan is None:
-        await sink._write(source, [RawMessage(line, None, None, arrival_ms) for line in lines], None)
+        await sink._write(source, [RawMessage(line, None, None, arrival_ms, columns) for line in lines], None)
         return
     listed = lines if isinstance(lines, list) else list(lines)
-    targets, stamps = plan.route(listed, arrival_ms)
+    targets, stamps = plan.route(listed, arrival_ms, columns)
     seen, now = sink.health.open_counts(source)  # every line is counted there, by the kernel or by resolve
-    batch = _LineBatch(sink, source, routes, listed, targets, stamps, arrival_ms, seen, now)
+    batch = _LineBatch(sink, source, routes, listed, targets, stamps, arrival_ms, seen, now, columns)
     try:
         _kernels.bucket_lines(listed, targets, batch.partitions, batch.groups, seen, now, batch.resolve,
                               next(_calls))

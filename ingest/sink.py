@@ -226,10 +226,12 @@ class IngestSink:
         if messages:
             await self._reserved(source, messages, None)
 
-    async def ingest_lines(self, source: SourceRef, lines: Sequence[bytes], arrival_ms: int) -> None:
-        """``ingest`` of ``RawMessage(line, arrival_ms=arrival_ms)`` for each of a line source's lines
-        (lines its format skips already removed): the same records and dead letters, routed a read at a
-        time where the source's rules allow it (``ingest/line_writes.py``)."""
+    async def ingest_lines(self, source: SourceRef, lines: Sequence[bytes], arrival_ms: int,
+                           columns: tuple[str, ...] | None = None) -> None:
+        """``ingest`` of ``RawMessage(line, arrival_ms=arrival_ms, columns=columns)`` for each of a line
+        source's lines (lines its format skips already removed; ``columns``: a CSV stream's header): the same
+        records and dead letters, routed a read at a time where the source's rules allow it
+        (``ingest/line_writes.py``)."""
         if not lines:
             return
         nbytes = sum(map(len, lines))
@@ -239,7 +241,7 @@ class IngestSink:
         from ingest.line_writes import write_lines  # imports this module: imported on first use
 
         try:
-            await write_lines(self, source, lines, arrival_ms, nbytes)
+            await write_lines(self, source, lines, arrival_ms, nbytes, columns)
         finally:
             self.health.add_in_flight(source, -len(lines))
             self._release(charge)

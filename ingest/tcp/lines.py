@@ -36,12 +36,26 @@ class LineStream:
 
     def lines(self, items: list[bytes | LineTooLong]) -> list[bytes] | None:
         """The lines of ``items`` that are messages (empty lines and comments skipped, as ``messages``
-        skips them), for ``IngestSink.ingest_lines``; None (nothing counted) when ``items`` holds
-        something ``messages`` must decide: a line over the length limit, or a CSV stream's lines."""
-        if self.format == "csv" or LineTooLong in map(type, items):
+        skips them), for ``IngestSink.ingest_lines`` with ``columns`` (a CSV stream's header, read here when
+        ``items`` starts the stream with a valid one); None (nothing counted) when ``items`` holds
+        something ``messages`` must decide: a line over the length limit, or a CSV header that is not valid."""
+        if LineTooLong in map(type, items):
             return None
-        self.line_no += len(items)
         lines = cast(list[bytes], items)
+        if self.format == "csv" and self.columns is None:
+            start = 0
+            while start < len(lines) and _skipped("csv", lines[start]):
+                start += 1
+            if start == len(lines):
+                self.line_no += len(items)
+                return []
+            try:
+                self.columns = parse_csv_header(lines[start])
+            except FormatError:
+                return None  # messages dead-letters it with its reason
+            self.line_no += start + 1
+            lines = lines[start + 1:]
+        self.line_no += len(lines)
         if not all(lines) or any(map(bytes.isspace, lines)) or (
             self.format == "influx" and 0x23 in b"\n".join(lines)  # b"#" as an int: see line_kernels
         ):

@@ -274,7 +274,7 @@ class TcpLineListener:
         if not self.config.ack:
             lines = stream.lines(items)
             if lines is not None:  # the usual read: routed a read at a time
-                await sink.ingest_lines(self.source, lines, int(self._clock() * 1000))
+                await sink.ingest_lines(self.source, lines, int(self._clock() * 1000), stream.columns)
                 return
         messages, numbers = stream.messages(items, int(self._clock() * 1000))
         if self.config.ack:

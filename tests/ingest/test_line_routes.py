@@ -228,7 +228,7 @@ def test_rules_without_a_plan_route_every_line_alone() -> None:
     nested = RouteRule("nested", "n", "tcp", key=KeySpec("field", "meta.id"))
     for rules in ([fan_out], [template], [reencoded], [nested]):
         assert line_plan(Router(rules).for_source(JSON_SOURCE)) is None
-    assert line_plan(Router([]).for_source(SourceRef("tcp", "default", "csv"))) is None
+    assert line_plan(Router([]).for_source(SourceRef("tcp", "default", "raw"))) is None  # CSV: test_csv_lines
 
 
 # ---------------------------------------------------------------- the sink and the line stream

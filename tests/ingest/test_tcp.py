@@ -150,6 +150,23 @@ async def test_csv_with_header_per_connection(start_listener: Start) -> None:
     assert not store.has_topic("_dead_letters")
 
 
+async def test_csv_bad_rows_are_dead_letters_with_their_reasons(start_listener: Start) -> None:
+    """Rows go a read at a time (ingest/csv_lines.py); the ones it does not take get the per-row reasons."""
+    listener, store = await start_listener(format="csv")
+    body = (b"\n device_id , temp\n" + b"d1,21.5\n" * 50 + b"d1\nd2,\"unterminated\n\xff,1\nd2,1,2\n"
+            + b'"d3",7\n' + b"d2,22\n" * 50)
+    await send(listener.port, body)
+    good = await wait_for_records(store, "tcp", 101)
+    letters = await wait_for_records(store, "_dead_letters", 4)
+    assert sorted({(r.key, r.value) for r in good}) == [(b"d1", b"d1,21.5"), (b"d2", b"d2,22"), (b"d3", b'"d3",7')]
+    assert sorted(((r.header("reason") or b"").decode(), r.value) for r in letters) == [
+        ("csv: CSV row has 1 columns, the header has 2", b"d1"),
+        ("csv: CSV row has 3 columns, the header has 2", b"d2,1,2"),
+        ("csv: invalid CSV row: unexpected end of data", b'd2,"unterminated'),
+        ("csv: not UTF-8 (byte 0)", b"\xff,1"),
+    ]
+
+
 async def test_bad_lines_land_in_dead_letters_with_reason(start_listener: Start) -> None:
     listener, store = await start_listener(max_line_bytes=100)
     body = (
