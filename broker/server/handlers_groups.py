@@ -185,10 +185,14 @@ async def handle_describe_groups(ctx: BrokerContext, body: Any, conn: Connection
 
 
 async def handle_list_groups(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    # v4 (KIP-518): only groups in one of the states asked for, compared as Kafka does (case and
+    # surrounding blanks ignored); an empty or absent filter lists every group.
+    wanted = {str(s).strip().lower() for s in getattr(body, "states_filter", None) or ()}
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.NONE,
-        "groups": [{"group_id": g, "protocol_type": ptype} for g, ptype, _state in ctx.coordinator.list_groups()],
+        "groups": [{"group_id": g, "protocol_type": ptype, "group_state": state}
+                   for g, ptype, state in ctx.coordinator.list_groups() if not wanted or state.lower() in wanted],
     }
 
 

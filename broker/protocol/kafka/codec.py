@@ -124,7 +124,7 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.LEAVE_GROUP, 0, 3),
         ApiSpec(ApiKey.SYNC_GROUP, 0, 3),
         ApiSpec(ApiKey.DESCRIBE_GROUPS, 0, 4),
-        ApiSpec(ApiKey.LIST_GROUPS, 0, 2),
+        ApiSpec(ApiKey.LIST_GROUPS, 0, 4),  # v4: states filter and each group's state
         ApiSpec(ApiKey.SASL_HANDSHAKE, 0, 1),  # v0: raw SASL tokens follow; librdkafka's feature check needs it
         ApiSpec(ApiKey.SASL_AUTHENTICATE, 0, 2),
         ApiSpec(ApiKey.API_VERSIONS, 0, 3),

@@ -52,7 +52,7 @@ SAMPLE_REQUESTS: dict[int, dict[str, Any]] = {
     ApiKey.SYNC_GROUP: {"group_id": "join-group", "generation_id": 1, "member_id": "nobody",
                         "group_instance_id": None, "assignments": []},
     ApiKey.DESCRIBE_GROUPS: {"groups": ["sample-group"], "include_authorized_operations": False},
-    ApiKey.LIST_GROUPS: {},
+    ApiKey.LIST_GROUPS: {"states_filter": ["Stable"]},
     ApiKey.API_VERSIONS: {"client_software_name": "sluice-tests", "client_software_version": "1.0"},
     ApiKey.SASL_HANDSHAKE: {"mechanism": "SCRAM-SHA-256"},
     ApiKey.SASL_AUTHENTICATE: {"auth_bytes": b"n,,n=alice,r=abc"},
