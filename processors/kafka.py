@@ -68,7 +68,7 @@ from processors.checkpoint import (
 from processors.errors import CheckpointError, PartitionsLostError, SourceError
 from processors.executor import OutBatch, OutRecord, RecordLike
 from processors.executor import TopicPartition as TP
-from processors.kafka_records import use_parser_records
+from processors.kafka_records import use_parser_records, use_raw_batches
 from processors.purge import RepartitionPurger
 from processors.sources import AssignmentListener
 from processors.txn_offsets import GroupMember, MemberFencedError, fence_by_group
@@ -108,8 +108,11 @@ class _Listener(ConsumerRebalanceListener):
 class KafkaSource:
     def __init__(self, bootstrap: str, topics: tuple[str, ...], group: str, *, client_id: str | None = None,
                  session_timeout_ms: int = 10_000, transactions: KafkaSink | None = None,
-                 purger: RepartitionPurger | None = None) -> None:
+                 purger: RepartitionPurger | None = None, raw_batches: bool = False) -> None:
         self.bootstrap = bootstrap
+        # fetched batches handed out as byte ranges (processors.kafka_records.RawRecords), for an executor
+        # that reads them where they lie: a repartition topic's downstream stage (repartition.ShuffleReader)
+        self.raw_batches = raw_batches
         self.transactions = transactions  # exactly-once: offsets commit with the sink's transaction
         self.purger = purger  # a downstream stage: its repartition records are deleted once committed
         self.session_timeout_ms = session_timeout_ms
@@ -150,7 +153,8 @@ class KafkaSource:
         except KafkaError as exc:
             await self.consumer.stop()
             raise SourceError(f"cannot join group {self.group!r} at {self.bootstrap}: {exc}") from exc
-        use_parser_records(self.consumer)  # records without ConsumerRecord objects (processors.kafka_records)
+        # records without ConsumerRecord objects (processors.kafka_records)
+        (use_raw_batches if self.raw_batches else use_parser_records)(self.consumer)
 
     async def stop(self) -> None:
         if self.consumer is not None:

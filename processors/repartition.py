@@ -73,6 +73,8 @@ from processors.executor import (
     _first,
     _Node,
 )
+from processors.fastdecode import SourceRecord
+from processors.kafka_records import RawRecords, RawSegment
 from processors.pipeline import NodeSpec, Pipeline, SourceConfig
 from processors.serde import to_json
 from processors.time import NO_TIME
@@ -441,14 +443,25 @@ class ShuffleReader(Executor):
         duplicates = 0
         # in slices, as Executor.process: a slice's values die before the next is decoded, so the
         # garbage collector's youngest generation is not filled with live values and rescanned
-        for i in range(0, len(records), _SLICE):
-            items, dropped = _KERNELS.read_records(records[i : i + _SLICE], part.seqs, self._origins, self._keys,
-                                                   decode_key, jsonvalues.loads, marks, bad)
-            duplicates += dropped
-            self.records_in += len(items)
-            if items:
-                self.current_tp = tp
-                self.root.push(items)
+        dedupe = _KERNELS.SeqFilter(part.seqs, self._origins)
+        for piece in records.parts if type(records) is RawRecords else [records]:
+            if isinstance(piece, RawSegment):  # read where they lie in the fetched bytes (processors.kafka_records)
+                data, pos, offset, left = piece.data, piece.pos, piece.offset, piece.count
+                while left:
+                    n = min(left, _SLICE)
+                    items, dropped, pos = _KERNELS.read_raw(data, pos, n, offset, piece.base_ts, dedupe, self._keys,
+                                                            decode_key, jsonvalues.loads, SourceRecord, marks, bad)
+                    offset += n
+                    left -= n
+                    duplicates += dropped
+                    self._push(tp, items)
+                continue
+            for i in range(0, len(piece), _SLICE):
+                items, dropped = _KERNELS.read_records(piece[i : i + _SLICE], dedupe, self._keys, decode_key,
+                                                       jsonvalues.loads, marks, bad)
+                duplicates += dropped
+                self._push(tp, items)
+        dedupe.close()
         for r in marks:
             try:
                 raw = next(value for name, value in r.headers if name == HEADER_SHUFFLE_MARK)
@@ -467,3 +480,9 @@ class ShuffleReader(Executor):
         if wm != NO_TIME:
             self.tracker.heartbeat(tp, wm, now)
         self.advance(now)
+
+    def _push(self, tp: TopicPartition, items: list[tuple[int, Any, Any]]) -> None:
+        self.records_in += len(items)
+        if items:
+            self.current_tp = tp
+            self.root.push(items)

@@ -68,7 +68,8 @@ async def _ensure_repartition_topic(bootstrap: str, topic: str, partitions: int)
 
 async def _stage(pipeline: Pipeline, bootstrap: str, config: RunnerConfig, txn_id: str | None, *,
                  client_id: str | None, session_timeout_ms: int, executor: Executor | None = None,
-                 extra_topics: tuple[str, ...] = (), purge: frozenset[str] = frozenset()) -> Stage:
+                 extra_topics: tuple[str, ...] = (), purge: frozenset[str] = frozenset(),
+                 raw_batches: bool = False) -> Stage:
     exactly_once = config.guarantee == EXACTLY_ONCE
     # a transaction spans one checkpoint interval: its timeout leaves room for a slow commit
     txn_timeout_ms = min(max(60_000, 3 * config.checkpoint_interval_ms), 900_000)
@@ -80,7 +81,8 @@ async def _stage(pipeline: Pipeline, bootstrap: str, config: RunnerConfig, txn_i
     try:
         source = KafkaSource(bootstrap, pipeline.source_config.topics, pipeline.name, client_id=client_id,
                              session_timeout_ms=session_timeout_ms, transactions=sink if exactly_once else None,
-                             purger=RepartitionPurger(bootstrap, purge, client_id=client_id) if purge else None)
+                             purger=RepartitionPurger(bootstrap, purge, client_id=client_id) if purge else None,
+                             raw_batches=raw_batches)
         checkpoints = KafkaCheckpointStore(bootstrap, pipeline.name, sink)
         return Stage(Runner(pipeline, source, sink, checkpoints, config=config, executor=executor), sink)
     except BaseException:
@@ -103,7 +105,7 @@ async def build_stages(pipeline: Pipeline, plan: ShufflePlan | None, bootstrap: 
                             client_id=client_id, session_timeout_ms=session_timeout_ms,
                             executor=ShuffleReader(plan.downstream, now,
                                                    keyed_state=keyed_state_factory(config, plan.downstream.name)),
-                            purge=frozenset({plan.topic}))
+                            purge=frozenset({plan.topic}), raw_batches=True)
         stages.append(down)
         await down.sink.ready()
         counts = {t: await _partition_count(down.sink, t) for t in plan.upstream.source_config.topics}

@@ -4,8 +4,10 @@
 its repartition partition, numbers it and appends it, encoded as a Kafka v2 record, to that
 partition's ``RecordsBuilder``; a builder grown past ``BATCH_BYTES`` is finished there and then.
 The stage hands finished records to the sink as an ``executor.OutBatch``, which it sends as one
-RecordBatch (``processors.kafka``), so no client object is made per record. ``read_records`` is the
-downstream stage's loop: the sequence header, the duplicate check, the key and the value of each fetched record.
+RecordBatch (``processors.kafka``), so no client object is made per record. ``read_raw`` is the
+downstream stage's loop: the sequence header, the duplicate check (``SeqFilter``), the key and the value
+of each fetched record, read where it lies in the fetched bytes (``processors.kafka_records.RawRecords``);
+``read_records`` is the same loop over record objects (batches the fetch path hands to aiokafka's parser).
 The rules (what a sequence number means, what marks do) belong to ``processors.repartition``; these
 loops only apply them.
 
@@ -27,7 +29,11 @@ __all__ = [
     "Finished",
     "RecordsBuilder",
     "prefixed",
+    "SeqFilter",
+    "decode_raw",
+    "read_raw",
     "read_records",
+    "skip_records",
     "write_items",
 ]
 
@@ -202,10 +208,57 @@ def write_items(
                 batches.append(batch)
 
 
+def _cached_key(keys: dict[bytes, Any], raw_key: bytes, decode_key: Callable[[bytes], Any]) -> Any:
+    key = keys.get(raw_key)
+    if key is None:
+        key = decode_key(raw_key)
+        if len(keys) >= 100_000:
+            keys.clear()
+        keys[raw_key] = key
+    return key
+
+
+class SeqFilter:
+    """The duplicate check over one repartition partition's records, in the order they are read: a
+    record is new when its sequence number is above the highest seen from its origin (``seqs``,
+    updated as records are accepted; the current origin's number is written back by ``close``).
+    ``origins`` caches decoded origins (cleared at 100,000 entries)."""
+
+    def __init__(self, seqs: dict[str, int], origins: dict[bytes, str]) -> None:
+        self.seqs = seqs
+        self.origins = origins
+        self.last_origin = ""  # the origin of the previous record (when have_origin) and its highest number
+        self.have_origin = False
+        self.last_seq = -1
+
+    def fresh(self, prefix: bytes, seq: int) -> bool:
+        """Whether ``seq`` from origin ``prefix`` (``<topic>:<partition>``) is above the highest seen;
+        ``accept`` records it once the record is read."""
+        origin = self.origins.get(prefix)
+        if origin is None:
+            origin = prefix.decode()
+            if len(self.origins) >= 100_000:
+                self.origins.clear()
+            self.origins[prefix] = origin
+        if not self.have_origin or origin != self.last_origin:
+            if self.have_origin:
+                self.seqs[self.last_origin] = self.last_seq
+            self.have_origin = True
+            self.last_origin = origin
+            self.last_seq = self.seqs.get(origin, -1)
+        return seq > self.last_seq
+
+    def accept(self, seq: int) -> None:
+        self.last_seq = seq
+
+    def close(self) -> None:
+        if self.have_origin:
+            self.seqs[self.last_origin] = self.last_seq
+
+
 def read_records(
     records: Sequence[Any],
-    seqs: dict[str, int],
-    origins: dict[bytes, str],
+    dedupe: SeqFilter,
     keys: dict[bytes, Any],
     decode_key: Callable[[bytes], Any],
     loads: Callable[[bytes], Any],
@@ -213,15 +266,12 @@ def read_records(
     bad: list[tuple[Any, Exception]],
 ) -> tuple[list[tuple[int, Any, Any]], int]:
     """The keyed items ``(ts, key, value)`` of fetched repartition records and how many were
-    duplicates (a sequence number at or below the highest seen from its origin, in ``seqs``, which
-    is updated). Marks are collected into ``marks`` for the caller; records that cannot be read go to
-    ``bad`` as ``(record, exception)``. ``origins`` and ``keys`` cache decoded origins and keys
-    (cleared at 100,000 entries)."""
+    duplicates (a sequence number at or below the highest seen from its origin: ``dedupe``, which
+    goes on from one call to the next; its ``close`` ends a partition's reading). Marks are collected
+    into ``marks`` for the caller; records that cannot be read go to ``bad`` as ``(record, exception)``.
+    ``keys`` caches decoded keys (cleared at 100,000 entries)."""
     items: list[tuple[int, Any, Any]] = []
     duplicates = 0
-    last_origin = ""  # the origin of the previous record (when have_origin) and its highest number
-    have_origin = False
-    last_seq = -1
     for r in records:
         seq_header: bytes | None = None
         is_mark = False
@@ -244,35 +294,207 @@ def read_records(
             colon = raw_seq.rfind(b":")
             if colon < 0:
                 raise ValueError(f"a {HEADER_SHUFFLE_SEQ} header without an origin: {raw_seq!r}")
-            prefix = raw_seq[:colon]
-            origin = origins.get(prefix)
-            if origin is None:
-                origin = prefix.decode()
-                if len(origins) >= 100_000:
-                    origins.clear()
-                origins[prefix] = origin
             seq = int(raw_seq[colon + 1 :])
-            if not have_origin or origin != last_origin:
-                if have_origin:
-                    seqs[last_origin] = last_seq
-                have_origin = True
-                last_origin = origin
-                last_seq = seqs.get(origin, -1)
-            if seq <= last_seq:
+            if not dedupe.fresh(raw_seq[:colon], seq):
                 duplicates += 1  # written again by a replaying upstream instance
                 continue
-            raw_key: bytes = r.key or b"null"
-            key = keys.get(raw_key)
-            if key is None:
-                key = decode_key(raw_key)
-                if len(keys) >= 100_000:
-                    keys.clear()
-                keys[raw_key] = key
+            key = _cached_key(keys, r.key or b"null", decode_key)
             raw_value: bytes | None = r.value
             items.append((r.timestamp, key, None if raw_value is None else loads(raw_value)))
-            last_seq = seq
+            dedupe.accept(seq)
         except Exception as exc:
             bad.append((r, exc))
-    if have_origin:
-        seqs[last_origin] = last_seq
     return items, duplicates
+
+
+# -- raw records sections (processors.kafka_records.RawRecords) --------------------------------------
+# A segment: ``count`` records of one v2 batch from byte ``pos`` of ``data``, the first at ``offset``,
+# the batch's first timestamp ``base_ts``. Only batches the fetch path has walked get here (every
+# record inside its length, offset deltas 0, 1, 2, ...: ``broker.protocol.record_walk``), uncompressed
+# and CreateTime, so record i of a segment is at ``offset + i`` and its time is ``base_ts`` + its delta.
+
+
+def _read_var(data: bytes, p: int) -> tuple[int, int]:
+    """A zigzag varint (up to 10 bytes) at ``p``: its value and the position after it."""
+    b = data[p]
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), p + 1
+    result = b & 0x7F
+    shift = 7
+    p += 1
+    while True:
+        b = data[p]
+        p += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (result >> 1) ^ -(result & 1), p
+        shift += 7
+        if shift > 63:
+            raise ValueError("a varint longer than 10 bytes")
+
+
+def skip_records(data: bytes, pos: int, n: int) -> int:
+    """The position after the next ``n`` records from ``pos``."""
+    for _ in range(n):
+        length, pos = _read_var(data, pos)
+        pos += length
+    return pos
+
+
+def _full_record(data: bytes, pos: int, offset: int, base_ts: int, make_record: Callable[..., Any]) -> Any:
+    """The record at ``pos`` (its length first) as ``make_record(offset, ts, key, value, headers)``."""
+    length, p = _read_var(data, pos)
+    p += 1  # attributes
+    ts_delta, p = _read_var(data, p)
+    _, p = _read_var(data, p)  # offset delta
+    size, p = _read_var(data, p)
+    key: bytes | None = None
+    if size >= 0:
+        key = data[p : p + size]
+        p += size
+    size, p = _read_var(data, p)
+    value: bytes | None = None
+    if size >= 0:
+        value = data[p : p + size]
+        p += size
+    count, p = _read_var(data, p)
+    headers: list[tuple[str, bytes | None]] = []
+    for _ in range(count):
+        size, p = _read_var(data, p)
+        name = data[p : p + size].decode()
+        p += size
+        size, p = _read_var(data, p)
+        header: bytes | None = None
+        if size >= 0:
+            header = data[p : p + size]
+            p += size
+        headers.append((name, header))
+    return make_record(offset, base_ts + ts_delta, key, value, headers)
+
+
+def _bytes_record(data: bytes, start: int, end: int, offset: int, base_ts: int, make_record: Callable[..., Any]) -> Any:
+    """A record that cannot be read field by field, for a dead letter: its bytes as the value."""
+    return make_record(offset, base_ts, None, data[start:end], [])
+
+
+def decode_raw(data: bytes, pos: int, count: int, offset: int, base_ts: int,
+               make_record: Callable[..., Any]) -> list[Any]:
+    """The ``count`` records of a segment as ``make_record(offset, ts, key, value, headers)``."""
+    out: list[Any] = []
+    for i in range(count):
+        out.append(_full_record(data, pos, offset + i, base_ts, make_record))
+        length, p = _read_var(data, pos)
+        pos = p + length
+    return out
+
+
+def _digits(data: bytes, start: int, end: int) -> int:
+    """``int(data[start:end])`` when it is 1 to 18 ASCII digits, else -1."""
+    if end <= start or end - start > 18:
+        return -1
+    n = 0
+    for i in range(start, end):
+        b = data[i]
+        if b < 0x30 or b > 0x39:
+            return -1
+        n = n * 10 + (b - 0x30)
+    return n
+
+
+def read_raw(
+    data: bytes,
+    pos: int,
+    count: int,
+    offset: int,
+    base_ts: int,
+    dedupe: SeqFilter,
+    keys: dict[bytes, Any],
+    decode_key: Callable[[bytes], Any],
+    loads: Callable[[bytes], Any],
+    make_record: Callable[..., Any],
+    marks: list[Any],
+    bad: list[tuple[Any, Exception]],
+) -> tuple[list[tuple[int, Any, Any]], int, int]:
+    """``read_records`` over a segment's bytes: the keyed items of its ``count`` records, how many were
+    duplicates, and the position after them. Only marks and records that cannot be read become
+    records (``make_record``); every other record is read where it lies."""
+    items: list[tuple[int, Any, Any]] = []
+    duplicates = 0
+    seq_len = len(_SEQ_NAME)
+    mark_len = len(_MARK_NAME)
+    for i in range(count):
+        start = pos
+        length, p = _read_var(data, pos)
+        pos = p + length
+        try:
+            p += 1  # attributes
+            ts_delta, p = _read_var(data, p)
+            _, p = _read_var(data, p)  # offset delta
+            key_size, p = _read_var(data, p)
+            key_at = p
+            if key_size > 0:
+                p += key_size
+            value_size, p = _read_var(data, p)
+            value_at = p
+            if value_size > 0:
+                p += value_size
+            headers, p = _read_var(data, p)
+            seq_at = -1  # the sequence header's value
+            seq_end = -1
+            is_mark = False
+            for _ in range(headers):
+                size, p = _read_var(data, p)
+                name_at = p
+                p += size
+                header_size, p = _read_var(data, p)
+                header_at = p
+                if header_size > 0:
+                    p += header_size
+                if size == seq_len and data[name_at : name_at + size] == _SEQ_NAME:
+                    if header_size >= 0:
+                        seq_at, seq_end = header_at, header_at + header_size
+                    break
+                if size == mark_len and data[name_at : name_at + size] == _MARK_NAME:
+                    is_mark = True
+                    break
+            if p > pos:
+                raise ValueError(f"the fields of a record overrun its length ({length} bytes)")
+        except (IndexError, ValueError) as exc:
+            bad.append((_bytes_record(data, start, pos, offset + i, base_ts, make_record), exc))
+            continue
+        if is_mark:
+            try:
+                marks.append(_full_record(data, start, offset + i, base_ts, make_record))
+            except Exception as exc:  # a header name that is not UTF-8
+                bad.append((_bytes_record(data, start, pos, offset + i, base_ts, make_record), exc))
+            continue
+        ts = base_ts + ts_delta
+        try:
+            if seq_at < 0:
+                raise ValueError(f"a repartition record without a {HEADER_SHUFFLE_SEQ} header")
+            colon = seq_end - 1  # the number's digits end the header: find the colon before them
+            while colon >= seq_at and 0x30 <= data[colon] <= 0x39:
+                colon -= 1
+            seq = _digits(data, colon + 1, seq_end) if colon >= seq_at and data[colon] == 0x3A else -1
+            if seq < 0:  # not ``<origin>:<digits>``: read as read_records does (int() or its error)
+                raw_seq = data[seq_at:seq_end]
+                colon = raw_seq.rfind(b":")
+                if colon < 0:
+                    raise ValueError(f"a {HEADER_SHUFFLE_SEQ} header without an origin: {raw_seq!r}")
+                seq = int(raw_seq[colon + 1 :])
+                colon += seq_at
+            if not dedupe.fresh(data[seq_at:colon], seq):
+                duplicates += 1  # written again by a replaying upstream instance
+                continue
+            raw_key = data[key_at : key_at + key_size] if key_size > 0 else b"null"
+            key = _cached_key(keys, raw_key, decode_key)
+            value = None if value_size < 0 else loads(data[value_at : value_at + value_size])
+            items.append((ts, key, value))
+            dedupe.accept(seq)
+        except Exception as exc:
+            try:
+                record = _full_record(data, start, offset + i, base_ts, make_record)
+            except Exception:  # a header name that is not UTF-8
+                record = _bytes_record(data, start, pos, offset + i, base_ts, make_record)
+            bad.append((record, exc))
+    return items, duplicates, pos

@@ -1,25 +1,26 @@
-"""Standalone processors read aiokafka's parser records (processors.kafka_records): the same records,
-positions and transaction filtering as aiokafka's own ConsumerRecords, against a real Sluice."""
+"""Standalone processors read aiokafka's parser records, and a repartition topic's downstream reads raw
+batches (processors.kafka_records): the same records, positions and transaction filtering as aiokafka's
+own ConsumerRecords, against a real Sluice."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from processors.kafka_records import use_parser_records
+from processors.kafka_records import RawRecords, RawSegment, use_parser_records, use_raw_batches
 from tests.broker.server.conftest import SluiceProcess
 
 Seen = tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]
 
 
-@pytest.fixture
-def sluice(tmp_path: Path) -> Iterator[SluiceProcess]:
-    server = SluiceProcess(tmp_path / "data", partitions=1)
+@pytest.fixture(scope="module")
+def sluice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProcess]:
+    """One broker for the module (starting one takes seconds): each test writes topics of its own."""
+    server = SluiceProcess(tmp_path_factory.mktemp("kafka-records") / "data", partitions=1)
     server.start()
     yield server
     server.stop()
@@ -60,29 +61,32 @@ async def produce(bootstrap: str, topic: str) -> int:
 
 
 async def read(bootstrap: str, topic: str, isolation: str, *, parser: bool, start: int = 0,
-               one_by_one: bool = False) -> tuple[list[Seen], list[Any]]:
-    """From offset ``start``, 7 records per ``getmany`` (or, ``one_by_one``, ``getone`` and ``getmany`` in turn)."""
+               one_by_one: bool = False, raw: bool = False) -> tuple[list[Seen], list[Any]]:
+    """From offset ``start``, 7 records per ``getmany`` (or, ``one_by_one``, ``getone`` and ``getmany`` in
+    turn). ``raw``: ``RawRecords`` (each call's records are one), else parser records with ``parser``."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level=isolation)
     await consumer.start()
     try:
-        if parser:
+        if raw:
+            assert use_raw_batches(consumer)
+        elif parser:
             assert use_parser_records(consumer)  # the aiokafka pinned in pyproject.toml has the internals it needs
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
         consumer.seek(tp, start)
         end = (await consumer.end_offsets([tp]))[tp]
         seen: list[Seen] = []
-        raw: list[Any] = []
+        taken: list[Any] = []
         while await consumer.position(tp) < end:
             if one_by_one:
                 one = await consumer.getone(tp)
-                raw.append(one)
+                taken.append(one)
                 seen.append((one.offset, one.timestamp, one.key, one.value, tuple(one.headers)))
             # 7 at a time: most calls stop inside a batch, so the position must follow each record
             for records in (await consumer.getmany(tp, timeout_ms=1_000, max_records=7)).values():
-                raw += records
+                taken += [records] if type(records) is RawRecords else records
                 seen += [(r.offset, r.timestamp, r.key, r.value, tuple(r.headers)) for r in records]
-        return seen, raw
+        return seen, taken
     finally:
         await consumer.stop()
 
@@ -114,3 +118,25 @@ async def test_parser_records_from_inside_a_batch_and_through_getone(sluice: Slu
     got, parsed = await read(sluice.bootstrap, topic, "read_committed", parser=True, start=start, one_by_one=True)
     assert got == want and got[0][0] == start
     assert not any(isinstance(r, ConsumerRecord) for r in parsed)
+
+
+@pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])
+async def test_raw_batches_are_the_records_aiokafka_returns(sluice: SluiceProcess, isolation: str) -> None:
+    """Through a real consumer's fetches: aborted transactions and their markers skipped read_committed,
+    markers skipped read_uncommitted, 7 records per call, and plain batches handed out as byte ranges."""
+    topic = f"raw-batches-{isolation}"
+    await produce(sluice.bootstrap, topic)
+    want, _ = await read(sluice.bootstrap, topic, isolation, parser=False)
+    got, taken = await read(sluice.bootstrap, topic, isolation, parser=False, raw=True)
+    assert got == want
+    assert taken and all(type(t) is RawRecords for t in taken)
+    assert sum(isinstance(part, RawSegment) for t in taken for part in t.parts) >= len(got) // 7
+
+
+@pytest.mark.parametrize("start", [0, 23, 57])
+async def test_raw_batches_from_inside_a_batch_and_through_getone(sluice: SluiceProcess, start: int) -> None:
+    topic = f"raw-batches-start-{start}"
+    await produce(sluice.bootstrap, topic)
+    want, _ = await read(sluice.bootstrap, topic, "read_committed", parser=False, start=start, one_by_one=True)
+    got, _ = await read(sluice.bootstrap, topic, "read_committed", parser=False, start=start, one_by_one=True, raw=True)
+    assert got == want and got[0][0] == start

@@ -12,14 +12,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from aiokafka.consumer.fetcher import READ_COMMITTED, PartitionRecords
 from aiokafka.record.default_records import DefaultRecordBatch
+from aiokafka.structs import TopicPartition
 
 from broker.log.partitioner import partition_for_key
+from broker.protocol.records import with_base_offset
+from processors import kafka_records
 from processors.aggregations import Mean
 from processors.checkpoint import CheckpointCodec, restore_executor, take_checkpoint
 from processors.errors import PipelineDefinitionError
 from processors.executor import OutBatch, OutRecord
 from processors.kafka import _PreparedBuilder
+from processors.kafka_records import RawRecords, RawSegment
 from processors.pipeline import Pipeline
 from processors.repartition import (
     HEADER_SHUFFLE_MARK,
@@ -78,6 +83,30 @@ def routed(outputs: list[OutRecord], topic: str) -> dict[int, list[Rec]]:
     return by_partition
 
 
+def fetched_raw(outputs: list[OutRecord], topic: str, per_take: int) -> dict[int, list[RawRecords]]:
+    """The repartition records as the downstream stage's consumer hands them out: each partition's
+    ``OutBatch``es stored one after the other, fetched as one buffer and taken ``per_take`` records at a
+    time as ``RawRecords`` (``processors.kafka_records``)."""
+    stored: dict[int, bytearray] = defaultdict(bytearray)
+    offsets: dict[int, int] = defaultdict(int)
+    for o in outputs:
+        if o.topic == topic:
+            assert type(o) is OutBatch and o.partition is not None
+            stored[o.partition] += with_base_offset(_PreparedBuilder(o, False)._build(), offsets[o.partition])
+            offsets[o.partition] += o.count
+    taken: dict[int, list[RawRecords]] = {}
+    for p, buf in stored.items():
+        records = PartitionRecords(TopicPartition(topic, p), kafka_records._KeptMemoryRecords(bytes(buf)), [], 0,
+                                   None, None, True, READ_COMMITTED)
+        kafka_records._adopt(records, True)
+        taken[p] = []
+        while chunk := records.take(per_take):
+            assert all(type(part) is RawSegment for part in chunk.parts)
+            taken[p].append(chunk)
+        assert records.next_fetch_offset == offsets[p]
+    return taken
+
+
 def results(outputs: list[OutRecord]) -> dict[tuple[int, int, str], float]:
     rows = [json.loads(o.value or b"") for o in outputs if o.topic == "out"]
     keys = [tuple(json.loads(o.key or b"")) for o in outputs if o.topic == "out"]
@@ -119,11 +148,12 @@ def test_keys_survive_the_topic_and_land_where_kafka_would_put_them() -> None:
 
 
 def run_split(readings: list[dict[str, Any]], *, replay_from: int | None = None,
-              filtered: bool = True) -> dict[tuple[int, int, str], float]:
+              filtered: bool = True, raw: bool = False) -> dict[tuple[int, int, str], float]:
     """Two upstream instances (input partitions 0-1 and 2-3) write to one topic; one downstream
     executor per repartition partition reads it. With ``replay_from``, upstream instance 0 is replaced
     after that many records per partition by one restored from a checkpoint taken at half of them, so
-    it writes the records in between a second time."""
+    it writes the records in between a second time. ``raw``: the downstream reads the stored batches'
+    bytes as the standalone stage does (``RawRecords``), else records parsed by aiokafka."""
     plan = plan_shuffle(sensors_pipeline(filtered=filtered))
     assert plan is not None
     counts = {"in": IN_PARTITIONS}
@@ -160,11 +190,12 @@ def run_split(readings: list[dict[str, Any]], *, replay_from: int | None = None,
     assert {p for p, records in shuffled.items()
             if any(h == HEADER_SHUFFLE_MARK for r in records for h, _ in r.headers)} == set(range(OUT_PARTITIONS))
     out: list[OutRecord] = []
+    fetched = fetched_raw(written, plan.topic, 37)
     for p, records in shuffled.items():
         down = ShuffleReader(plan.downstream, 0)
         restore_executor(down, [((plan.topic, p), None)], 0)
-        for i in range(0, len(records), 37):
-            down.process((plan.topic, p), records[i : i + 37], 0)
+        for chunk in fetched[p] if raw else [records[i : i + 37] for i in range(0, len(records), 37)]:
+            down.process((plan.topic, p), chunk, 0)
         down.eof(0)
         if replay_from is not None:
             assert down.duplicates > 0
@@ -172,18 +203,20 @@ def run_split(readings: list[dict[str, Any]], *, replay_from: int | None = None,
     return results(out)
 
 
+@pytest.mark.parametrize("raw", [False, True], ids=["parsed", "raw"])
 @pytest.mark.parametrize("filtered", [True, False])
-def test_two_upstream_instances_and_three_partitions_give_the_batch_result(filtered: bool) -> None:
+def test_two_upstream_instances_and_three_partitions_give_the_batch_result(filtered: bool, raw: bool) -> None:
     readings = [r for r in sensor_readings(60) if filtered or r["temp"] is not None]
     expected = batch_window_means(readings, 10_000)
-    assert run_split(readings, filtered=filtered) == pytest.approx(expected)
+    assert run_split(readings, filtered=filtered, raw=raw) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("raw", [False, True], ids=["parsed", "raw"])
 @pytest.mark.parametrize("filtered", [True, False])
-def test_a_replaying_upstream_instance_writes_twice_and_no_window_counts_it_twice(filtered: bool) -> None:
+def test_a_replaying_upstream_instance_writes_twice_and_no_window_counts_it_twice(filtered: bool, raw: bool) -> None:
     readings = [r for r in sensor_readings(60) if filtered or r["temp"] is not None]
     expected = batch_window_means(readings, 10_000)
-    assert run_split(readings, replay_from=400, filtered=filtered) == pytest.approx(expected)
+    assert run_split(readings, replay_from=400, filtered=filtered, raw=raw) == pytest.approx(expected)
 
 
 def test_a_key_by_on_the_source_forwards_the_input_bytes_and_downstream_reads_the_same_values() -> None:

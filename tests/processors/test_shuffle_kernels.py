@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -15,9 +16,10 @@ from aiokafka.record.default_records import DefaultRecordBatch
 
 from broker import native
 from broker.log.partitioner import partition_for_key
-from broker.protocol.records import decode_all
+from broker.protocol.records import RecordSpec, decode_all, encode_batch
 from processors import jsonvalues, repartition, shuffle_kernels
 from processors.executor import OutBatch
+from processors.fastdecode import SourceRecord
 from processors.kafka import _PreparedBuilder
 from processors.repartition import decode_key, encode_key
 
@@ -136,7 +138,8 @@ def test_keys_that_fail_or_cannot_be_hashed(kernels: ModuleType) -> None:
 
 
 class Rec:
-    def __init__(self, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], ts: int = 1) -> None:
+    def __init__(self, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]],
+                 ts: int = 1) -> None:
         self.key, self.value, self.headers, self.timestamp, self.offset = key, value, headers, ts, 0
 
 
@@ -162,9 +165,105 @@ def test_reading_drops_numbers_seen_and_sorts_out_marks_and_bad_records(kernels:
     seqs = {"in:0": 5}
     marks: list[Any] = []
     bad: list[Any] = []
-    items, duplicates = kernels.read_records(records, seqs, {}, {}, decode_key, jsonvalues.loads, marks, bad)
+    dedupe = kernels.SeqFilter(seqs, {})
+    items, duplicates = kernels.read_records(records, dedupe, {}, decode_key, jsonvalues.loads, marks, bad)
+    dedupe.close()
     assert items == [(1, "a", {"v": 2}), (1, ("b", 1), {"v": 3}), (1, "a", {"v": 5}), (1, None, None)]
     assert duplicates == 2
     assert seqs == {"in:0": 7, "in:1": 1}
     assert marks == [mark]
     assert [records.index(r) for r, _ in bad] == [5, 7, 8]
+
+
+def _section(records: list[Rec], base_offset: int = 100) -> tuple[bytes, int]:
+    """``records`` as one RecordBatch v2 (the broker's encoder) and its first timestamp."""
+    specs = [RecordSpec(r.value, r.key, tuple(r.headers), r.timestamp) for r in records]
+    return encode_batch(specs, base_offset=base_offset), min(r.timestamp for r in records)
+
+
+def _seen(records: list[Any]) -> list[tuple[int, int, bytes | None, bytes | None, list[Any]]]:
+    return [(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in records]
+
+
+@BUILDS
+def test_reading_raw_bytes_is_reading_the_records(kernels: ModuleType) -> None:
+    """``read_raw`` over a batch's bytes gives what ``read_records`` gives over the same records:
+    items, duplicates, the numbers seen, marks and bad records (with their offsets and errors)."""
+    mark_headers = [("other", b"x"), (repartition.HEADER_SHUFFLE_MARK, b"{}")]
+    records = [
+        Rec(b'"a"', b'{"v":1}', _seq("in:0", 4), 10),  # at or below 5, seen before: a replay
+        Rec(b'"a"', b'{"v":2}', _seq("in:0", 6), 11),
+        Rec(None, b"", mark_headers, 9),
+        Rec(b'["b",1]', b'{"v":3}', _seq("in:1", 0), 12),
+        Rec(b'"a"', b'{"v":4}', _seq("in:0", 6), 13),  # the same number again
+        Rec(b'"a"', b"{bad", _seq("in:0", 7), 14),  # undecodable: not counted as seen
+        Rec(b'"a"', b'{"v":5}', _seq("in:0", 7), 15),
+        Rec(b'"a"', b'{"v":6}', [("other", b"x")], 16),  # no sequence header
+        Rec(b'"a"', b'{"v":7}', [(repartition.HEADER_SHUFFLE_SEQ, b"12")], 17),  # no origin
+        Rec(b'"a"', b'{"v":8}', [(repartition.HEADER_SHUFFLE_SEQ, b"in:0: 9")], 18),  # int() reads " 9"
+        Rec(b'"a"', b'{"v":9}', [(repartition.HEADER_SHUFFLE_SEQ, b"in:0:x")], 19),  # not a number
+        Rec(b'"a"', b'{"v":10}', [(repartition.HEADER_SHUFFLE_SEQ, b"in:0:")], 20),
+        Rec(b'"a"', b'{"v":11}', [(repartition.HEADER_SHUFFLE_SEQ, None)], 21),  # a null header value
+        Rec(b"", b'{"v":12}', _seq("in:1", 1), 22),  # an empty key reads as null
+        Rec(None, None, _seq("in:1", 2), 23),
+        Rec(b'"c"', b'{"v":13}', _seq("in:2", 123456789012345678901234), 24),  # beyond 18 digits
+    ]
+    for i, r in enumerate(records):
+        r.offset = 100 + i
+    data, base_ts = _section(records)
+
+    def read(raw: bool) -> tuple[Any, ...]:
+        seqs = {"in:0": 5}
+        dedupe = kernels.SeqFilter(seqs, {})
+        marks: list[Any] = []
+        bad: list[Any] = []
+        keys: dict[bytes, Any] = {}
+        if raw:
+            items, duplicates, end = kernels.read_raw(data, 61, len(records), 100, base_ts, dedupe, keys, decode_key,
+                                                      jsonvalues.loads, SourceRecord, marks, bad)
+            assert end == len(data)
+        else:
+            items, duplicates = kernels.read_records(records, dedupe, keys, decode_key, jsonvalues.loads, marks, bad)
+        dedupe.close()
+        return (items, duplicates, seqs, _seen(marks), [(r.offset, type(e), str(e)) for r, e in bad])
+
+    got = read(True)
+    assert got == read(False)
+    assert got[1] == 2 and len(got[4]) == 6 and len(got[3]) == 1
+    assert got[2] == {"in:0": 9, "in:1": 2, "in:2": 123456789012345678901234}
+
+
+@BUILDS
+def test_raw_records_decode_and_skip_as_aiokafka_reads_them(kernels: ModuleType) -> None:
+    rng = random.Random(3)
+    records = [Rec(None if i % 5 == 0 else f"k{i}".encode(),
+                   None if i % 7 == 0 else b"v" * rng.choice([0, 3, 200, 9000]),
+                   [(f"h{j}", None if j == 1 else b"x" * j) for j in range(i % 3)], 1_000 + rng.randrange(-500, 5_000))
+               for i in range(60)]
+    data, base_ts = _section(records, base_offset=40)
+    theirs = list(DefaultRecordBatch(data))
+    assert _seen(kernels.decode_raw(data, 61, len(records), 40, base_ts, SourceRecord)) == _seen(theirs)
+    for skip in (0, 1, 17, 59):
+        pos = kernels.skip_records(data, 61, skip)
+        assert _seen(kernels.decode_raw(data, pos, 1, 40 + skip, base_ts, SourceRecord)) == _seen(theirs[skip:skip + 1])
+    assert kernels.skip_records(data, 61, 60) == len(data)
+
+
+@BUILDS
+def test_a_record_whose_fields_overrun_it_is_a_bad_record_and_the_next_ones_are_read(kernels: ModuleType) -> None:
+    """Fetched batches are walked before they get here, so this is a second line: a record whose key
+    length reaches past its end is handed back whole (its bytes) with the error, and reading goes on."""
+    records = [Rec(b'"a"', f'{{"v":{i}}}'.encode(), _seq("in:0", i), 5) for i in range(3)]
+    data = bytearray(_section(records)[0])
+    second = kernels.skip_records(bytes(data), 61, 1)
+    length_size = 1
+    key_len_at = second + length_size + 3  # length, attributes, timestamp delta, offset delta
+    assert data[key_len_at] == 6  # zigzag(3)
+    data[key_len_at] = 120  # zigzag(60): past the record's end
+    bad: list[Any] = []
+    dedupe = kernels.SeqFilter({}, {})
+    items, duplicates, end = kernels.read_raw(bytes(data), 61, 3, 100, 5, dedupe, {}, decode_key, jsonvalues.loads,
+                                              SourceRecord, [], bad)
+    assert [v for _, _, v in items] == [{"v": 0}, {"v": 2}] and end == len(data)
+    third = kernels.skip_records(bytes(data), second, 1)
+    assert [(r.offset, r.value, type(e)) for r, e in bad] == [(101, bytes(data[second:third]), ValueError)]
