@@ -1,6 +1,7 @@
-"""The TCP line path in process, without sockets: for counting instructions per line.
+"""The TCP line path in process: for counting instructions per line.
 
     python -m bench.bench_tcp_inproc [--format ndjson|influx|csv] [--flush os] [--lines 30000]
+    python -m bench.bench_tcp_inproc --devices 100 --per-turn K [--format ndjson|influx] [--flush os] [--lines 30000]
 
 ``bench.bench_tcp``'s lines (1,000 devices), cut into 64 KiB reads, go through what the listener does with a
 read without ack mode: ``LineFramer.feed`` → ``LineStream.lines`` → ``IngestSink.ingest_lines`` (or
@@ -14,6 +15,15 @@ makes noisy; the figure in bench/RESULTS.md is counted in instructions instead:
 for N = 10,000 and 30,000 (each run once before, so both use cached bytecode and the lines saved in the
 temporary directory, not generated), the difference of the two totals divided by 20,000: start-up and
 learning the 1,000 devices cancel out.
+
+With ``--devices D`` it is bench_tcp's devices row made deterministic: the TCP listener (no ack mode, or
+``--ack``) in this process, D connections to it from this process (plain blocking sockets), and the lines
+sent in rounds: each round sends one line on each of ``--per-turn`` K connections (the next ones in turn),
+then waits (on an event, no polling) until the sink has stored them (with ``--ack``, until each of those
+connections got its ack). So K reads are ready at once: K = 1 is devices that never send in the
+same loop turn (every read alone), larger K those that do (bench_tcp's driver wakes ~100 times a second
+and sends ~50 lines each time). Prints the thread's CPU per line (everything: the loop, the socket reads,
+the listener, the sink); for instructions, callgrind as above.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +42,7 @@ from ingest.routing import SourceRef
 from ingest.sink import IngestSink
 from ingest.tcp.framing import LineFramer
 from ingest.tcp.lines import LineStream, payload_format
+from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
 from sluice.components.ingest_core import build_router
 from sluice.config import load_settings
 from sluice.serve import open_store
@@ -68,25 +80,101 @@ async def run(fmt: str, flush: str, data: bytes, count: int, data_dir: Path) -> 
     return cpu
 
 
+class _CountingSink(IngestSink):
+    """The sink, telling the bench when ``target`` lines have been stored (no polling loop in the count)."""
+
+    stored = 0
+    target = 0
+    reached: asyncio.Event
+
+    async def ingest_lines(self, source: SourceRef, lines: list[bytes], arrival_ms: int,
+                           columns: tuple[str, ...] | None = None) -> None:
+        await super().ingest_lines(source, lines, arrival_ms, columns)
+        self.stored += len(lines)
+        if self.stored >= self.target:
+            self.reached.set()
+
+
+async def run_devices(fmt: str, flush: str, data: bytes, count: int, data_dir: Path, devices: int,
+                      per_turn: int, ack: bool) -> float:
+    """Thread CPU seconds for ``count`` lines sent by ``devices`` connections, ``per_turn`` at a time."""
+    settings = load_settings(None, data_dir=data_dir,
+                             storage={"backend": "segment", "flush": flush, "default_partitions": 4})
+    store = open_store(settings)
+    await store.start()
+    health = HealthRegistry()
+    sink = _CountingSink(store, build_router(settings.ingest), health)
+    sink.reached = asyncio.Event()
+    listener = TcpLineListener(TcpListenerConfig(port=0, format=fmt, ack=ack), sink, health)
+    await listener.start()
+    loop = asyncio.get_running_loop()
+    lines = [line + b"\n" for line in data.splitlines()]
+    conns = [socket.create_connection(("127.0.0.1", listener.port)) for _ in range(devices)]
+    acked = [0]
+    acks = asyncio.Event()
+
+    def on_answer(conn: socket.socket) -> None:  # ack mode: one read's answer ends with its ACK line
+        acked[0] += conn.recv(65536).count(b"ACK ")
+        if acked[0] >= sink.target:
+            acks.set()
+
+    for conn in conns:
+        conn.setblocking(False)
+        if ack:
+            loop.add_reader(conn.fileno(), on_answer, conn)
+    try:
+        while listener.connection_count < devices:
+            await asyncio.sleep(0.001)
+        cpu = time.thread_time()
+        sent = 0
+        while sent < count:
+            batch = min(per_turn, count - sent)
+            for k in range(batch):
+                conns[(sent + k) % devices].send(lines[sent + k])
+            sent += batch
+            sink.target = sent
+            done = acks if ack else sink.reached
+            done.clear()
+            if (acked[0] if ack else sink.stored) < sent:
+                await done.wait()
+        cpu = time.thread_time() - cpu
+        assert sink.messages_written == count and sink.dead_lettered == 0
+    finally:
+        for conn in conns:
+            if ack:
+                loop.remove_reader(conn.fileno())
+            conn.close()
+        await listener.stop()
+        await store.close()
+    return cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--format", choices=["ndjson", "influx", "csv"], default="ndjson")
     parser.add_argument("--flush", choices=["os", "always"], default="os")
     parser.add_argument("--lines", type=int, default=30_000)
+    parser.add_argument("--devices", type=int, default=0, help="connections (0: no sockets, the read path alone)")
+    parser.add_argument("--per-turn", type=int, default=1, help="with --devices: connections sending at once")
+    parser.add_argument("--ack", action="store_true", help="with --devices: the listener in ack mode")
     args = parser.parse_args()
     saved = Path(tempfile.gettempdir()) / f"bench-tcp-inproc-{args.format}-{args.lines}.lines"
     if not saved.exists():
         saved.write_bytes(make_lines(args.format, args.lines))
     data = saved.read_bytes()
     with tempfile.TemporaryDirectory(prefix="bench-tcp-inproc-") as tmp:
-        coro = run(args.format, args.flush, data, args.lines, Path(tmp))
+        coro = (run_devices(args.format, args.flush, data, args.lines, Path(tmp), args.devices, args.per_turn,
+                            args.ack)
+                if args.devices else run(args.format, args.flush, data, args.lines, Path(tmp)))
         if importlib.util.find_spec("uvloop") is not None:  # as bench_tcp and sluice serve run
             import uvloop
 
             cpu = uvloop.run(coro)
         else:
             cpu = asyncio.run(coro)
-    print(f"{args.lines} {args.format} lines, flush={args.flush}: "
+    ack = ", ack" if args.ack else ""
+    shape = f", {args.devices} connections, {args.per_turn} per turn{ack}" if args.devices else ""
+    print(f"{args.lines} {args.format} lines{shape}, flush={args.flush}: "
           f"{cpu / args.lines * 1e6:.2f} µs of thread CPU per line")
 
 

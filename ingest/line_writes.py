@@ -1,4 +1,5 @@
-"""``IngestSink.ingest_lines``: the sink's write path for a read's worth of lines from a line source.
+"""``IngestSink.ingest_lines`` / ``write_lines``: the sink's write path for lines from a line source (a
+loop turn's reads of one source: ``ingest/line_turns.py``), as ``LineWrite``.
 
 The same records, dead letters, health counts and failures as ``IngestSink.ingest`` of one
 ``RawMessage(line, arrival_ms=...)`` per line (tests/ingest/test_line_routes.py compares both):
@@ -8,7 +9,10 @@ The same records, dead letters, health counts and failures as ``IngestSink.inges
 - records go to their (topic, partition) in line order, keyed ones to the partition of their key
   (cached on the target per partition count), keyless ones round-robin one by one, as ``ingest`` does;
 - a topic the log refuses, a batch it refuses, a line the rules reject: dead letters with the reason;
-  a storage failure raises ``SinkError`` and nothing is acknowledged.
+  a storage failure raises ``SinkError`` and nothing is acknowledged;
+- each line's default event time and its dead letter's timestamp are its own read's arrival time;
+- ``LineWrite.outcome`` gives a caller (TCP ack mode) its lines' dead-letter reasons and, per partition, the
+  offset of its last record there: found by bisecting each group's line indexes (no per-line loop).
 
 Records are encoded with their target's key and headers encoded once; the per-line loops are
 ``line_kernels.bucket_lines`` (compiled when built), which puts each line's index in its partition's
@@ -19,25 +23,28 @@ RecordBatch from the lines themselves (no record tuple per line).
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import itertools
-from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from broker import native
 from broker.errors import BrokerError, StorageError
+from broker.log.api import PartitionLog
 from broker.protocol.records import encode_headers, encode_key
 from ingest import line_kernels
 from ingest.line_kernels import LineTarget
-from ingest.line_routes import line_plan
+from ingest.line_routes import LinePlan, line_plan
 from ingest.router import SourceRoutes
 from ingest.routing import RawMessage, Rejected, SourceRef
-from ingest.sink import _MAX_BATCH_BYTES, _RECORD_OVERHEAD, _Letter
+from ingest.sink import _MAX_BATCH_BYTES, _RECORD_OVERHEAD, WriteOutcome, _append_failure, _Letter
 
 if TYPE_CHECKING:
     from ingest.line_kernels import LineGroup  # (a stale compiled build lacks it: select() then runs the source)
     from ingest.sink import IngestSink
 
-__all__ = ["write_lines"]
+__all__ = ["LineOutcome", "LineWrite"]
 
 _kernels = native.select(line_kernels)
 _calls = itertools.count()  # numbers bucket_lines calls (a target's cached group belongs to one)
@@ -47,7 +54,7 @@ class _LineBatch:
     """One ``write_lines`` call's state; ``resolve`` is the kernel's callback for the lines it leaves."""
 
     def __init__(self, sink: IngestSink, source: SourceRef, routes: SourceRoutes, lines: list[bytes],
-                 targets: list[LineTarget | None], stamps: list[int] | None, arrival_ms: int,
+                 targets: list[LineTarget | None], stamps: list[int] | None, arrivals: _Arrivals,
                  seen: dict[str | None, list[Any]], now: float, columns: tuple[str, ...] | None) -> None:
         self.sink = sink
         self.source = source
@@ -55,7 +62,8 @@ class _LineBatch:
         self.lines = lines
         self.targets = targets
         self.stamps = stamps
-        self.arrival_ms = arrival_ms
+        self.arrivals = arrivals
+        self.arrival_ms = arrivals.first  # the encoder's default stamp (``stamps`` is given when reads differ)
         self.columns = columns  # a CSV stream's header (the lines routed alone are parsed against it)
         self.groups: dict[tuple[str, int], LineGroup] = {}
         self.partitions: dict[str, int] = {}  # topic -> partitions, looked up once per call
@@ -78,7 +86,7 @@ class _LineBatch:
         line = self.lines[index]
         target = self.targets[index]
         if target is None:
-            message = self.routed[index] = RawMessage(line, None, None, self.arrival_ms, self.columns)
+            message = self.routed[index] = RawMessage(line, None, None, self.arrivals.of(index), self.columns)
             self._count(self._route(message, index), line)
             return
         try:
@@ -130,14 +138,15 @@ class _LineBatch:
             group = self.groups[(topic, partition)] = _kernels.LineGroup(topic, partition)
         return group
 
-    def batches(self, group: LineGroup) -> list[bytes]:
-        """The group's RecordBatches: one, unless that would exceed ``_MAX_BATCH_BYTES``."""
+    def batches(self, group: LineGroup) -> list[tuple[int, bytes]]:
+        """The group's RecordBatches, each with the index of its first record in the group: one, unless that
+        would exceed ``_MAX_BATCH_BYTES``."""
         encode = _kernels.encode_line_group
         end = len(group.owners)
         whole = encode(group, self.lines, self.targets, self.stamps, self.arrival_ms, 0, end)
         if len(whole) <= _MAX_BATCH_BYTES:
-            return [whole]
-        return [encode(group, self.lines, self.targets, self.stamps, self.arrival_ms, start, stop)
+            return [(0, whole)]
+        return [(start, encode(group, self.lines, self.targets, self.stamps, self.arrival_ms, start, stop))
                 for start, stop in self._chunks(group)]
 
     def _chunks(self, group: LineGroup) -> list[tuple[int, int]]:
@@ -161,46 +170,205 @@ class _LineBatch:
         return spans
 
 
-async def write_lines(sink: IngestSink, source: SourceRef, lines: Sequence[bytes], arrival_ms: int,
-                      nbytes: int, columns: tuple[str, ...] | None = None) -> None:
-    """Route, append and wait for durability (``IngestSink._write`` for lines; see the module docstring).
-    ``nbytes``: the lines' length in all; ``columns``: a CSV stream's header."""
-    routes = sink.router.for_source(source)
-    plan = line_plan(routes)
-    if plan is None:
-        await sink._write(source, [RawMessage(line, None, None, arrival_ms, columns) for line in lines], None)
-        return
-    listed = lines if isinstance(lines, list) else list(lines)
-    targets, stamps = plan.route(listed, arrival_ms, columns)
-    seen, now = sink.health.open_counts(source)  # every line is counted there, by the kernel or by resolve
-    batch = _LineBatch(sink, source, routes, listed, targets, stamps, arrival_ms, seen, now, columns)
-    try:
-        _kernels.bucket_lines(listed, targets, batch.partitions, batch.groups, seen, now, batch.resolve,
-                              next(_calls))
-    finally:  # received, whatever becomes of them (a storage failure creating a topic is raised from here)
-        sink.health.counted(source, len(listed), nbytes, now)
+class _Arrivals:
+    """The arrival time of each line of a write: ``spans`` are (first line, arrival ms) of each run of lines
+    that arrived in the same millisecond, in line order (one run in the usual write)."""
 
-    groups = list(batch.groups.values())
-    letters = batch.letters
-    if groups:
-        failures = await sink._append_line_groups([(group.topic, group.partition, batch.batches(group))
-                                                   for group in groups])
-        for group, failure in zip(groups, failures, strict=True):
+    __slots__ = ("first", "spans", "starts")
+
+    def __init__(self, spans: list[tuple[int, int]]) -> None:
+        self.spans = spans
+        self.first = spans[0][1]
+        self.starts = [start for start, _ in spans]
+
+    def of(self, index: int) -> int:
+        if len(self.spans) == 1:
+            return self.first
+        return self.spans[bisect.bisect_right(self.starts, index) - 1][1]
+
+
+@dataclass(slots=True)
+class LineOutcome:
+    """What became of the lines of one ``IngestSink.write_lines`` call, once durable (ack mode's answer):
+    ``rejected`` the lines that went to the dead-letter topic, as (index in the call's lines, reason) in line
+    order; ``last_offsets`` per (topic, partition) written the last offset its lines got there."""
+
+    rejected: list[tuple[int, str]] = field(default_factory=list)
+    last_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+class LineWrite:
+    """One write of a source's lines (the lines of every read of the source in one event-loop turn:
+    ``ingest/line_turns.py``), as ``IngestSink._write`` writes messages (the module docstring).
+
+    ``start()`` does all that needs no waiting — route, bucket, encode, and append every partition's batches
+    without waiting (our encoder made them, so the store does not check their CRC again) — and says whether
+    ``finish()`` has anything to await: the durability of a partition whose flush policy makes writes wait
+    (``flush=always``), dead letters, or lines the source's rules route one by one (no plan). ``done()`` then
+    counts the write; ``outcome(start, end)`` tells a caller what became of its lines ``start`` to ``end`` - 1.
+    A storage failure raises ``SinkError`` from ``start`` or ``finish``: nothing of the write is acknowledged.
+    """
+
+    def __init__(self, sink: IngestSink, source: SourceRef, lines: list[bytes], arrivals: list[tuple[int, int]],
+                 nbytes: int, columns: tuple[str, ...] | None, *, outcomes: bool) -> None:
+        self.sink = sink
+        self.source = source
+        self.lines = lines
+        self.arrivals = _Arrivals(arrivals)
+        self.nbytes = nbytes
+        self.columns = columns  # a CSV stream's header
+        self.want_outcomes = outcomes
+        self._batch: _LineBatch | None = None
+        self._groups: list[LineGroup] = []
+        self._bases: list[list[tuple[int, int]]] = []  # per group: (first record, base offset) of each batch
+        self._failures: list[str | StorageError | None] = []
+        self._waits: list[tuple[int, PartitionLog, int]] = []  # (group, partition, write mark)
+        self._routed_alone: list[WriteOutcome] | None = None  # no plan: the messages' outcomes (when wanted)
+        self._letters: list[_Letter] = []
+
+    def start(self) -> bool:
+        sink = self.sink
+        source = self.source
+        lines = self.lines
+        routes = sink.router.for_source(source)
+        plan = line_plan(routes)
+        if plan is None:
+            return True  # finish() routes each line
+        targets, stamps = self._route(plan)
+        seen, now = sink.health.open_counts(source)  # every line is counted there, by the kernel or by resolve
+        batch = self._batch = _LineBatch(sink, source, routes, lines, targets, stamps, self.arrivals, seen, now,
+                                         self.columns)
+        try:
+            _kernels.bucket_lines(lines, targets, batch.partitions, batch.groups, seen, now, batch.resolve,
+                                  next(_calls))
+        finally:  # received, whatever becomes of them (a storage failure creating a topic is raised from here)
+            sink.health.counted(source, len(lines), self.nbytes, now)
+        self._groups = list(batch.groups.values())
+        self._letters = batch.letters
+        store = sink.store
+        for index, group in enumerate(self._groups):
+            bases: list[tuple[int, int]] = []
+            self._bases.append(bases)
+            try:
+                plog = store.partition(group.topic, group.partition)
+                for first, data in batch.batches(group):
+                    bases.append((first, plog.append_nowait(data, verified=True).base_offset))
+            except BrokerError as exc:  # StorageError included
+                self._failures.append(_append_failure(group.topic, group.partition, exc))
+                continue
+            self._failures.append(None)
+            mark = plog.write_mark()
+            if not plog.is_durable(mark):
+                self._waits.append((index, plog, mark))
+        if self._waits:
+            return True
+        self._refused()
+        return bool(self._letters)
+
+    def _route(self, plan: LinePlan) -> tuple[list[LineTarget | None], list[int] | None]:
+        """The plan's targets and event times for the lines; each run of lines with its own arrival time is
+        routed with it (per line stamps then, so that each line's default event time is its arrival)."""
+        spans = self.arrivals.spans
+        lines = self.lines
+        if len(spans) == 1:
+            return plan.route(lines, self.arrivals.first, self.columns)
+        targets: list[LineTarget | None] = []
+        stamps: list[int] = []
+        for k, (start, arrival_ms) in enumerate(spans):
+            end = spans[k + 1][0] if k + 1 < len(spans) else len(lines)
+            run_targets, run_stamps = plan.route(lines[start:end], arrival_ms, self.columns)
+            targets += run_targets
+            stamps += run_stamps if run_stamps is not None else [arrival_ms] * (end - start)
+        return targets, stamps
+
+    async def finish(self) -> None:
+        sink = self.sink
+        if self._batch is None:  # no plan: every line routed alone, as ``ingest`` routes messages
+            outcomes: list[WriteOutcome] | None = [] if self.want_outcomes else None
+            arrivals = self.arrivals
+            columns = self.columns
+            await sink._write(self.source, [RawMessage(line, None, None, arrivals.of(index), columns)
+                                            for index, line in enumerate(self.lines)], outcomes)
+            self._routed_alone = outcomes
+            return
+        waits = self._waits
+        if len(waits) == 1:
+            index, plog, mark = waits[0]
+            try:
+                await plog.wait_durable(mark)
+            except BrokerError as exc:
+                self._failures[index] = _append_failure(plog.topic, plog.partition, exc)
+        elif waits:
+            done = await asyncio.gather(*(plog.wait_durable(mark) for _, plog, mark in waits), return_exceptions=True)
+            for (index, plog, _), result in zip(waits, done, strict=True):
+                if isinstance(result, BrokerError):
+                    self._failures[index] = _append_failure(plog.topic, plog.partition, result)
+                elif isinstance(result, BaseException):
+                    raise result
+        if waits:
+            self._refused()
+        letters = self._letters
+        if letters:
+            batch = self._batch
+            arrivals = self.arrivals
+            messages = {
+                letter.owner: batch.routed.get(letter.owner)
+                or RawMessage(self.lines[letter.owner], None, None, arrivals.of(letter.owner), self.columns)
+                for letter in letters
+            }
+            await sink._append_dead_letters(self.source, messages, letters, {})
+
+    def _refused(self) -> None:
+        """Raise a storage failure; make the records of every batch the log refused dead letters."""
+        for group, failure in zip(self._groups, self._failures, strict=True):
             if isinstance(failure, StorageError):
-                raise sink._storage_failed(source, group.topic, failure) from failure
-        for group, failure in zip(groups, failures, strict=True):
+                raise self.sink._storage_failed(self.source, group.topic, failure) from failure
+        batch = self._batch
+        assert batch is not None
+        for group, failure in zip(self._groups, self._failures, strict=True):
             if isinstance(failure, str):  # the log refused the batch: each record becomes a dead letter
                 for owner in group.owners:
-                    target = targets[owner]
+                    target = batch.targets[owner]
                     device = target.device if target is not None else batch.devices.get(owner)
-                    letters.append(_Letter(owner, failure, listed[owner], device))
-    if letters:
-        messages = {
-            letter.owner: batch.routed.get(letter.owner) or RawMessage(listed[letter.owner], None, None, arrival_ms)
-            for letter in letters
-        }
-        await sink._append_dead_letters(source, messages, letters, {})
-        for letter in letters:
-            sink.health.error(source, letter.device, letter.reason)
-        sink.dead_lettered += len(letters)
-    sink.messages_written += len(listed)
+                    self._letters.append(_Letter(owner, failure, self.lines[owner], device))
+
+    def done(self) -> None:
+        """Count the write (once it is durable, dead letters included)."""
+        sink = self.sink
+        letters = self._letters
+        if letters:
+            for letter in letters:
+                sink.health.error(self.source, letter.device, letter.reason)
+            sink.dead_lettered += len(letters)
+        if self._batch is not None:  # (``_write`` counted the lines it wrote itself)
+            sink.messages_written += len(self.lines)
+
+    def outcome(self, start: int, end: int) -> LineOutcome:
+        """What became of lines ``start`` to ``end`` - 1 (``LineOutcome``; indexes from ``start``)."""
+        out = LineOutcome()
+        if self._routed_alone is not None:
+            for index in range(start, end):
+                written = self._routed_alone[index]
+                out.rejected.extend((index - start, reason) for reason in written.rejected)
+                for placement in written.placements:
+                    key = (placement.topic, placement.partition)
+                    if placement.offset > out.last_offsets.get(key, -1):
+                        out.last_offsets[key] = placement.offset
+            return out
+        if self._letters:
+            mine = [letter for letter in self._letters if start <= letter.owner < end]
+            mine.sort(key=lambda letter: letter.owner)  # stable: a line's reasons stay in their order
+            out.rejected = [(letter.owner - start, letter.reason) for letter in mine]
+        for group, bases, failure in zip(self._groups, self._bases, self._failures, strict=True):
+            if failure is not None:
+                continue
+            owners = group.owners  # in line order
+            last = bisect.bisect_left(owners, end) - 1  # the group's last record of these lines
+            if last < 0 or owners[last] < start:
+                continue
+            first, base = bases[bisect.bisect_right(bases, (last, _MAX_OFFSET)) - 1]
+            out.last_offsets[(group.topic, group.partition)] = base + last - first
+        return out
+
+
+_MAX_OFFSET = 2**63

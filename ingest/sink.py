@@ -29,10 +29,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from broker import native
 from broker.errors import BrokerError, StorageError
-from broker.log.api import LogStore, PartitionLog
+from broker.log.api import LogStore
 from broker.protocol import prepared_records
 from broker.protocol.prepared_records import PreparedRecord
 from broker.protocol.records import Headers, RecordTuple, encode_headers, encode_key, encode_record_tuples
@@ -41,6 +42,9 @@ from ingest.health import HealthRegistry
 from ingest.line_kernels import LineTarget
 from ingest.router import RoutedTuple, Router
 from ingest.routing import RawMessage, Rejected, SourceRef
+
+if TYPE_CHECKING:
+    from ingest.line_writes import LineOutcome
 
 __all__ = ["DEFAULT_MAX_PENDING_BYTES", "DeviceMessage", "IngestSink", "Placement", "WriteOutcome"]
 
@@ -141,6 +145,9 @@ class IngestSink:
         self._partition_cache: dict[tuple[str, int, bytes], int] = {}
         # encoded record headers (source, device, MQTT topic) by value: devices repeat across writes
         self._header_cache: dict[Headers, bytes] = {}
+        from ingest.line_turns import LineTurns  # (imports this module)
+
+        self._line_turns = LineTurns(self)  # ingest_lines: one write per source per loop turn
 
     # -- backpressure ---------------------------------------------------------------------------
 
@@ -226,25 +233,40 @@ class IngestSink:
         if messages:
             await self._reserved(source, messages, None)
 
-    async def ingest_lines(self, source: SourceRef, lines: Sequence[bytes], arrival_ms: int,
+    async def ingest_lines(self, source: SourceRef, lines: list[bytes], arrival_ms: int,
                            columns: tuple[str, ...] | None = None) -> None:
         """``ingest`` of ``RawMessage(line, arrival_ms=arrival_ms, columns=columns)`` for each of a line
         source's lines (lines its format skips already removed; ``columns``: a CSV stream's header): the same
         records and dead letters, routed a read at a time where the source's rules allow it
-        (``ingest/line_writes.py``)."""
-        if not lines:
-            return
-        nbytes = sum(map(len, lines))
-        charge = _MESSAGE_OVERHEAD * len(lines) + nbytes
-        await self._reserve(source, charge)
-        self.health.add_in_flight(source, len(lines))
-        from ingest.line_writes import write_lines  # imports this module: imported on first use
+        (``ingest/line_writes.py``), and written together with the source's other reads of the same
+        event-loop turn (``ingest/line_turns.py``)."""
+        if lines:
+            await self._line_turns.submit(source, lines, arrival_ms, sum(map(len, lines)), columns, False)
 
-        try:
-            await write_lines(self, source, lines, arrival_ms, nbytes, columns)
-        finally:
-            self.health.add_in_flight(source, -len(lines))
-            self._release(charge)
+    async def write_lines(self, source: SourceRef, lines: list[bytes], arrival_ms: int,
+                          columns: tuple[str, ...] | None = None) -> LineOutcome:
+        """``ingest_lines`` that says what became of the lines (TCP ack mode): which went to the dead-letter
+        topic and why, and the last offset written in each partition."""
+        if not lines:
+            from ingest.line_writes import LineOutcome  # (imports this module)
+
+            return LineOutcome()
+        outcome = await self._line_turns.submit(source, lines, arrival_ms, sum(map(len, lines)), columns, True)
+        assert outcome is not None
+        return outcome
+
+    @staticmethod
+    def line_charge(lines: int, nbytes: int) -> int:
+        """What ``lines`` lines of ``nbytes`` bytes in all take from the pending-bytes budget."""
+        return _MESSAGE_OVERHEAD * lines + nbytes
+
+    def try_reserve(self, nbytes: int) -> bool:
+        """Reserve ``nbytes`` of the budget now if that needs no waiting (``_reserve`` would not wait)."""
+        if self._waiters or (self._pending + nbytes > self.max_pending_bytes and self._pending > 0):
+            return False
+        self._pending += nbytes
+        self._update_writable()
+        return True
 
     async def ingest_from(self, source: SourceRef, device: str | None, messages: Sequence[DeviceMessage]) -> None:
         """``ingest`` of messages from one ``device`` (an MQTT client's appends): the same records, dead
@@ -472,42 +494,6 @@ class IngestSink:
         except BrokerError as exc:  # StorageError included
             return _append_failure(group.topic, group.partition, exc)
         return None
-
-    async def _append_line_groups(
-        self, groups: Sequence[tuple[str, int, Sequence[bytes]]]
-    ) -> list[str | StorageError | None]:
-        """Append each (topic, partition, RecordBatches) in order (the failure of each, or None), without a
-        task per partition: every group's batches are written in turn without awaiting (our encoder made
-        them, so the store does not check their CRC again), then the writes are waited for, together, only
-        where the flush policy has something to wait for (``flush=always``)."""
-        failures: list[str | StorageError | None] = []
-        waits: list[tuple[int, PartitionLog, int]] = []
-        for index, (topic, partition, batches) in enumerate(groups):
-            try:
-                plog = self.store.partition(topic, partition)
-                for batch in batches:
-                    plog.append_nowait(batch, verified=True)
-            except BrokerError as exc:  # StorageError included
-                failures.append(_append_failure(topic, partition, exc))
-                continue
-            failures.append(None)
-            mark = plog.write_mark()
-            if not plog.is_durable(mark):
-                waits.append((index, plog, mark))
-        if len(waits) == 1:
-            index, plog, mark = waits[0]
-            try:
-                await plog.wait_durable(mark)
-            except BrokerError as exc:
-                failures[index] = _append_failure(plog.topic, plog.partition, exc)
-        elif waits:
-            done = await asyncio.gather(*(plog.wait_durable(mark) for _, plog, mark in waits), return_exceptions=True)
-            for (index, plog, _), result in zip(waits, done, strict=True):
-                if isinstance(result, BrokerError):
-                    failures[index] = _append_failure(plog.topic, plog.partition, result)
-                elif isinstance(result, BaseException):
-                    raise result
-        return failures
 
     def _group_for(self, groups: dict[tuple[str, int], _Group], topic: str, key: bytes | None) -> _Group:
         info = self.store.ensure_topic(topic)

@@ -33,6 +33,7 @@ class LineStream:
         self.format = line_format
         self.columns = columns
         self.line_no = 0  # lines seen on this stream, 1-based numbering
+        self.header_line = 0  # the number of the CSV header line ``lines`` read (0: none)
 
     def lines(self, items: list[bytes | LineTooLong]) -> list[bytes] | None:
         """The lines of ``items`` that are messages (empty lines and comments skipped, as ``messages``
@@ -53,6 +54,7 @@ class LineStream:
                 self.columns = parse_csv_header(lines[start])
             except FormatError:
                 return None  # messages dead-letters it with its reason
+            self.header_line = self.line_no + start + 1
             self.line_no += start + 1
             lines = lines[start + 1:]
         self.line_no += len(lines)
@@ -61,6 +63,13 @@ class LineStream:
         ):
             return [line for line in lines if not _skipped(self.format, line)]
         return lines
+
+    def numbers(self, items: list[bytes | LineTooLong], first: int) -> list[int]:
+        """The line number of each line ``lines(items)`` returned (``first``: the number of ``items[0]``)."""
+        fmt = self.format
+        header = self.header_line
+        return [first + i for i, item in enumerate(items)
+                if not isinstance(item, LineTooLong) and not _skipped(fmt, item) and first + i != header]
 
     def messages(
         self, items: list[bytes | LineTooLong], arrival_ms: int

@@ -1,7 +1,9 @@
 """The TCP line listener: newline-delimited JSON, InfluxDB line protocol or CSV, one format per listener.
 
 Each connection is read in chunks of up to ``read_bytes``; the complete lines of a chunk are one
-``IngestSink.write`` call, and the connection reads nothing more until that write is durable. So
+``IngestSink.ingest_lines`` call (``write_lines`` in ack mode; ``write`` for a chunk with a line over the
+limit, and for CSV), written together with the other connections' chunks of the same loop turn, and the
+connection reads nothing more until its lines are durable. So
 when the log falls behind, reads stop, the kernel's receive buffer fills and the sender's TCP window
 closes: its writes block (backpressure) and nothing is dropped.
 
@@ -49,13 +51,14 @@ from broker.security.tls import peer_common_name, peer_principal
 from ingest.admission import Admission
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
+from ingest.line_writes import LineOutcome
 from ingest.routing import SourceRef
 from ingest.sink import IngestSink, WriteOutcome
 from ingest.tcp.auth import AUTH_FAILED, DOOR, NOT_AUTHORIZED, LineAuthenticator, parse_auth_line
 from ingest.tcp.framing import LineFramer, LineTooLong
 from ingest.tcp.lines import LineStream, payload_format
 
-__all__ = ["LISTENER_FORMATS", "TcpLineListener", "TcpListenerConfig", "ack_lines"]
+__all__ = ["LISTENER_FORMATS", "TcpLineListener", "TcpListenerConfig", "ack_lines", "line_acks"]
 
 log = logging.getLogger("ingest.tcp")
 
@@ -100,6 +103,18 @@ def ack_lines(
     for (topic, partition), offset in last.items():
         if topic != dead_letter_topic:
             out.append(f"OK {topic} {partition} {offset}\n")
+    out.append(f"ACK {last_line}\n")
+    return "".join(out).encode()
+
+
+def line_acks(outcome: LineOutcome, numbers: Sequence[int] | None, first: int, last_line: int,
+              dead_letter_topic: str) -> bytes:
+    """``ack_lines`` for a read written by ``IngestSink.write_lines``: line ``i`` of the read is line number
+    ``numbers[i]`` (None: ``first + i``, no line of the read was skipped)."""
+    out = [f"ERR {numbers[i] if numbers is not None else first + i} {_one_line(reason)}\n"
+           for i, reason in outcome.rejected]
+    out += [f"OK {topic} {partition} {offset}\n" for (topic, partition), offset in outcome.last_offsets.items()
+            if topic != dead_letter_topic]
     out.append(f"ACK {last_line}\n")
     return "".join(out).encode()
 
@@ -271,13 +286,20 @@ class TcpLineListener:
     async def _ingest(self, items: list[bytes | LineTooLong], stream: LineStream,
                       writer: asyncio.StreamWriter) -> None:
         sink = self.sink
-        if not self.config.ack:
-            lines = stream.lines(items)
-            if lines is not None:  # the usual read: routed a read at a time
+        ack = self.config.ack
+        first = stream.line_no + 1  # the number of items[0]
+        lines = stream.lines(items)
+        if lines is not None:  # the usual read: written with the other reads of this loop turn
+            if not ack:
                 await sink.ingest_lines(self.source, lines, int(self._clock() * 1000), stream.columns)
                 return
+            outcome = await sink.write_lines(self.source, lines, int(self._clock() * 1000), stream.columns)
+            numbers = None if len(lines) == len(items) else stream.numbers(items, first)
+            writer.write(line_acks(outcome, numbers, first, stream.line_no, sink.dead_letter_topic))
+            await writer.drain()
+            return
         messages, numbers = stream.messages(items, int(self._clock() * 1000))
-        if self.config.ack:
+        if ack:
             outcomes = await sink.write(self.source, messages)
             writer.write(ack_lines(outcomes, numbers, stream.line_no, sink.dead_letter_topic))
             await writer.drain()

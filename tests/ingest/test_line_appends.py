@@ -1,4 +1,4 @@
-"""How ``IngestSink.ingest_lines`` appends a read's partitions (``IngestSink._append_line_groups``).
+"""How ``IngestSink.ingest_lines`` appends a read's partitions (``line_writes.LineWrite``).
 
 The batches of every partition are written in turn without a task each, and the call waits for every
 partition the flush policy makes it wait for; a storage failure in one partition is raised (nothing

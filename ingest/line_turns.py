@@ -1,0 +1,149 @@
+"""One write per source per event-loop turn: the reads of many connections that arrive together share it.
+
+A line source's reads (``IngestSink.ingest_lines`` / ``write_lines``: one TCP read each) are not written one
+by one. The first read of a source in a turn opens the source's ``_Turn`` and schedules its write with
+``call_soon``; every further read of that source before the write runs joins it. The write then runs once for
+all of them (``line_writes.LineWrite``: one route, one RecordBatch per partition, one append each), so a
+hundred device connections sending a line each cost about one append per partition instead of a hundred.
+
+Each caller still returns only when its own lines are durable (or raises the write's ``SinkError``: then
+nothing of the turn is acknowledged), and gets what became of its own lines; its lines keep their order
+and their arrival time. The write runs in the ``call_soon`` callback itself when it needs no waiting (the
+budget has room, the flush policy makes nothing wait, no dead letters): no task per turn then; otherwise one
+task finishes it. Backpressure is the sink's byte budget, reserved for the whole turn in FIFO order with
+the sink's other writes (a turn is closed early when the next read would make it larger than the budget); a
+caller cancelled while it waits leaves its lines in the write (they may be stored
+and are not acknowledged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from ingest.line_writes import LineOutcome, LineWrite
+from ingest.routing import SourceRef
+
+if TYPE_CHECKING:
+    from ingest.sink import IngestSink
+
+__all__ = ["LineTurns"]
+
+class _Turn:
+    """The reads of one source gathered in one loop turn: their lines in order, and per read its span and
+    the future its caller waits on."""
+
+    __slots__ = ("arrivals", "charge", "columns", "futures", "lines", "nbytes", "outcomes", "spans")
+
+    def __init__(self, columns: tuple[str, ...] | None) -> None:
+        self.columns = columns  # a CSV stream's header: reads of other headers are other turns
+        self.lines: list[bytes] = []
+        self.arrivals: list[tuple[int, int]] = []  # (first line, arrival ms) of each run of one arrival time
+        self.spans: list[tuple[int, int]] = []  # per read: its lines' [start, end)
+        self.futures: list[asyncio.Future[LineOutcome | None]] = []
+        self.nbytes = 0
+        self.charge = 0  # of the sink's pending-bytes budget
+        self.outcomes = False  # some read wants its outcome
+
+
+class LineTurns:
+    def __init__(self, sink: IngestSink) -> None:
+        self.sink = sink
+        self._open: dict[tuple[SourceRef, tuple[str, ...] | None], _Turn] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def submit(self, source: SourceRef, lines: list[bytes], arrival_ms: int, nbytes: int,
+               columns: tuple[str, ...] | None, outcome: bool) -> asyncio.Future[LineOutcome | None]:
+        """Add a read's lines to this turn's write of ``source`` (of the reads with the same ``columns``: a
+        CSV stream's header); the future is done once they are durable (their ``LineOutcome`` when
+        ``outcome``, else None)."""
+        loop = asyncio.get_running_loop()
+        slot = (source, columns)
+        turn = self._open.get(slot)
+        charge = self.sink.line_charge(len(lines), nbytes)
+        if turn is None or turn.charge + charge > self.sink.max_pending_bytes:
+            # a new turn; also when this read would make the turn larger than the whole budget (a turn is
+            # reserved at once: the budget bounds what is pending only if each turn fits in it)
+            turn = self._open[slot] = _Turn(columns)
+            loop.call_soon(self._run, source, turn)
+        start = len(turn.lines)
+        if not turn.arrivals or turn.arrivals[-1][1] != arrival_ms:
+            turn.arrivals.append((start, arrival_ms))
+        turn.lines += lines
+        turn.spans.append((start, len(turn.lines)))
+        turn.nbytes += nbytes
+        turn.charge += charge
+        turn.outcomes = turn.outcomes or outcome
+        future: asyncio.Future[LineOutcome | None] = loop.create_future()
+        turn.futures.append(future)
+        return future
+
+    def _run(self, source: SourceRef, turn: _Turn) -> None:
+        slot = (source, turn.columns)
+        if self._open.get(slot) is turn:
+            del self._open[slot]
+        sink = self.sink
+        charge = turn.charge
+        write = LineWrite(sink, source, turn.lines, turn.arrivals, turn.nbytes, turn.columns, outcomes=turn.outcomes)
+        if sink.try_reserve(charge):
+            sink.health.add_in_flight(source, len(turn.lines))
+            try:
+                pending = write.start()
+            except BaseException as exc:
+                self._settle(source, turn, charge, None, exc)
+                return
+            if not pending:
+                self._settle(source, turn, charge, write, None)
+                return
+            self._spawn(self._finish(source, turn, charge, write, reserved=True))
+        else:
+            self._spawn(self._finish(source, turn, charge, write, reserved=False))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish(self, source: SourceRef, turn: _Turn, charge: int, write: LineWrite, *, reserved: bool) -> None:
+        """The rest of a turn's write in a task: the budget when it had no room, then what ``start`` left."""
+        sink = self.sink
+        if not reserved:
+            try:
+                await sink._reserve(source, charge)
+            except BaseException as exc:  # cancelled (the loop is closing): nothing was written
+                self._answer(turn, None, exc)
+                raise
+            sink.health.add_in_flight(source, len(turn.lines))
+        try:
+            if reserved or write.start():
+                await write.finish()
+        except BaseException as exc:
+            self._settle(source, turn, charge, None, exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        self._settle(source, turn, charge, write, None)
+
+    def _settle(self, source: SourceRef, turn: _Turn, charge: int, write: LineWrite | None,
+                error: BaseException | None) -> None:
+        """Release the turn's budget and answer every read: its outcome, or the write's failure."""
+        sink = self.sink
+        sink.health.add_in_flight(source, -len(turn.lines))
+        sink._release(charge)
+        if write is not None:
+            write.done()
+        self._answer(turn, write, error)
+
+    @staticmethod
+    def _answer(turn: _Turn, write: LineWrite | None, error: BaseException | None) -> None:
+        for (start, end), future in zip(turn.spans, turn.futures, strict=True):
+            if future.done():  # its caller was cancelled
+                continue
+            if isinstance(error, asyncio.CancelledError):
+                future.cancel()
+            elif error is not None:
+                future.set_exception(error)
+            else:
+                assert write is not None
+                future.set_result(write.outcome(start, end) if turn.outcomes else None)
