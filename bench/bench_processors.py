@@ -422,6 +422,7 @@ async def main_async(n: int, repeat: int, with_quix: bool = True, with_standalon
                 produce_confluent(bootstrap, "bench-sa-in", rows)
             # rounds interleave the engines so that noise from a shared machine hits all of them
             for round_ in range(repeat):
+                print(f"round {round_ + 1} of {repeat}: load average {os.getloadavg()[0]:.1f}", flush=True)
                 if shuffle_only:  # the shuffle's pair alone, for quick iterations on the repartition path
                     record(names[1], *await run_standalone_bench(rows, bootstrap, round_), want_closed)
                     record(names[5], *await run_standalone_bench(rows, bootstrap, round_, repartition=True),
@@ -467,12 +468,17 @@ async def main_async(n: int, repeat: int, with_quix: bool = True, with_standalon
         best, median = max(rates[name]), statistics.median(rates[name])
         print(f"{name:38} {best:11,.0f} {median:9,.0f} {best / best_bytewax:15.2f}x "
               f"{median / median_bytewax:9.2f}x  {', '.join(sorted(checks[name]))}")
+    print("per round (rec/s, in the order the rounds ran):")
+    for name in [n for n in names if rates[n]]:
+        print(f"  {name:38} " + "  ".join(f"{r:9,.0f}" for r in rates[name]))
+
     def ratio(a: str, b: str) -> str:
         # paired: the ratio within each round (the two rows ran minutes or seconds apart), then its median
         paired = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
         return (f"best {max(rates[a]) / max(rates[b]):.2f}, "
                 f"median {statistics.median(rates[a]) / statistics.median(rates[b]):.2f}, "
-                f"paired {min(paired):.2f}-{max(paired):.2f} (median {statistics.median(paired):.2f})")
+                f"paired {min(paired):.2f}-{max(paired):.2f} (median {statistics.median(paired):.2f}; "
+                f"by round {' '.join(f'{x:.2f}' for x in paired)})")
 
     print(f"attached / plain Python compute only (the target's pair): {ratio(names[0], names[3])}")
     print(f"attached / plain Python end to end: {ratio(names[0], names[9])}")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Hashable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from broker.errors import CorruptRecordError
 from broker.native import select
 from processors import record_kernels
 from processors.errors import PipelineDefinitionError
@@ -27,7 +28,7 @@ from processors.triggers import EarlyEvery
 from processors.watermarks import WatermarkTracker
 
 __all__ = ["Executor", "KeyedStateFactory", "OutBatch", "OutRecord", "PartitionExtension", "RecordLike",
-           "TopicPartition", "output_records"]
+           "StoredBatches", "TopicPartition", "output_records"]
 
 TopicPartition = tuple[str, int]
 # (operator id, the operator's logic builder) -> the map holding its per-key logics
@@ -47,6 +48,16 @@ class RecordLike(Protocol):
     def value(self) -> bytes | None: ...
     @property
     def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
+
+
+class StoredBatches(Protocol):
+    """Records still in their stored batches (``processors.fastdecode.StoredRecords``)."""
+
+    def cursor(self) -> Any:
+        """A ``record_kernels.StoredCursor`` at the first of them."""
+
+    def records(self) -> Sequence[RecordLike]:
+        """Them decoded into record objects."""
 
 
 class PartitionExtension(Protocol):
@@ -317,18 +328,8 @@ class Executor:
         if not self._json:
             self._process_generic(tp, records, now)
             return
-        # the key_by under the source, when it is the source's only operator, is done in the decode loop
-        key_node = self._source_key_by
-        key_by = None if key_node is None else key_node.fn
-        targets = self.root.children if key_node is None else key_node.children
         decode = _KERNELS.decode_json
-
-        def punctuation(r: RecordLike) -> bool:
-            return self._punctuation(tp, r, now)
-
-        def undecodable(r: RecordLike, exc: Exception) -> None:
-            self._undecodable(tp, r, exc)
-
+        key_by, targets, punctuation, undecodable = self._json_loop(tp, now)
         max_ts = NO_TIME
         # In slices: the values of a slice die before the next is decoded, so the garbage collector's
         # youngest generation (700 containers) is not filled with live values and rescanned.
@@ -336,18 +337,64 @@ class Executor:
             key_failures: list[tuple[int, Any, Exception]] = []
             items, decoded, slice_max = decode(records[i : i + _SLICE], self.event_time, key_by, punctuation,
                                                undecodable, key_failures)
-            if not decoded:
-                continue
-            self.records_in += decoded
-            self.current_tp = tp
-            max_ts = max(max_ts, slice_max)
-            for ts, value, exc in key_failures:  # as _Stateless.push dead-letters them
-                self.dead_letter(value, ts, f"key_by failed: {exc!r}")
-            if items:
-                for child in targets:
-                    child.push(items)
+            max_ts = max(max_ts, self._push_decoded(tp, items, decoded, slice_max, key_failures, targets))
         self.tracker.observe(tp, max_ts, now)
         self.advance(now)
+
+    def process_stored(self, tp: TopicPartition, stored: StoredBatches, now: int) -> None:
+        """``process`` over records still in their stored batches (``processors.fastdecode.StoredRecords``):
+        a JSON pipeline's values are read from the bytes (``record_kernels.decode_stored_json``), with
+        no record object; any other pipeline (or an executor whose ``process`` is its own) gets them
+        decoded."""
+        if not self._json or type(self).process is not Executor.process:
+            self.process(tp, stored.records(), now)
+            return
+        self.now = now
+        decode = _KERNELS.decode_stored_json
+        key_by, targets, punctuation, undecodable = self._json_loop(tp, now)
+        cursor = stored.cursor()
+        max_ts = NO_TIME
+        try:
+            while not cursor.done():
+                key_failures: list[tuple[int, Any, Exception]] = []
+                items, decoded, slice_max = decode(cursor, _SLICE, self.event_time, key_by, punctuation,
+                                                   undecodable, key_failures)
+                max_ts = max(max_ts, self._push_decoded(tp, items, decoded, slice_max, key_failures, targets))
+        except (ValueError, IndexError) as exc:
+            raise CorruptRecordError(f"cannot decode stored records: {exc!r}") from exc
+        self.tracker.observe(tp, max_ts, now)
+        self.advance(now)
+
+    def _json_loop(self, tp: TopicPartition, now: int) -> tuple[Callable[[Any], Any] | None, list[_Node],
+                                                                Callable[[RecordLike], bool],
+                                                                Callable[[RecordLike, Exception], None]]:
+        """What the JSON decode loop needs: the key_by under the source when it is the source's only
+        operator (done in the decode loop), the nodes the items go to, and the callbacks."""
+        key_node = self._source_key_by
+        key_by = None if key_node is None else key_node.fn
+        targets = self.root.children if key_node is None else key_node.children
+
+        def punctuation(r: RecordLike) -> bool:
+            return self._punctuation(tp, r, now)
+
+        def undecodable(r: RecordLike, exc: Exception) -> None:
+            self._undecodable(tp, r, exc)
+
+        return key_by, targets, punctuation, undecodable
+
+    def _push_decoded(self, tp: TopicPartition, items: list[Any], decoded: int, slice_max: int,
+                      key_failures: list[tuple[int, Any, Exception]], targets: list[_Node]) -> int:
+        """A decoded slice down the tree; returns its greatest event time (NO_TIME: none decoded)."""
+        if not decoded:
+            return NO_TIME
+        self.records_in += decoded
+        self.current_tp = tp
+        for ts, value, exc in key_failures:  # as _Stateless.push dead-letters them
+            self.dead_letter(value, ts, f"key_by failed: {exc!r}")
+        if items:
+            for child in targets:
+                child.push(items)
+        return slice_max
 
     def _process_generic(self, tp: TopicPartition, records: Sequence[RecordLike], now: int) -> None:
         max_ts = NO_TIME

@@ -6,21 +6,30 @@ processor reads (offset, timestamp, key, value, headers), so no per-record copy 
 Compressed batches go to the broker's decoder instead, whose decompression is bounded (aiokafka's
 is not: a small batch could expand to gigabytes); control batches are skipped. Parse failures surface
 as the broker's ``CorruptRecordError``.
+
+``stored_from`` goes one step further for the runner's queue: stored uncompressed batches stay bytes
+(``StoredRecords``) until the executor walks them (``record_kernels.decode_stored_json``), so no
+record object is made at all, and none waits in the runner's queue for the garbage collector to
+rescan (a fifth of the attached runner's CPU went to those collections, bench/RESULTS.md). Anything
+else (a compressed batch) is decoded here as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from aiokafka.errors import KafkaError
 from aiokafka.record.memory_records import MemoryRecords
 
 from broker.errors import CorruptRecordError, InvalidRecordError
+from broker.native import select
 from broker.protocol.records import decode_records
+from processors import record_kernels
 from processors.executor import RecordLike
 
-__all__ = ["SourceRecord", "decode_from"]
+__all__ = ["Fetched", "SourceRecord", "StoredRecords", "as_records", "decode_from", "first_offset", "next_offset",
+           "stored_from"]
 
 
 class SourceRecord:
@@ -66,3 +75,87 @@ def decode_from(data: bytes, min_offset: int, max_records: int = 1 << 62) -> lis
     except (KafkaError, ValueError, IndexError, InvalidRecordError) as exc:
         raise CorruptRecordError(f"cannot decode stored records: {exc!r}") from exc
     return out
+
+
+_KERNELS = select(record_kernels)
+_HEADER_BYTES = 61  # a v2 batch header; records follow it
+
+
+class StoredRecords:
+    """Records of whole uncompressed stored batches, not decoded: ``data[:end]`` holds them, the
+    records at or after ``min_offset`` count. ``cursor()`` is where ``record_kernels.decode_stored_json``
+    walks them; ``records()`` decodes them as ``decode_from`` does (for any other consumer)."""
+
+    __slots__ = ("count", "data", "end", "first_offset", "min_offset", "next_offset", "start")
+
+    def __init__(self, data: bytes, start: int, end: int, min_offset: int, first: int, after: int,
+                 count: int) -> None:
+        self.data = data
+        self.start = start
+        self.end = end
+        self.min_offset = min_offset
+        self.first_offset = first  # where the first record is (at or after): a seek back reads them again
+        self.next_offset = after  # after the last batch: where reading goes on
+        self.count = count  # records at or after min_offset (from the batch headers: at most that many)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def cursor(self) -> Any:  # the selected build's StoredCursor
+        return _KERNELS.StoredCursor(self.data, self.start, self.end, self.min_offset)
+
+    def records(self) -> list[RecordLike]:
+        return decode_from(self.data[self.start : self.end], self.min_offset)
+
+
+Fetched: TypeAlias = "Sequence[RecordLike] | StoredRecords"  # what a Source hands the runner per partition
+
+
+def stored_from(data: bytes, min_offset: int, max_records: int = 1 << 62) -> StoredRecords | list[RecordLike]:
+    """``decode_from``'s records as ``StoredRecords`` when every batch is uncompressed v2 (the batch
+    that reaches ``max_records`` is the last, as there); otherwise (or when nothing at or after
+    ``min_offset`` is there) what ``decode_from`` returns."""
+    pos = 0
+    size = len(data)
+    count = 0
+    first = -1
+    after = min_offset
+    start = end = 0
+    while size - pos >= _HEADER_BYTES and count < max_records:
+        length = 12 + int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
+        if length < _HEADER_BYTES or pos + length > size:
+            break  # a batch cut short by the read's byte limit (or corrupt: decode_from says which)
+        attributes = int.from_bytes(data[pos + 21 : pos + 23], "big")
+        if data[pos + 16] != 2 or attributes & 0x07:
+            return decode_from(data, min_offset, max_records)  # compressed (bounded decompression) or not v2
+        base = int.from_bytes(data[pos : pos + 8], "big", signed=True)
+        last = base + int.from_bytes(data[pos + 23 : pos + 27], "big", signed=True)
+        pos += length
+        if last < min_offset:
+            start = pos  # wholly before: not walked
+            continue
+        end, after = pos, last + 1
+        if attributes & 0x20:
+            continue  # a control batch: no record, stepped over
+        if first < 0:
+            first = max(base, min_offset)
+        records = int.from_bytes(data[pos - length + 57 : pos - length + 61], "big", signed=True)
+        count += min(records, last - max(base, min_offset) + 1)
+    if count <= 0:
+        return decode_from(data, min_offset, max_records)
+    return StoredRecords(data, start, end, min_offset, first, after, count)
+
+
+def as_records(records: Fetched) -> Sequence[RecordLike]:
+    """``records`` as record objects (``StoredRecords`` decoded)."""
+    return records.records() if isinstance(records, StoredRecords) else records
+
+
+def first_offset(records: Fetched) -> int:
+    """The offset of the first of ``records`` (of ``StoredRecords``: at most that)."""
+    return records.first_offset if isinstance(records, StoredRecords) else records[0].offset
+
+
+def next_offset(records: Fetched) -> int:
+    """Where reading goes on after ``records`` (of ``StoredRecords``: after their last batch)."""
+    return records.next_offset if isinstance(records, StoredRecords) else records[-1].offset + 1

@@ -6,7 +6,9 @@ source done in the same loop when it is the source's only operator); ``tumbling_
 the whole loop over a batch; anything unusual goes back to the caller through a callback or the
 general code (``WindowLogic.on_item``), whose module owns the rule. Compiled with mypyc where a
 compiler is available (``native-modules.txt``; callers pick the build with ``broker.native.select``),
-the same source runs as it is otherwise; tests/processors/test_record_kernels.py runs both. Keep it to
+the same source runs as it is otherwise; tests/processors/test_record_kernels.py runs both.
+``decode_stored_json`` is ``decode_json`` over stored RecordBatch v2 bytes (uncompressed): it reads
+each record's fields where they lie, so no record object is made (``processors.fastdecode.StoredRecords``). Keep it to
 what mypyc compiles well: typed locals, ``list``/``dict``/``int`` work, no closures or generators.
 
 JSON: a value is read with orjson (about four times quicker than the stdlib on sensor-sized values)
@@ -26,7 +28,8 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["ADD_CALL", "ADD_COUNT", "ADD_MEAN", "ADD_SUM", "decode_json", "json_exact", "loads", "tumbling_items"]
+__all__ = ["ADD_CALL", "ADD_COUNT", "ADD_MEAN", "ADD_SUM", "StoredCursor", "StoredRecord", "decode_json",
+           "decode_stored_json", "json_exact", "loads", "tumbling_items"]
 
 _TWO_63: Final = 9223372036854775808.0
 _NO_TIME: Final = -(2**63)  # processors.time.NO_TIME (not imported: a compiled module keeps its own)
@@ -124,6 +127,207 @@ def decode_json(
             items.append((ts, value))
             if raws is not None:
                 raws.append(raw)
+            continue
+        try:
+            key = key_by(value)
+        except Exception as exc:
+            key_failures.append((ts, value, exc))
+            continue
+        items.append((ts, key, value))
+    return items, decoded, max_ts
+
+
+class StoredRecord:
+    """A record of stored batches, made only for a callback (headers to look at, a value that fails)."""
+
+    def __init__(self, offset: int, timestamp: int, key: bytes | None, value: bytes | None,
+                 headers: list[tuple[str, bytes | None]]) -> None:
+        self.offset = offset
+        self.timestamp = timestamp
+        self.key = key
+        self.value = value
+        self.headers = headers
+
+    def __repr__(self) -> str:
+        return f"StoredRecord(offset={self.offset}, timestamp={self.timestamp}, key={self.key!r}, value={self.value!r})"
+
+
+class StoredCursor:
+    """Where ``decode_stored_json`` is in ``data[pos:end]``, whole uncompressed v2 batches: at a batch
+    header when ``left`` is 0, else at the next of the current batch's ``left`` records."""
+
+    def __init__(self, data: bytes, pos: int, end: int, min_offset: int) -> None:
+        self.data = data
+        self.pos = pos
+        self.end = end
+        self.min_offset = min_offset  # records below it (a batch read from its start) are stepped over
+        self.left = 0
+        self.base_offset = 0
+        self.base_timestamp = 0
+        self.append_time = _NO_TIME  # the batch's max timestamp when it is LogAppendTime
+
+    def done(self) -> bool:
+        return self.left == 0 and self.pos >= self.end
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """A zigzag varint (up to 64 bits) at ``pos``; IndexError past the end of ``buf``."""
+    shift = 0
+    result = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def _int(buf: bytes, pos: int, size: int) -> int:
+    return int.from_bytes(buf[pos : pos + size], "big", signed=True)
+
+
+def _next_batch(cur: StoredCursor) -> bool:
+    """Move ``cur`` into the next batch with records (control batches stepped over); False at the end."""
+    data = cur.data
+    while cur.pos < cur.end:
+        start = cur.pos
+        size = 12 + _int(data, start + 8, 4)
+        if size < 61 or start + size > cur.end:
+            raise ValueError(f"stored batch at {start} runs past the data read")
+        attributes = _int(data, start + 21, 2)
+        cur.pos = start + size
+        if attributes & 0x20:  # a control batch (transaction marker): nothing for the processor
+            continue
+        if attributes & 0x07:
+            raise ValueError("a compressed batch among stored batches read as uncompressed")
+        cur.base_offset = _int(data, start, 8)
+        cur.base_timestamp = _int(data, start + 27, 8)
+        cur.append_time = _int(data, start + 35, 8) if attributes & 0x08 else _NO_TIME
+        count = _int(data, start + 57, 4)
+        if count > 0:
+            cur.left = count
+            cur.pos = start + 61
+            return True
+    return False
+
+
+def decode_stored_json(
+    cur: StoredCursor,
+    limit: int,
+    event_time: Callable[[Any], Any] | None,
+    key_by: Callable[[Any], Any] | None,
+    punctuation: Callable[[Any], bool],
+    undecodable: Callable[[Any, Exception], None],
+    key_failures: list[tuple[int, Any, Exception]],
+) -> tuple[list[Any], int, int]:
+    """``decode_json`` over the next ``limit`` records at ``cur`` (fewer at the end; records before its
+    ``min_offset`` are stepped over and not counted), read from the
+    stored bytes: the value sliced out and decoded, the offset and timestamp from the deltas; a
+    ``StoredRecord`` only for ``punctuation`` (a record with headers) and ``undecodable``. The same
+    items, counts and callbacks as ``decode_json`` over those records. Malformed bytes raise
+    ValueError or IndexError (the caller reports the data as corrupt)."""
+    items: list[Any] = []
+    decoded = 0
+    max_ts = _NO_TIME
+    data = cur.data
+    walked = 0
+    while walked < limit:
+        if cur.left == 0 and not _next_batch(cur):
+            break
+        cur.left -= 1
+        p = cur.pos
+        b = data[p]
+        if b < 0x80:
+            length = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            length, p = _varint(data, p)
+        record_end = p + length
+        if length < 0 or record_end > cur.end:
+            raise ValueError("stored record runs past the end of its batch")
+        p += 1  # attributes
+        b = data[p]
+        if b < 0x80:
+            ts_delta = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            ts_delta, p = _varint(data, p)
+        b = data[p]
+        if b < 0x80:
+            offset_delta = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            offset_delta, p = _varint(data, p)
+        b = data[p]
+        if b < 0x80:
+            key_size = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            key_size, p = _varint(data, p)
+        key_at = p
+        if key_size > 0:
+            p += key_size
+        b = data[p]
+        if b < 0x80:
+            value_size = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            value_size, p = _varint(data, p)
+        value_at = p
+        if value_size > 0:
+            p += value_size
+        b = data[p]
+        if b < 0x80:
+            header_count = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            header_count, p = _varint(data, p)
+        cur.pos = record_end
+        offset = cur.base_offset + offset_delta
+        if offset < cur.min_offset:
+            continue
+        walked += 1  # as slices of decode_from's records: those from min_offset on
+        stamp_of_record = cur.base_timestamp + ts_delta if cur.append_time == _NO_TIME else cur.append_time
+        raw: bytes | None = None if value_size < 0 else data[value_at : value_at + value_size]
+        record: StoredRecord | None = None
+        if header_count:
+            headers: list[tuple[str, bytes | None]] = []
+            for _ in range(header_count):
+                name_size, p = _varint(data, p)
+                name = data[p : p + max(name_size, 0)]
+                p += max(name_size, 0)
+                size, p = _varint(data, p)
+                headers.append((name.decode("utf-8", "replace"), None if size < 0 else data[p : p + size]))
+                p += max(size, 0)
+            if p != record_end:
+                raise ValueError("stored record's headers do not end where the record does")
+            record = StoredRecord(offset, stamp_of_record, None if key_size < 0 else data[key_at : key_at + key_size],
+                                  raw, headers)
+            if punctuation(record):
+                continue
+        elif p != record_end:
+            raise ValueError("stored record's fields do not end where the record does")
+        ts: int
+        try:
+            value: Any = None
+            if raw is not None:
+                value = loads(raw)
+            stamp = stamp_of_record if event_time is None else event_time(value)
+            ts = stamp if type(stamp) is int else int(stamp)
+        except Exception as exc:
+            if record is None:
+                record = StoredRecord(offset, stamp_of_record,
+                                      None if key_size < 0 else data[key_at : key_at + key_size], raw, [])
+            undecodable(record, exc)
+            continue
+        decoded += 1
+        if ts > max_ts:
+            max_ts = ts
+        if key_by is None:
+            items.append((ts, value))
             continue
         try:
             key = key_by(value)

@@ -42,7 +42,8 @@ from processors.checkpoint import (
     take_checkpoint,
 )
 from processors.errors import PartitionsLostError, ProcessorError
-from processors.executor import Executor, KeyedStateFactory, RecordLike, TopicPartition, output_records
+from processors.executor import Executor, KeyedStateFactory, TopicPartition, output_records
+from processors.fastdecode import Fetched, StoredRecords, first_offset, next_offset
 from processors.pipeline import Pipeline
 from processors.sources import Sink, Source
 from processors.time import NO_TIME, Clock, SystemClock
@@ -260,10 +261,11 @@ class Runner:
                     # revoked or repositioned while this fetch was in flight: the records may come from
                     # before that. Read again from where the assignment put the partition (nowhere: from
                     # these records, none of which was processed under any checkpoint)
+                    first = first_offset(records)
                     if tp in self._known:
-                        self.source.seek(tp, self._target.get(tp, records[0].offset))
+                        self.source.seek(tp, self._target.get(tp, first))
                     elif tp in self._pending:
-                        self._held[tp] = min(self._held.get(tp, records[0].offset), records[0].offset)
+                        self._held[tp] = min(self._held.get(tp, first), first)
                         held_back = True
                     continue
                 if tp in self._known:
@@ -272,7 +274,8 @@ class Runner:
                 elif tp in self._pending:
                     # fetched before its assignment (and restore) reached the processor: the assignment
                     # seeks to its checkpoint, or back to the first record held back
-                    self._held[tp] = min(self._held.get(tp, records[0].offset), records[0].offset)
+                    first = first_offset(records)
+                    self._held[tp] = min(self._held.get(tp, first), first)
                     held_back = True
             if held_back:
                 with contextlib.suppress(TimeoutError):
@@ -336,11 +339,14 @@ class Runner:
                     "is dropped", extra={"pipeline": self.pipeline.name, "partitions": sorted(everything),
                                          "reason": reason, "partitions_lost": self.partitions_lost})
 
-    def _process(self, tp: TopicPartition, records: list[RecordLike], now: int) -> None:
+    def _process(self, tp: TopicPartition, records: Fetched, now: int) -> None:
         if tp not in self.positions or not records:
             return  # revoked while the batch was queued
-        self.executor.process(tp, records, now)
-        self.positions[tp] = records[-1].offset + 1
+        if isinstance(records, StoredRecords):
+            self.executor.process_stored(tp, records, now)
+        else:
+            self.executor.process(tp, records, now)
+        self.positions[tp] = next_offset(records)
 
     def _assign(self, entries: list[tuple[TopicPartition, PartitionRestore | None]], now: int) -> None:
         restore_executor(self.executor, entries, now)

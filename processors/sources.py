@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from broker.errors import BrokerError, OffsetOutOfRangeError
 from broker.log.api import LogStore, PartitionLog, wait_for_any
 from broker.protocol.records import RecordSpec, split_complete_batches
 from processors.errors import SourceError
-from processors.executor import OutRecord, RecordLike, TopicPartition
-from processors.fastdecode import decode_from
+from processors.executor import OutRecord, TopicPartition
+from processors.fastdecode import Fetched, next_offset, stored_from
 
 __all__ = ["AssignmentListener", "LogSink", "LogSource", "Sink", "Source"]
 
@@ -37,7 +37,8 @@ class Source(Protocol):
     async def stop(self) -> None: ...
     def seek(self, tp: TopicPartition, offset: int) -> None: ...
     async def fetch(self, max_records: int, timeout: float, paused: set[TopicPartition]
-                    ) -> list[tuple[TopicPartition, list[RecordLike]]]: ...
+                    ) -> Sequence[tuple[TopicPartition, Fetched]]:
+        """Records of some assigned, unpaused partitions: record objects, or (attached) ``StoredRecords``."""
     def end_offset(self, tp: TopicPartition) -> int | None: ...
     async def commit(self, offsets: dict[TopicPartition, int]) -> None: ...
 
@@ -85,7 +86,7 @@ class LogSource:
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         return None  # attached: the checkpoint itself is the commit
 
-    def _read(self, tp: TopicPartition, max_records: int) -> list[RecordLike]:
+    def _read(self, tp: TopicPartition, max_records: int) -> Fetched:
         log = self.store.partition(*tp)
         offset = self.positions[tp]
         if offset < log.log_start_offset:  # retention removed what we had not read: resume at the start
@@ -103,9 +104,9 @@ class LogSource:
             data, skip_to = self._stored(log, offset)
         except OffsetOutOfRangeError:
             data, skip_to = self._stored(log, log.log_start_offset)
-        out = decode_from(data, offset, max_records)
+        out = stored_from(data, offset, max_records)  # not decoded: the executor reads the values in place
         if out:
-            self.positions[tp] = out[-1].offset + 1
+            self.positions[tp] = next_offset(out)
         elif data or skip_to > offset:
             # nothing for the processor in what was read (control batches, aborted transactions): step
             # over it, or the wait below would return at once for data that never decodes
@@ -122,14 +123,14 @@ class LogSource:
         return self.positions[tp]
 
     async def fetch(self, max_records: int, timeout: float, paused: set[TopicPartition]
-                    ) -> list[tuple[TopicPartition, list[RecordLike]]]:
+                    ) -> list[tuple[TopicPartition, Fetched]]:
         tps = [tp for tp in self.positions if tp not in paused]
         if not tps:
             await asyncio.sleep(min(timeout, 0.05))
             return []
         self._rr = (self._rr + 1) % len(tps)
         order = tps[self._rr :] + tps[: self._rr]
-        out: list[tuple[TopicPartition, list[RecordLike]]] = []
+        out: list[tuple[TopicPartition, Fetched]] = []
         budget = max_records
         for tp in order:
             records = self._read(tp, budget)

@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 from broker import native
-from broker.protocol.records import RecordSpec, encode_batch
+from broker.errors import CorruptRecordError
+from broker.protocol.records import Compression, RecordSpec, encode_batch, stamp_log_append_time, with_base_offset
+from broker.txn.markers import encode_marker
 from processors import executor as executor_module
-from processors import record_kernels
+from processors import fastdecode, record_kernels
 from processors import windows as windows_module
 from processors.aggregations import Count, Max, Mean, Sum
 from processors.executor import Executor, RecordLike
@@ -251,3 +253,78 @@ def test_a_window_a_restored_partitions_floor_has_passed_fires_on_its_next_recor
     assert [json.loads(r.value or b"")["emit"] for r in want if r.topic == "out"] == ["first", "update"]
     with_kernels(kernels, monkeypatch)
     assert drive(Executor(pipeline(Tumbling(10_000), Mean("temp")))) == want
+
+
+# -- records read in place from stored batches (fastdecode.StoredRecords) -----------------------------
+
+
+def stored_partition(rows: list[tuple[bytes | None, tuple[tuple[str, bytes | None], ...]]],
+                     per_batch: int) -> bytes:
+    """One partition's stored bytes: batches of ``rows`` with keys, long values (multi-byte varints)
+    among them, a transaction's commit marker after the second batch, and a LogAppendTime batch."""
+    out = bytearray()
+    offset = 0
+    for n, start in enumerate(range(0, len(rows), per_batch)):
+        specs = [RecordSpec(raw if i % 50 else (raw or b"") + b" " * 300, f"k{i}".encode() if i % 3 else None,
+                            headers, T0 + start + i)
+                 for i, (raw, headers) in enumerate(rows[start : start + per_batch])]
+        batch = bytearray(encode_batch(specs, base_offset=offset))
+        if n == 3:
+            stamp_log_append_time(batch, T0 + 99_000)
+        out += batch
+        offset += len(specs)
+        if n == 1:
+            out += with_base_offset(encode_marker(7, 0, True, timestamp_ms=T0), offset)
+            offset += 1
+    return bytes(out)
+
+
+@pytest.mark.parametrize("min_offset", [0, 37, 130])
+@pytest.mark.parametrize("case", ["tumbling mean", "tumbling max (add called)", "sliding (general path)"])
+@pytest.mark.parametrize("build", ["selected", "pure"])
+def test_stored_records_read_in_place_give_what_decoded_records_give(
+        case: str, build: str, min_offset: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Executor.process_stored`` over stored bytes (``decode_stored_json``: no record objects) gives
+    the outputs, dead letters, late records and state that ``process`` gives over the same records
+    decoded by aiokafka's parser: headers and watermark punctuations, undecodable values, null values,
+    multi-byte lengths, a control batch, a LogAppendTime batch and a start inside a batch."""
+    with_kernels(SELECTED if build == "selected" else PURE, monkeypatch)
+    monkeypatch.setattr(fastdecode, "_KERNELS", SELECTED if build == "selected" else PURE)
+    data = stored_partition(readings(4, 600), per_batch=60)
+    stored = fastdecode.stored_from(data, min_offset, 250)
+    assert isinstance(stored, fastdecode.StoredRecords)
+    decoded = decode_from(data, min_offset, 250)
+    assert [(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in stored.records()] == [
+        (r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in decoded]
+    assert stored.first_offset == decoded[0].offset and stored.next_offset == decoded[-1].offset + 1
+    assert len(stored) >= len(decoded)
+
+    def drive(feed: Callable[[Executor], None]) -> dict[str, Any]:
+        ex = Executor(CASES[case]())
+        ex.add_partition(("in", 0), 1_000)
+        feed(ex)
+        out = ex.take_outputs()
+        snapshot = json.dumps(ex.snapshot(), sort_keys=True, default=repr)
+        ex.eof(2_000)
+        return {"outputs": out + ex.take_outputs(), "state": snapshot, "records_in": ex.records_in,
+                "late": ex.late_count, "dead": ex.dead_letters, "watermark": ex.watermark}
+
+    want = drive(lambda ex: ex.process(("in", 0), decoded, 1_000))
+    assert drive(lambda ex: ex.process_stored(("in", 0), stored, 1_000)) == want
+    assert want["dead"] > 5 and want["records_in"] > 150
+
+
+def test_stored_from_decodes_what_it_cannot_read_in_place() -> None:
+    """A compressed batch goes to the bounded decoder (record objects); so does a read with nothing at
+    or after the offset asked for, and a corrupt record is the broker's CorruptRecordError."""
+    specs = [RecordSpec(b'{"a": 1}', None, (), T0)] * 3
+    compressed = encode_batch(specs, compression=Compression.GZIP)
+    assert isinstance(fastdecode.stored_from(compressed, 0), list)
+    assert fastdecode.stored_from(encode_batch(specs), 3) == []
+    assert fastdecode.stored_from(b"", 0) == []
+    broken = bytearray(encode_batch(specs))
+    broken[61] = 0x7E  # the first record's length: far past the batch
+    stored = fastdecode.stored_from(bytes(broken), 0)
+    assert isinstance(stored, fastdecode.StoredRecords)
+    with pytest.raises(CorruptRecordError):
+        Executor(CASES["tumbling mean"]()).process_stored(("in", 0), stored, 0)
