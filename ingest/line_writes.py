@@ -34,6 +34,7 @@ from broker.errors import BrokerError, StorageError
 from broker.log.api import PartitionLog
 from broker.protocol.records import encode_headers, encode_key
 from ingest import line_kernels
+from ingest.append_journal import APPEND_JOURNAL, journal_appends
 from ingest.line_kernels import LineTarget
 from ingest.line_routes import LinePlan, line_plan
 from ingest.router import SourceRoutes
@@ -246,12 +247,17 @@ class LineWrite:
         self._groups = list(batch.groups.values())
         self._letters = batch.letters
         store = sink.store
-        for index, group in enumerate(self._groups):
+        encoded = [batch.batches(group) for group in self._groups]
+        if APPEND_JOURNAL.get() is not None:  # a source that resumes exactly (ingest/append_journal.py)
+            journal_appends(store, [
+                (group.topic, group.partition, group.owners[first:batches[k + 1][0] if k + 1 < len(batches) else None])
+                for group, batches in zip(self._groups, encoded, strict=True) for k, (first, _) in enumerate(batches)])
+        for index, (group, batches) in enumerate(zip(self._groups, encoded, strict=True)):
             bases: list[tuple[int, int]] = []
             self._bases.append(bases)
             try:
                 plog = store.partition(group.topic, group.partition)
-                for first, data in batch.batches(group):
+                for first, data in batches:
                     bases.append((first, plog.append_nowait(data, verified=True).base_offset))
             except BrokerError as exc:  # StorageError included
                 self._failures.append(_append_failure(group.topic, group.partition, exc))

@@ -37,6 +37,7 @@ from broker.log.api import LogStore
 from broker.protocol import prepared_records
 from broker.protocol.prepared_records import PreparedRecord
 from broker.protocol.records import Headers, RecordTuple, encode_headers, encode_key, encode_record_tuples
+from ingest.append_journal import journal_appends
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
 from ingest.line_kernels import LineTarget
@@ -525,6 +526,7 @@ class IngestSink:
         (not the records' fault: the caller raises), or None."""
         try:
             for start, end, batch in self._batches(group.records):
+                journal_appends(self.store, [(group.topic, group.partition, group.owners[start:end])])
                 result = await self.store.append(group.topic, group.partition, batch)
                 if placements is not None:
                     for offset, owner in enumerate(group.owners[start:end], start=result.base_offset):
@@ -583,6 +585,7 @@ class IngestSink:
                 by_partition.setdefault(partition, []).append((letter, spec))
             for partition, items in by_partition.items():
                 for start, end, batch in self._batches([spec for _, spec in items]):
+                    journal_appends(self.store, [(topic, partition, [letter.owner for letter, _ in items[start:end]])])
                     result = await self.store.append(topic, partition, batch)
                     for offset, (letter, _) in enumerate(items[start:end], start=result.base_offset):
                         dead.setdefault(letter.owner, []).append(Placement(topic, partition, offset))
