@@ -269,7 +269,7 @@ class FileSource:
         token = APPEND_JOURNAL.set(journal)
         try:
             if as_lines:
-                await self.sink.ingest_lines(self.source, batch, arrival, columns)
+                await self.sink.ingest_lines(self.source, list(batch), arrival, columns)
             else:
                 await self.sink.ingest(self.source, batch)  # no per-line outcomes needed
         finally:
