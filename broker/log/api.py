@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 
 from broker.errors import (
     BrokerError,
+    CorruptRecordError,
     InvalidPartitionsError,
     OffsetOutOfRangeError,
     PolicyViolationError,
@@ -278,22 +279,33 @@ class PartitionLog(ABC):
         only where a wait is due, with no task for the others). False when the store cannot tell."""
         return False
 
-    def append_nowait(self, data: bytes | bytearray | memoryview, *, verified: bool = False) -> AppendResult:
+    def append_nowait(
+        self, data: bytes | bytearray | memoryview, *, verified: bool = False, header: BatchHeader | None = None
+    ) -> AppendResult:
         """Validate, assign offsets and write, without waiting for durability. ``verified``: the caller
-        has already checked every batch's CRC (Produce's validation), so it is not computed twice."""
-        if len(data) > self.config.max_message_bytes:
+        has already checked every batch's CRC (Produce's validation), so it is not computed twice.
+        ``header``: ``data`` is exactly the one batch this header was read from (Produce's validation
+        read it), so it is not decoded again."""
+        config = self.config
+        if len(data) > config.max_message_bytes:
             raise RecordTooLargeError(
-                f"record batch of {len(data)} bytes exceeds max.message.bytes={self.config.max_message_bytes} "
+                f"record batch of {len(data)} bytes exceeds max.message.bytes={config.max_message_bytes} "
                 f"for {self.topic}-{self.partition}"
             )
-        codec = self.config.recompress_to
+        codec = config.recompress_to
         view = memoryview(data if codec is None else recompress_batches(data, codec))
-        parsed = list(iter_batches(view, verify=not verified))
+        parsed: list[tuple[int, BatchHeader]]
+        if header is not None and codec is None:
+            if header.size != len(view):
+                raise CorruptRecordError(f"the batch is {len(view)} bytes, its header says {header.size}")
+            parsed = [(0, header)]
+        else:
+            parsed = list(iter_batches(view, verify=not verified))
         next_offset = self.log_end_offset
         stored: list[tuple[BatchParts, BatchHeader]] = []
         max_ts = -1
         now = int(time.time() * 1000)
-        append_time = self.config.message_timestamp_type == "LogAppendTime"
+        append_time = config.message_timestamp_type == "LogAppendTime"
         for pos, header in parsed:
             parts: BatchParts
             if append_time and not header.is_control:
@@ -380,7 +392,7 @@ _BASE_OFFSET = struct.Struct(">q")
 
 
 def _rebased(header: BatchHeader, base_offset: int) -> BatchHeader:
-    return replace(header, base_offset=base_offset)
+    return BatchHeader._make((base_offset, *header[1:]))  # base_offset is the first field; _replace is slower
 
 
 class LogStore(ABC):

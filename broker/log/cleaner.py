@@ -32,7 +32,6 @@ Rules (Kafka's, for one node):
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
@@ -418,7 +417,7 @@ def _compact(
     def empty_run() -> tuple[bytes, BatchHeader, int]:
         assert run is not None
         first, last, tag = run
-        data = reencode_batch(dataclasses.replace(first, last_offset_delta=last - first.base_offset, attributes=0,
+        data = reencode_batch(first._replace(last_offset_delta=last - first.base_offset, attributes=0,
                                                   producer_id=-1, producer_epoch=-1, base_sequence=-1), [])
         return data, decode_header(data), tag
 

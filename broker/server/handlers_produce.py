@@ -111,7 +111,8 @@ def _append_one(
                        "producer_id": header.producer_id, "sequence": header.base_sequence},
             )
             return ProducePartitionResponse(partition, decision.error), None
-        result = plog.append_nowait(accepted.data, verified=True)  # validate_produce_batch checked the CRC
+        # validate_produce_batch checked the CRC and read the header: neither is done again
+        result = plog.append_nowait(accepted.data, verified=True, header=header)
         ctx.producer_state.record(topic, partition, header, result.base_offset)
         if header.is_transactional:
             ctx.transactions.appended(topic, partition, header.producer_id, result.base_offset)
@@ -163,12 +164,16 @@ def handle_produce(
                 touched[id(plog)] = plog
         topics.append(ProduceTopicResponse(name, tuple(responses)))
     response = ProduceResponse(tuple(topics))
-    marks = [(plog, plog.write_mark()) for plog in touched.values()]
+    # Only the writes a flush policy still has to make durable are waited for (flush=os: none), so the
+    # common answer costs no coroutine per partition.
+    marks = [(plog, mark) for plog in touched.values() if not plog.is_durable(mark := plog.write_mark())]
 
     async def finish() -> ProduceResponse | None:
         if acks == 0:
             ctx.stats.count_response(response)  # nobody hears about these errors but the metrics
             return response if has_errors(response) else None  # with errors the listener closes the socket
+        if not marks:
+            return response
         failed = await _durable(marks)
         if not failed:
             return response

@@ -20,7 +20,7 @@ transaction coordinator's index (``broker.txn.partitions``): nothing here keeps 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from broker.log.api import PartitionLog
@@ -57,7 +57,7 @@ def stable_part(txns: StableOffsets, plog: PartitionLog, offset: int, data: byte
 
 def _is_abort_marker(batch: memoryview, header: BatchHeader) -> bool:
     # decode_records skips control records: read the marker as an ordinary batch
-    plain = decode_records(batch, replace(header, attributes=header.attributes & ~ATTR_CONTROL))
+    plain = decode_records(batch, header._replace(attributes=header.attributes & ~ATTR_CONTROL))
     return bool(plain) and marker_type(plain[0].key) == ABORT
 
 

@@ -18,6 +18,7 @@ from broker.log.api import AppendResult, PartitionLog, TopicInfo
 from broker.log.config import FlushPolicy, TopicConfig
 from broker.log.memory import MemoryLogStore, MemoryPartitionLog
 from broker.log.segment import SegmentLogStore
+from broker.protocol.records import BatchHeader
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
 from ingest.router import Router
@@ -77,7 +78,9 @@ async def test_waits_for_every_partition_it_wrote(stalled: int) -> None:
 class _BrokenPartition(MemoryPartitionLog):
     """A partition on a disk that refuses every write."""
 
-    def append_nowait(self, data: bytes | bytearray | memoryview, *, verified: bool = False) -> AppendResult:
+    def append_nowait(
+        self, data: bytes | bytearray | memoryview, *, verified: bool = False, header: BatchHeader | None = None
+    ) -> AppendResult:
         raise StorageError(f"cannot append to {self.topic}-{self.partition}: No space left on device")
 
 

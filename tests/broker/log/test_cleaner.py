@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -187,7 +186,7 @@ async def test_transactional_records_neither_shadow_nor_are_shadowed(tmp_path: P
     plain = encode_batch([RecordSpec(b"in-a-transaction", key=b"k")], producer_id=7, producer_epoch=0,
                          base_sequence=0, timestamp=1_700_000_000_000)
     header = decode_header(plain)
-    transactional = reencode_batch(dataclasses.replace(header, attributes=header.attributes | ATTR_TRANSACTIONAL),
+    transactional = reencode_batch(header._replace(attributes=header.attributes | ATTR_TRANSACTIONAL),
                                    decode_records(plain, header))
     await store.append("c", 0, transactional)
     await produce(store, "c", [(b"filler-%d" % i, b"y" * 200) for i in range(20)])

@@ -18,7 +18,7 @@ from broker.errors import (
 )
 from broker.log.api import LogStore
 from broker.log.config import FlushPolicy, TopicConfig
-from broker.protocol.records import RecordSpec, decode_all, encode_batch
+from broker.protocol.records import RecordSpec, decode_all, encode_batch, unpack_header
 from tests.broker.log.conftest import STORE_FACTORIES
 
 
@@ -200,6 +200,24 @@ async def test_alter_topic_config_applies_to_partitions(store: LogStore) -> None
     assert [r.value for r in decode_all(store.partition("cfg", 0).read(0, 1 << 20))] == [b"before", b"after"]
     with pytest.raises(UnknownTopicError):
         await store.alter_topic_config("missing", changed)
+
+
+def test_append_nowait_with_the_callers_header_stores_what_decoding_would(store: LogStore) -> None:
+    """Produce hands over the header its validation read (``header=``): the batch is stored and indexed
+    exactly as when the log decodes it itself; a header that does not describe the bytes is refused."""
+    store.create_topic("h", 1, TopicConfig(flush=FlushPolicy.OS))  # readable at once
+    log = store.partition("h", 0)
+    first = encode_batch([RecordSpec(b"a"), RecordSpec(b"b")], timestamp=1_000)
+    second = encode_batch([RecordSpec(b"c")], timestamp=2_000)
+    decoded = log.append_nowait(first, verified=True)
+    given = log.append_nowait(second, verified=True, header=unpack_header(second))
+    assert (decoded.base_offset, decoded.last_offset) == (0, 1)
+    assert (given.base_offset, given.last_offset, given.max_timestamp) == (2, 2, 2_000)
+    assert [(r.offset, r.value) for r in decode_all(log.read(0, 1 << 20))] == [(0, b"a"), (1, b"b"), (2, b"c")]
+    assert log.offset_for_timestamp(1_500) == 2
+    with pytest.raises(CorruptRecordError):
+        log.append_nowait(second + b"x", verified=True, header=unpack_header(second))
+    assert log.log_end_offset == 3
 
 
 async def test_wait_durable_after_append_nowait(store: LogStore) -> None:
