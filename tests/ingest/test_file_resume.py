@@ -17,6 +17,7 @@ import pytest
 from broker.log.api import AppendResult, PartitionLog, TopicInfo
 from broker.log.config import FlushPolicy, TopicConfig
 from broker.log.memory import MemoryLogStore, MemoryPartitionLog
+from broker.protocol.records import BatchHeader
 from ingest.file.source import FileSource, FileSourceConfig, PositionStore
 from ingest.health import HealthRegistry
 from ingest.router import Router
@@ -32,11 +33,13 @@ class Crash(BaseException):
 class CrashingPartitionLog(MemoryPartitionLog):
     store: CrashingStore
 
-    def append_nowait(self, data: bytes | bytearray | memoryview, *, verified: bool = False) -> AppendResult:
+    def append_nowait(
+        self, data: bytes | bytearray | memoryview, *, verified: bool = False, header: BatchHeader | None = None
+    ) -> AppendResult:
         self.store.writes += 1
         if self.store.writes == self.store.crash_at:
             raise Crash
-        result = super().append_nowait(data, verified=verified)
+        result = super().append_nowait(data, verified=verified, header=header)
         if self.store.writes == self.store.crash_after:
             raise Crash
         return result

@@ -13,6 +13,7 @@ from typing import TypedDict, Unpack
 from broker.errors import StorageError
 from broker.log.api import AppendResult, LogStore, PartitionLog, TopicInfo
 from broker.log.memory import MemoryLogStore, MemoryPartitionLog
+from broker.protocol.records import BatchHeader
 from ingest.file.source import FileSource, FileSourceConfig, PositionStore
 from ingest.health import HealthRegistry
 from ingest.router import Router
@@ -142,11 +143,13 @@ class FailingPartitionLog(MemoryPartitionLog):
 
     store: FailingStore
 
-    def append_nowait(self, data: bytes | bytearray | memoryview, *, verified: bool = False) -> AppendResult:
+    def append_nowait(
+        self, data: bytes | bytearray | memoryview, *, verified: bool = False, header: BatchHeader | None = None
+    ) -> AppendResult:
         if self.store.broken:
             self.store.refused.set()
             raise StorageError(f"cannot append to {self.topic}-{self.partition}: No space left on device")
-        return super().append_nowait(data, verified=verified)
+        return super().append_nowait(data, verified=verified, header=header)
 
 
 class FailingStore(MemoryLogStore):
