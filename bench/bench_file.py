@@ -1,6 +1,7 @@
 """File source replay into the durable log, side by side with Redis Streams fed the same lines, in one run.
 
     python -m bench.bench_file [--lines 200000] [--partitions 4] [--formats ndjson,influx,csv] [--read-bytes 65536]
+                               [--flush always,os] [--sluice-only]
 
 Sluice: a ``FileSource`` in replay mode (``ingest/file``) reads a file of ``bench.bench_tcp.make_lines``
 lines (1,000 devices; CSV with its header) into the store ``sluice serve`` opens (segment files, 4
@@ -12,6 +13,10 @@ Peer: redis-server with AOF on (``appendfsync always`` / ``no``), fed the same l
 ``XADD file * line <line>`` by ``redis-cli --pipe`` (C) from a file of RESP commands made beforehand (the
 conversion is not timed: a user would need a tool for it, Redis has no file tailer); time = until
 redis-cli has every reply. Ratio = Sluice lines/s / Redis lines/s (> 1: Sluice is faster).
+
+``--sluice-only`` skips Redis (for counting instructions per line: ``valgrind --tool=callgrind python -m
+bench.bench_file --sluice-only --flush os --formats F --lines N`` for two N, the difference of the totals over
+the difference of N).
 
 No Fluent Bit or Vector row: neither is packaged in Debian here (``apt-cache policy fluent-bit vector``),
 and CI installs what this repository can install.
@@ -91,9 +96,11 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--formats", default="ndjson,influx,csv")
     parser.add_argument("--read-bytes", type=int, default=64 * 1024)
+    parser.add_argument("--flush", default="always,os", help="comma-separated: always, os")
+    parser.add_argument("--sluice-only", action="store_true", help="no Redis runs")
     args = parser.parse_args()
     for tool in ("redis-server", "redis-cli"):
-        if shutil.which(tool) is None:
+        if shutil.which(tool) is None and not args.sluice_only:
             raise SystemExit(f"{tool} is missing: run scripts/install-system-deps.sh")
     use_uvloop = importlib.util.find_spec("uvloop") is not None
     if use_uvloop:
@@ -110,11 +117,13 @@ def main() -> None:
             lines_file.write_bytes(lines)
             resp_file = root / f"resp.{fmt}"
             resp_file.write_bytes(resp_xadd(lines.removeprefix(CSV_HEADER) if fmt == "csv" else lines))
-            for flush, fsync in (("always", "always"), ("os", "no")):
+            for flush in args.flush.split(","):
+                fsync = {"always": "always", "os": "no"}[flush]
                 data_dir = root / f"sluice-{fmt}-{flush}"
                 coro = run_sluice(lines_file, fmt, args.lines, flush, args.partitions, args.read_bytes, data_dir)
                 sluice = uvloop.run(coro) if use_uvloop else asyncio.run(coro)
-                redis = run_redis(resp_file, args.lines, fsync, root / f"redis-{fmt}-{flush}")
+                redis = ({"rate": float("nan"), "cpu_us": float("nan")} if args.sluice_only
+                         else run_redis(resp_file, args.lines, fsync, root / f"redis-{fmt}-{flush}"))
                 rows.append((fmt, flush, sluice, redis, fsync))
                 with contextlib.suppress(OSError):
                     shutil.rmtree(data_dir)

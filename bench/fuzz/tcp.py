@@ -1,8 +1,8 @@
 """TCP line front door: NDJSON, InfluxDB line protocol and CSV lines, well-formed, mutated and hostile
 (garbage, invalid UTF-8, deep nesting, huge numbers and timestamps, lines past ``max_line_bytes``).
 
-Three listeners run in ack mode (ndjson, influx, csv), two without acks (raw ndjson, raw influx: reads routed
-together by the default rules, ``ingest/line_routes.py``). On an ack listener
+Three listeners run in ack mode (ndjson, influx, csv), three without acks (raw ndjson, raw influx, raw csv:
+reads routed together by the default rules, ``ingest/line_routes.py``, ``ingest/csv_lines.py``). On an ack listener
 the input is followed by a newline and a sentinel line; the server acknowledges lines in order (``ACK
 <line>``), so an ACK covering the sentinel (or a FATAL/close) ends the input; ``ERR`` lines are expected
 for bad input. The no-ack listeners get inputs and a close: only the broker log and the probes judge it.
@@ -30,6 +30,8 @@ LISTENERS = [
     {"name": "raw", "port": 0, "format": "ndjson", "ack": False},
     # no ack and the default rules: reads of InfluxDB lines are routed together (ingest/line_routes.py)
     {"name": "raw-influx", "port": 0, "format": "influx", "ack": False},
+    # no ack and the default rules: CSV rows routed a read at a time (ingest/csv_lines.py)
+    {"name": "raw-csv", "port": 0, "format": "csv", "ack": False},
 ]
 ROUTES = [
     {"name": "tcp-json", "source": "tcp", "source_name": "default", "topic": "tcp-json", "format": "json",
@@ -41,15 +43,15 @@ ROUTES = [
 ]
 MAX_LINE = 64 * 1024
 ENDPOINTS = {"ndjson": "tcp", "influx": "tcp:influx", "csv": "tcp:csv", "raw": "tcp:raw",
-             "raw-influx": "tcp:raw-influx"}
-_NO_ACK = ("raw", "raw-influx")
+             "raw-influx": "tcp:raw-influx", "raw-csv": "tcp:raw-csv"}
+_NO_ACK = ("raw", "raw-influx", "raw-csv")
 CSV_HEADER = b"device,ts,temp"
 _PIPELINE = 8  # inputs sent before waiting for the ACK that covers them
 _SPLIT_SHARE = 0.3  # inputs sent in pieces (lines split across reads, a read ending inside a CR LF)
 
 
 def valid_line(rng: random.Random, fmt: str) -> bytes:
-    fmt = "influx" if fmt == "raw-influx" else fmt
+    fmt = {"raw-influx": "influx", "raw-csv": "csv"}.get(fmt, fmt)
     if fmt in ("ndjson", "raw"):
         doc: dict[str, Any] = {
             "device": rng.choice(("d1", "d2", "pump-7")),
@@ -91,7 +93,7 @@ def hostile_line(rng: random.Random, fmt: str) -> bytes:
                 b"\x00,\x00,\x00",
                 b"d1,+275760-09-13T00:00:00Z,1"],
     }
-    return rng.choice(common + per_format[{"raw": "ndjson", "raw-influx": "influx"}.get(fmt, fmt)])
+    return rng.choice(common + per_format[{"raw": "ndjson", "raw-influx": "influx", "raw-csv": "csv"}.get(fmt, fmt)])
 
 
 class TcpTarget(SocketTarget):
@@ -141,13 +143,13 @@ class TcpTarget(SocketTarget):
         if self.sock is None or self.conn_budget <= 0:
             self._drop()
             assert self.broker is not None
-            self.fmt = rng.choice(("ndjson", "ndjson", "influx", "csv", "raw", "raw-influx"))
+            self.fmt = rng.choice(("ndjson", "ndjson", "influx", "csv", "raw", "raw-influx", "raw-csv"))
             self.sock = self._open(ENDPOINTS[self.fmt])
             self.conn_budget = rng.choice((1, 10, 100, 1000))
             self.lines = 0
             self.unacked = 0
             self.buffer = b""
-            if self.fmt == "csv" and rng.random() < 0.9:
+            if self.fmt in ("csv", "raw-csv") and rng.random() < 0.9:
                 self._send(CSV_HEADER + b"\n")
         self.conn_budget -= 1
         data = self.next_input(rng)
