@@ -168,6 +168,10 @@ class Runner:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.in_q.put(("checkpoint", None, done)), self.config.stop_timeout_s)
                 await asyncio.wait_for(done, self.config.stop_timeout_s)
+            if self._lost_pending is not None:  # else only logged when the process loop goes on: never now
+                log.warning("the final checkpoint was refused: results since the last committed checkpoint "
+                            "are recomputed by the partitions' next owner",
+                            extra={"pipeline": self.pipeline.name, "reason": self._lost_pending})
         for task in self._tasks[:2]:
             await _cancelled(task)
         for waiting in self._revokes:  # a rebalance listener must not wait for loops that are gone

@@ -239,5 +239,6 @@ async def test_a_rebalance_commits_the_revoked_partitions_interval_and_the_new_o
             if p is not None:
                 assert p.stop() == 0, p.log.read_text()[-3000:]
     rows = await read_all(sluice.bootstrap, env["SENSORS_OUTPUT"], "read_committed")
-    assert Counter(tuple(r["_key"]) for r in rows).most_common(1)[0][1] == 1
-    assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}
+    logs = (a.log.read_text()[-4000:], b.log.read_text()[-4000:] if b else "", sluice.log_text()[-3000:])
+    assert Counter(tuple(r["_key"]) for r in rows).most_common(1)[0][1] == 1, logs
+    assert finals(rows) == {k: pytest.approx(v) for k, v in expected.items()}, logs
