@@ -37,6 +37,9 @@ class GroupSettings:
     # whose default is Kafka's 3000.
     initial_rebalance_delay_ms: int = 0
     max_offset_metadata_bytes: int = 4096
+    # Kafka's offsets.retention.check.interval.ms: how often an Empty group without committed offsets
+    # is deleted (Kafka's cleanupGroupMetadata); its stored metadata goes with it
+    empty_group_check_interval_ms: int = 600_000
 
 
 @dataclass(frozen=True, slots=True)

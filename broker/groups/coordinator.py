@@ -13,6 +13,8 @@ a generation's assignment, an Empty group, a static member's swap), in the order
 after the other per group; ``start()`` restores every stored group (group_records.restore_group),
 so a broker restart keeps each group's generation, members and assignments, and members that go on
 heartbeating carry on without a rebalance, as with Kafka's coordinator loading ``__consumer_offsets``.
+Every ``settings.empty_group_check_interval_ms`` an Empty group without committed offsets is deleted
+with its metadata (Kafka's ``cleanupGroupMetadata``), so groups nobody uses do not pile up in the store.
 """
 
 from __future__ import annotations
@@ -94,12 +96,28 @@ class GroupCoordinator:
         await self.offsets.close()
 
     async def _run(self) -> None:
+        next_cleanup = self.clock.monotonic() + self.settings.empty_group_check_interval_ms / 1000
         while True:
             await asyncio.sleep(self.tick_interval_s)
             try:
                 self.check_timeouts()
+                if self.clock.monotonic() >= next_cleanup:
+                    next_cleanup = self.clock.monotonic() + self.settings.empty_group_check_interval_ms / 1000
+                    await self.remove_empty_groups()
             except Exception:  # keep the coordinator alive; the next tick retries
                 log.exception("group timeout check failed")
+
+    async def remove_empty_groups(self) -> list[str]:
+        """Delete every Empty group without committed offsets (and its stored metadata), as Kafka's
+        periodic cleanup does; returns their ids."""
+        removed = []
+        for group_id, group in list(self._groups.items()):  # (checked again after each await)
+            empty = group.state is GroupState.EMPTY and not self.offsets.fetch(group_id)
+            if empty and await self._forget(group_id, group) == ErrorCode.NONE:
+                removed.append(group_id)
+        if removed:
+            log.info("empty groups removed", extra={"groups": removed})
+        return removed
 
     def check_timeouts(self, now: float | None = None) -> None:
         """Expire members, pending member ids and rebalances whose time has passed."""
@@ -285,22 +303,26 @@ class GroupCoordinator:
             if group is None and not self.offsets.fetch(group_id):
                 result[group_id] = ErrorCode.GROUP_ID_NOT_FOUND
                 continue
-            if group is not None:
-                # Dead before the first await: a JoinGroup arriving meanwhile starts a fresh group.
-                group.mark_dead()
-                del self._groups[group_id]
-            write = self._writes.get(group_id)
-            if write is not None:  # the delete must come after the group's last metadata write
-                await asyncio.gather(write, return_exceptions=True)
-            try:
-                await self.offsets.delete_group(group_id)
-            except OffsetStoreError as exc:
-                log.error("group delete failed", extra={"group": group_id, "error": str(exc)})
-                result[group_id] = ErrorCode.COORDINATOR_NOT_AVAILABLE
-                continue
-            result[group_id] = ErrorCode.NONE
-            log.info("group deleted", extra={"group": group_id})
+            result[group_id] = await self._forget(group_id, group)
+            if result[group_id] == ErrorCode.NONE:
+                log.info("group deleted", extra={"group": group_id})
         return result
+
+    async def _forget(self, group_id: str, group: Group | None) -> ErrorCode:
+        """Delete a group without members: its state machine, committed offsets and stored metadata."""
+        if group is not None:
+            # Dead before the first await: a JoinGroup arriving meanwhile starts a fresh group.
+            group.mark_dead()
+            self._groups.pop(group_id, None)
+        write = self._writes.get(group_id)
+        if write is not None:  # the delete must come after the group's last metadata write
+            await asyncio.gather(write, return_exceptions=True)
+        try:
+            await self.offsets.delete_group(group_id)
+        except OffsetStoreError as exc:
+            log.error("group delete failed", extra={"group": group_id, "error": str(exc)})
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return ErrorCode.NONE
 
     # ------------------------------------------------------------------ description
 

@@ -46,7 +46,8 @@ class KafkaComponent:
             self.producer_ids = ProducerIdAllocator(path=settings.data_dir / "producer-ids.json")
         kafka = settings.kafka
         self.coordinator = GroupCoordinator(
-            offsets, settings=GroupSettings(initial_rebalance_delay_ms=kafka.group_initial_rebalance_delay_ms)
+            offsets, settings=GroupSettings(initial_rebalance_delay_ms=kafka.group_initial_rebalance_delay_ms,
+                                            empty_group_check_interval_ms=kafka.offsets_retention_check_interval_ms),
         )
         self.server = KafkaServer(
             runtime.store,

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from broker.groups import CommittedOffset, DurableOffsetStore, FakeClock, GroupCoordinator, OffsetStoreError
+from broker.groups import (
+    CommittedOffset,
+    DurableOffsetStore,
+    FakeClock,
+    GroupCoordinator,
+    GroupSettings,
+    MemoryOffsetStore,
+    OffsetStoreError,
+)
 from broker.groups.group_records import (
     GroupMetadataRecord,
     MemberRecord,
@@ -299,5 +307,37 @@ async def test_a_failed_static_swap_write_keeps_the_old_member(tmp_path: Path, c
         assert a2.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE and a2.member_id == ""
         assert coord.heartbeat(GROUP, a.generation_id, a.member_id) == ErrorCode.NONE, "the old id holds the slot"
         assert [m.member_id for m in coord.describe(GROUP).members] == [a.member_id]
+    finally:
+        await coord.stop()
+
+
+async def test_empty_groups_without_offsets_are_removed_with_their_metadata(
+        tmp_path: Path, clock: FakeClock, coords: list[GroupCoordinator]) -> None:
+    """Kafka's periodic cleanup: an Empty group without committed offsets goes (tombstoned); one with
+    offsets, or with members, stays."""
+    coords.append(first := await start(tmp_path, clock))
+    a, = await form_group(first, 1)
+    await first.leave(GROUP, [a.member_id])  # Empty, no offsets
+    await first.commit_offsets("kept", -1, "", {("t", 0): (1, None)})  # Empty, with offsets
+    r = await first.join("busy", "", None, "consumer", [("range", SUB)], SESSION_MS, REBALANCE_MS, "c", "h", False)
+    await first.sync("busy", r.generation_id, r.member_id, {})
+    assert await first.remove_empty_groups() == [GROUP]
+    assert [g for g, _, _ in first.list_groups()] == ["busy", "kept"]
+    coords.append(second := await start(tmp_path, clock))
+    assert [g for g, _, _ in second.list_groups()] == ["busy", "kept"]
+    assert GROUP not in second.offsets.group_metadata()
+
+
+async def test_the_background_task_removes_empty_groups_every_interval() -> None:
+    coord = GroupCoordinator(MemoryOffsetStore(), settings=GroupSettings(empty_group_check_interval_ms=50),
+                             tick_interval_s=0.01)
+    await coord.start()
+    try:
+        r = await join(coord)
+        await coord.leave(GROUP, [r.member_id])
+        deadline = asyncio.get_running_loop().time() + 30
+        while coord.list_groups():
+            assert asyncio.get_running_loop().time() < deadline, "the Empty group was never removed"
+            await asyncio.sleep(0.01)
     finally:
         await coord.stop()
