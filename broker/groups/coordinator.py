@@ -393,13 +393,17 @@ class GroupCoordinator:
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
         code = ErrorCode.NONE
+        context = {"group": group.group_id, "why": store.why, "generation": store.generation_id}
         try:
             await self.offsets.store_group(group.group_id, record)
-        except OffsetStoreError as exc:
+        except OffsetStoreError as exc:  # the disk: as Kafka's failed appends, COORDINATOR_NOT_AVAILABLE
             self.metadata_write_failures += 1
-            log.error("group metadata write failed", extra={"group": group.group_id, "why": store.why,
-                                                              "generation": store.generation_id, "error": str(exc)})
+            log.error("group metadata write failed", extra={**context, "error": str(exc)})
             code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        except ValueError as exc:  # the members' data does not fit Kafka's record (Kafka: a record too large)
+            self.metadata_write_failures += 1
+            log.warning("group metadata refused", extra={**context, "error": str(exc)})
+            code = ErrorCode.UNKNOWN_SERVER_ERROR
         now = self.clock.monotonic()
         if store.why == "assignment":
             stored = group.assignment_stored(now, store.generation_id, dict(store.assignments), code)

@@ -71,6 +71,8 @@ def _string(value: str | None) -> bytes:
     if value is None:
         return _I16.pack(-1)
     raw = value.encode()
+    if len(raw) > 0x7FFF:  # Kafka's string limit (e.g. a member id made from a 32 KiB client id)
+        raise ValueError(f"a string of {len(raw)} bytes does not fit a group metadata record")
     return _I16.pack(len(raw)) + raw
 
 
@@ -79,6 +81,7 @@ def _bytes(value: bytes) -> bytes:
 
 
 def encode_group_metadata(record: GroupMetadataRecord) -> bytes:
+    """Kafka's GroupMetadataValue v3; ValueError when a string is longer than Kafka's format allows."""
     parts = [
         _I16.pack(GROUP_METADATA_VERSION),
         _string(record.protocol_type),

@@ -89,7 +89,8 @@ class OffsetStore(ABC):
 
     @abstractmethod
     async def store_group(self, group_id: str, record: GroupMetadataRecord) -> None:
-        """Store the group's metadata in place of the previous one; returns once it survives a crash."""
+        """Store the group's metadata in place of the previous one; returns once it survives a crash.
+        ValueError when the record does not fit Kafka's format (group_records.encode_group_metadata)."""
 
     def fetch(
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None
@@ -146,6 +147,7 @@ class MemoryOffsetStore(OffsetStore):
         self._state.apply_delete(group_id)
 
     async def store_group(self, group_id: str, record: GroupMetadataRecord) -> None:
+        encode_group_metadata(record)  # refuses what the durable store refuses (ValueError)
         self._state.metadata[group_id] = record
 
 

@@ -341,3 +341,22 @@ async def test_the_background_task_removes_empty_groups_every_interval() -> None
             await asyncio.sleep(0.01)
     finally:
         await coord.stop()
+
+
+@pytest.mark.parametrize("durable", [False, True])
+async def test_a_member_id_too_long_for_the_record_is_answered_not_hung(
+        tmp_path: Path, clock: FakeClock, durable: bool) -> None:
+    """A 32 KiB client id makes a member id longer than Kafka's record can hold: the SyncGroup is
+    answered (UNKNOWN_SERVER_ERROR, as Kafka answers a group record it cannot write) and the store
+    stays usable."""
+    store = DurableOffsetStore(tmp_path) if durable else MemoryOffsetStore()
+    coord = GroupCoordinator(store, clock, tick_interval_s=3600)
+    await coord.start()
+    try:
+        r = await join(coord, client_id="c" * 0x7FFF)
+        s = await asyncio.wait_for(coord.sync(GROUP, r.generation_id, r.member_id, {}), 10)
+        assert s.error_code == ErrorCode.UNKNOWN_SERVER_ERROR
+        assert coord.metadata_write_failures == 1
+        assert await coord.commit_offsets("other", -1, "", {("t", 0): (1, None)}) == {("t", 0): ErrorCode.NONE}
+    finally:
+        await coord.stop()
