@@ -49,6 +49,16 @@ log = logging.getLogger(__name__)
 
 _Key = tuple[str, str]  # (group id, member id)
 _T = TypeVar("_T")
+_MAX_STRING_BYTES = 0x7FFF  # a Kafka string (JoinGroup's member id, the group record's fields)
+
+
+def _member_id(client_id: str) -> str:
+    """``<client id>-<uuid>`` as Kafka makes it, with the client id cut so the id stays a Kafka
+    string: a 32 KiB client id (allowed in the request header) would make an id no JoinGroup answer
+    or group record can carry."""
+    suffix = f"-{uuid.uuid4()}"
+    prefix = client_id.encode()[: _MAX_STRING_BYTES - len(suffix)].decode(errors="ignore")
+    return prefix + suffix
 
 
 class GroupCoordinator:
@@ -176,7 +186,7 @@ class GroupCoordinator:
             client_id=client_id,
             client_host=client_host,
             require_known_member_id=require_known_member_id,
-            new_member_id=f"{client_id}-{uuid.uuid4()}",
+            new_member_id=_member_id(client_id),
         )
         if answer is not None:
             write = self._deliver(group_id, effects)

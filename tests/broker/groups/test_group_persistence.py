@@ -344,19 +344,46 @@ async def test_the_background_task_removes_empty_groups_every_interval() -> None
 
 
 @pytest.mark.parametrize("durable", [False, True])
-async def test_a_member_id_too_long_for_the_record_is_answered_not_hung(
+async def test_a_32_kib_client_id_makes_a_member_id_that_fits_and_is_stored(
         tmp_path: Path, clock: FakeClock, durable: bool) -> None:
-    """A 32 KiB client id makes a member id longer than Kafka's record can hold: the SyncGroup is
-    answered (UNKNOWN_SERVER_ERROR, as Kafka answers a group record it cannot write) and the store
-    stays usable."""
+    """The client id in a request header may have 32 767 bytes; Kafka's ``<client id>-<uuid>`` would
+    not fit a Kafka string any more (no JoinGroup answer or group record could carry it): the client
+    id is cut. Before, the durable store's encoder raised inside the write task and the SyncGroup was
+    never answered."""
     store = DurableOffsetStore(tmp_path) if durable else MemoryOffsetStore()
     coord = GroupCoordinator(store, clock, tick_interval_s=3600)
     await coord.start()
     try:
-        r = await join(coord, client_id="c" * 0x7FFF)
-        s = await asyncio.wait_for(coord.sync(GROUP, r.generation_id, r.member_id, {}), 10)
-        assert s.error_code == ErrorCode.UNKNOWN_SERVER_ERROR
-        assert coord.metadata_write_failures == 1
-        assert await coord.commit_offsets("other", -1, "", {("t", 0): (1, None)}) == {("t", 0): ErrorCode.NONE}
+        r = await join(coord, client_id="é" * 16_383)
+        assert len(r.member_id.encode()) <= 0x7FFF and r.member_id.startswith("é" * 16_000)
+        s = await asyncio.wait_for(coord.sync(GROUP, r.generation_id, r.member_id, {r.member_id: b"a"}), 10)
+        assert s.error_code == ErrorCode.NONE and s.assignment == b"a"
+        assert [m.member_id for m in store.group_metadata()[GROUP].members] == [r.member_id]
     finally:
         await coord.stop()
+
+
+class RefusingGroupRecords(MemoryOffsetStore):
+    """A store that finds every group record too large for Kafka's format (the codec's ValueError)."""
+
+    async def store_group(self, group_id: str, record: GroupMetadataRecord) -> None:
+        raise ValueError("a string of 40000 bytes does not fit a group metadata record")
+
+
+async def test_a_record_the_format_cannot_hold_fails_the_sync_with_unknown_server_error(clock: FakeClock) -> None:
+    """As Kafka's storeGroup answers a record too large; the SyncGroup is answered, never left waiting."""
+    coord = GroupCoordinator(RefusingGroupRecords(), clock, tick_interval_s=3600)
+    await coord.start()
+    try:
+        r = await join(coord)
+        s = await asyncio.wait_for(coord.sync(GROUP, r.generation_id, r.member_id, {}), 10)
+        assert s.error_code == ErrorCode.UNKNOWN_SERVER_ERROR and coord.metadata_write_failures == 1
+    finally:
+        await coord.stop()
+
+
+async def test_the_memory_store_refuses_what_the_durable_store_cannot_encode() -> None:
+    long_member = MemberRecord("m" * 40_000, None, "c", "h", 1, 1, b"", b"")
+    with pytest.raises(ValueError):
+        await MemoryOffsetStore().store_group("g", GroupMetadataRecord("consumer", 1, "range", "m" * 40_000, 0,
+                                                                       (long_member,)))

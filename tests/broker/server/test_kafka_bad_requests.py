@@ -18,7 +18,7 @@ import pytest
 from broker.groups.coordinator import GroupCoordinator
 from broker.groups.offsets import MemoryOffsetStore
 from broker.log.memory import MemoryLogStore
-from broker.protocol.kafka import ApiKey
+from broker.protocol.kafka import ApiKey, decode_response_body
 from broker.protocol.kafka_codes import ErrorCode
 from broker.server import handlers_produce, kafka
 from broker.server.kafka import KafkaServer, KafkaServerConfig
@@ -150,4 +150,23 @@ async def test_a_failing_handler_is_answered_unknown_server_error_and_the_connec
     ]
     assert all(r.exc_info for r in errors)  # a bug: its traceback is logged, once
     assert server.stats.errors[ErrorCode.UNKNOWN_SERVER_ERROR] == 3
+    await client.close()
+
+
+async def test_join_group_with_a_32_kib_client_id_is_answered(
+        server: KafkaServer, caplog: pytest.LogCaptureFixture) -> None:
+    """The header's client id may have 32 767 bytes; the member id made from it must still fit the
+    JoinGroup answer's string (before: the answer failed to encode, the connection died with a
+    traceback and the client never heard back)."""
+    client_id = "c" * 0x7FFF
+    body = (_string("long-client") + struct.pack(">i", 10_000) + _string("") + _string("consumer")
+            + struct.pack(">i", 1) + _string("range") + struct.pack(">i", 0))
+    payload = struct.pack(">hhi", ApiKey.JOIN_GROUP, 0, 7) + _string(client_id) + body
+    client = await RawClient.connect(server.port)
+    with caplog.at_level(logging.WARNING):
+        client.writer.write(struct.pack(">i", len(payload)) + payload)
+        corr, answer = decode_response_body(ApiKey.JOIN_GROUP, 0, await client.next_frame(), False)
+    assert corr == 7 and int(answer.error_code) == ErrorCode.NONE
+    assert answer.member_id.startswith("c" * 32_000) and len(answer.member_id.encode()) <= 0x7FFF
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     await client.close()
