@@ -28,7 +28,7 @@ from sluice.components.tls import handshake_timeout, server_context
 from sluice.front_metrics import KafkaCollector, publish_collector
 from sluice.runtime import Runtime
 
-__all__ = ["KafkaComponent", "kafka_component"]
+__all__ = ["GroupStoreCollector", "KafkaComponent", "kafka_component"]
 
 
 class KafkaComponent:
@@ -95,6 +95,7 @@ class KafkaComponent:
             check_interval_ms=kafka.producer_id_expiration_check_interval_ms,
         )
         publish_collector(runtime, KafkaCollector(self.server.stats))
+        publish_collector(runtime, GroupStoreCollector(self.coordinator))
 
     async def start(self) -> None:
         ctx = self.server.ctx
@@ -123,6 +124,19 @@ class QuotaCollector(Collector):
                                   "(throttle_time_ms > 0, connection muted)", value=self.quotas.throttled)
         yield CounterMetricFamily("sluice_kafka_produce_throttle_seconds", "Throttle time told to producers over "
                                   "their quota", value=self.quotas.throttle_ms_total / 1000)
+
+
+class GroupStoreCollector(Collector):
+    """What the group coordinator could not store (broker.groups.coordinator, rule 13 of group.py)."""
+
+    def __init__(self, coordinator: GroupCoordinator) -> None:
+        self.coordinator = coordinator
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("sluice_group_metadata_write_failures", "Group metadata records not stored "
+                                  "(the disk failed, or Kafka's record format cannot hold them); the SyncGroup or "
+                                  "JoinGroup waiting for it was answered with an error",
+                                  value=self.coordinator.metadata_write_failures)
 
 
 def _cluster_access(authz: Authorizer) -> Callable[[ConnectionInfo, str], bool]:
