@@ -250,8 +250,11 @@ async def run_standalone_bench(rows: list[Row], bootstrap: str, round_: int, gua
         if task.done():
             raise RuntimeError(f"standalone runner ended early: {task.exception()!r}")
         await asyncio.sleep(0.01)
-    last = started[-1]  # the keyed stage (the only one without a repartition)
-    while last.executor.records_in < len(rows) or any(r.out_q.qsize() or r.in_q.qsize() for r in started):
+    first, last = started[0], started[-1]  # the keyed stage is the last (the only one without a repartition)
+    # repartitioned, the last windows close when the upstream's final watermark has crossed the shuffle: its
+    # mark may follow the last record by up to a tick (stopping before it left those windows unwritten)
+    while (last.executor.records_in < len(rows) or last.executor.watermark < first.executor.watermark
+           or any(r.out_q.qsize() or r.in_q.qsize() for r in started)):
         if task.done():
             raise RuntimeError(f"standalone runner ended early: {task.exception()!r}")
         await asyncio.sleep(0.005)

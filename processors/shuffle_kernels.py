@@ -64,8 +64,18 @@ _SEQ_HEAD: Final = b"\x02" + _varint(len(_SEQ_NAME)) + _SEQ_NAME  # one header, 
 _MARK_HEAD: Final = b"\x01\x00\x02" + _varint(len(_MARK_NAME)) + _MARK_NAME  # null key, empty value, one header
 
 
+_ZERO_SMALL: Final = [_ZERO + v for v in _SMALL]  # the attributes byte and a small timestamp delta
+
+
 def _small(n: int) -> bytes:
     return _SMALL[n] if 0 <= n < _SMALL_LIMIT else _varint(n)
+
+
+def seq_tails(origin: bytes) -> list[bytes]:
+    """The fixed part of a record's ``sluice-shuffle-seq`` header for ``origin``, by the number of digits
+    of the sequence number that follows it (index 1..20): the header count, the name, the value's length
+    and the origin."""
+    return [_SEQ_HEAD + _small(len(origin) + n) + origin for n in range(21)]
 
 
 def prefixed(raw: bytes) -> bytes:
@@ -99,25 +109,31 @@ class RecordsBuilder:
     def add_keyed(self, key: bytes, value: bytes, ts: int, origin: bytes, seq: int) -> None:
         """A keyed item (``key`` as ``prefixed`` made it) with its ``sluice-shuffle-seq`` header
         ``<origin><seq>``."""
-        tsv = self._delta(ts)
+        self.add_seq(key, value, ts, seq_tails(origin), seq)
+
+    def add_seq(self, key: bytes, value: bytes, ts: int, tails: list[bytes], seq: int) -> None:
+        """``add_keyed`` with the header's fixed part looked up: ``tails`` is ``seq_tails(origin)``."""
+        if self.count == 0:
+            self.base_ts = ts
+            self.max_ts = ts
+        elif ts > self.max_ts:
+            self.max_ts = ts
+        delta = ts - self.base_ts
+        head = _ZERO_SMALL[delta] if 0 <= delta < _SMALL_LIMIT else _ZERO + _varint(delta)
         dv = _small(self.count)
         n = len(value)
         vv = _small(n)
         digits = str(seq).encode()
-        header_len = len(origin) + len(digits)
-        hv = _small(header_len)
-        size = 1 + len(tsv) + len(dv) + len(key) + len(vv) + n + len(_SEQ_HEAD) + len(hv) + header_len
+        tail = tails[len(digits)]
+        size = len(head) + len(dv) + len(key) + len(vv) + n + len(tail) + len(digits)
         buf = self.buf
         buf += _small(size)
-        buf += _ZERO
-        buf += tsv
+        buf += head
         buf += dv
         buf += key
         buf += vv
         buf += value
-        buf += _SEQ_HEAD
-        buf += hv
-        buf += origin
+        buf += tail
         buf += digits
         self.count += 1
 
@@ -172,6 +188,7 @@ def write_items(
     ``<topic>:<partition>:``).
     Builders that outgrow ``BATCH_BYTES`` are finished into ``batches``; items whose key or value fails
     go to ``failures`` as ``(ts, value, exception)``."""
+    tails = seq_tails(origin)
     for i in range(len(items)):
         item = items[i]
         ts: int = item[0]
@@ -201,7 +218,7 @@ def write_items(
         seq = counters[p]
         counters[p] = seq + 1
         builder = builders[p]
-        builder.add_keyed(placed[0], raw, ts, origin, seq)
+        builder.add_seq(placed[0], raw, ts, tails, seq)
         if len(builder.buf) >= BATCH_BYTES:
             batch = builder.finish()
             if batch is not None:
@@ -228,6 +245,7 @@ class SeqFilter:
         self.seqs = seqs
         self.origins = origins
         self.last_origin = ""  # the origin of the previous record (when have_origin) and its highest number
+        self.last_prefix = b""  # (its bytes)
         self.have_origin = False
         self.last_seq = -1
 
@@ -246,6 +264,7 @@ class SeqFilter:
             self.have_origin = True
             self.last_origin = origin
             self.last_seq = self.seqs.get(origin, -1)
+        self.last_prefix = prefix
         return seq > self.last_seq
 
     def accept(self, seq: int) -> None:
@@ -388,6 +407,16 @@ def decode_raw(data: bytes, pos: int, count: int, offset: int, base_ts: int,
     return out
 
 
+def _equal_at(data: bytes, at: int, expected: bytes) -> bool:
+    """Whether ``data[at:]`` starts with ``expected`` (no slice made)."""
+    if at + len(expected) > len(data):
+        return False
+    for i in range(len(expected)):  # noqa: SIM110 (a loop: mypyc compiles no generator well)
+        if data[at + i] != expected[i]:
+            return False
+    return True
+
+
 def _digits(data: bytes, start: int, end: int) -> int:
     """``int(data[start:end])`` when it is 1 to 18 ASCII digits, else -1."""
     if end <= start or end - start > 18:
@@ -450,11 +479,11 @@ def read_raw(
                 header_at = p
                 if header_size > 0:
                     p += header_size
-                if size == seq_len and data[name_at : name_at + size] == _SEQ_NAME:
+                if size == seq_len and _equal_at(data, name_at, _SEQ_NAME):
                     if header_size >= 0:
                         seq_at, seq_end = header_at, header_at + header_size
                     break
-                if size == mark_len and data[name_at : name_at + size] == _MARK_NAME:
+                if size == mark_len and _equal_at(data, name_at, _MARK_NAME):
                     is_mark = True
                     break
             if p > pos:
@@ -483,7 +512,12 @@ def read_raw(
                     raise ValueError(f"a {HEADER_SHUFFLE_SEQ} header without an origin: {raw_seq!r}")
                 seq = int(raw_seq[colon + 1 :])
                 colon += seq_at
-            if not dedupe.fresh(data[seq_at:colon], seq):
+            last = dedupe.last_prefix  # most records come from the origin of the one before: no copy then
+            if dedupe.have_origin and colon - seq_at == len(last) and _equal_at(data, seq_at, last):
+                fresh = seq > dedupe.last_seq
+            else:
+                fresh = dedupe.fresh(data[seq_at:colon], seq)
+            if not fresh:
                 duplicates += 1  # written again by a replaying upstream instance
                 continue
             raw_key = data[key_at : key_at + key_size] if key_size > 0 else b"null"
