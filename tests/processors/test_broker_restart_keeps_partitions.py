@@ -28,7 +28,7 @@ from tests.processors.workloads import batch_window_means, sensor_readings
 
 pytestmark = pytest.mark.slow
 # sessions longer than a restart of the broker on a loaded machine (the later flag wins)
-OPTIONS = (*EXACTLY_ONCE, "--session-timeout-ms", "20000")
+OPTIONS = (*EXACTLY_ONCE, "--session-timeout-ms", "30000")
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from tests.broker.server.conftest import SluiceProcess
 pytestmark = pytest.mark.slow
 TOPIC = "restart-group"
 PARTITIONS = 4
-SESSION_MS = 20_000  # longer than a restart on a loaded machine; members must not time out client-side
+SESSION_MS = 30_000  # longer than a restart on a loaded machine; members must not time out client-side
 
 
 def free_port() -> int:
