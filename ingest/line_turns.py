@@ -19,8 +19,9 @@ and are not acknowledged).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+import logging
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, overload
 
 from ingest.line_writes import LineOutcome, LineWrite
 from ingest.routing import SourceRef
@@ -28,20 +29,25 @@ from ingest.routing import SourceRef
 if TYPE_CHECKING:
     from ingest.sink import IngestSink
 
-__all__ = ["LineTurns"]
+__all__ = ["LineTurns", "Notify"]
+
+log = logging.getLogger("ingest.sink")
+
+# A read's callback instead of a future: (its outcome or None, None) once durable, (None, the failure) if not.
+Notify = Callable[[LineOutcome | None, BaseException | None], None]
 
 class _Turn:
     """The reads of one source gathered in one loop turn: their lines in order, and per read its span and
-    the future its caller waits on."""
+    the future its caller waits on (or its callback)."""
 
-    __slots__ = ("arrivals", "charge", "columns", "futures", "lines", "nbytes", "outcomes", "spans")
+    __slots__ = ("arrivals", "charge", "columns", "lines", "nbytes", "outcomes", "spans", "waiters")
 
     def __init__(self, columns: tuple[str, ...] | None) -> None:
         self.columns = columns  # a CSV stream's header: reads of other headers are other turns
         self.lines: list[bytes] = []
         self.arrivals: list[tuple[int, int]] = []  # (first line, arrival ms) of each run of one arrival time
         self.spans: list[tuple[int, int]] = []  # per read: its lines' [start, end)
-        self.futures: list[asyncio.Future[LineOutcome | None]] = []
+        self.waiters: list[asyncio.Future[LineOutcome | None] | Notify] = []
         self.nbytes = 0
         self.charge = 0  # of the sink's pending-bytes budget
         self.outcomes = False  # some read wants its outcome
@@ -53,11 +59,21 @@ class LineTurns:
         self._open: dict[tuple[SourceRef, tuple[str, ...] | None], _Turn] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
+    @overload
     def submit(self, source: SourceRef, lines: list[bytes], arrival_ms: int, nbytes: int,
-               columns: tuple[str, ...] | None, outcome: bool) -> asyncio.Future[LineOutcome | None]:
+               columns: tuple[str, ...] | None, outcome: bool) -> asyncio.Future[LineOutcome | None]: ...
+
+    @overload
+    def submit(self, source: SourceRef, lines: list[bytes], arrival_ms: int, nbytes: int,
+               columns: tuple[str, ...] | None, outcome: bool, notify: Notify) -> None: ...
+
+    def submit(self, source: SourceRef, lines: list[bytes], arrival_ms: int, nbytes: int,
+               columns: tuple[str, ...] | None, outcome: bool,
+               notify: Notify | None = None) -> asyncio.Future[LineOutcome | None] | None:
         """Add a read's lines to this turn's write of ``source`` (of the reads with the same ``columns``: a
-        CSV stream's header); the future is done once they are durable (their ``LineOutcome`` when
-        ``outcome``, else None)."""
+        CSV stream's header). Once they are durable the future is done (their ``LineOutcome`` when
+        ``outcome``, else None; or the write's failure); with ``notify`` no future: ``notify(outcome, None)``
+        or ``notify(None, failure)`` is called instead (a protocol's read, no future per read)."""
         loop = asyncio.get_running_loop()
         slot = (source, columns)
         turn = self._open.get(slot)
@@ -75,8 +91,11 @@ class LineTurns:
         turn.nbytes += nbytes
         turn.charge += charge
         turn.outcomes = turn.outcomes or outcome
+        if notify is not None:
+            turn.waiters.append(notify)
+            return None
         future: asyncio.Future[LineOutcome | None] = loop.create_future()
-        turn.futures.append(future)
+        turn.waiters.append(future)
         return future
 
     def _run(self, source: SourceRef, turn: _Turn) -> None:
@@ -137,13 +156,18 @@ class LineTurns:
 
     @staticmethod
     def _answer(turn: _Turn, write: LineWrite | None, error: BaseException | None) -> None:
-        for (start, end), future in zip(turn.spans, turn.futures, strict=True):
-            if future.done():  # its caller was cancelled
+        for (start, end), waiter in zip(turn.spans, turn.waiters, strict=True):
+            result = write.outcome(start, end) if write is not None and turn.outcomes else None
+            if not isinstance(waiter, asyncio.Future):
+                try:
+                    waiter(result, error)
+                except Exception:  # one reader's failure is its own: the others are answered all the same
+                    log.exception("a line reader failed on its write's outcome")
+            elif waiter.done():  # its caller was cancelled
                 continue
-            if isinstance(error, asyncio.CancelledError):
-                future.cancel()
+            elif isinstance(error, asyncio.CancelledError):
+                waiter.cancel()
             elif error is not None:
-                future.set_exception(error)
+                waiter.set_exception(error)
             else:
-                assert write is not None
-                future.set_result(write.outcome(start, end) if turn.outcomes else None)
+                waiter.set_result(result)

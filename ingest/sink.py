@@ -148,7 +148,7 @@ class IngestSink:
         self._header_cache: dict[Headers, bytes] = {}
         from ingest.line_turns import LineTurns  # (imports this module)
 
-        self._line_turns = LineTurns(self)  # ingest_lines: one write per source per loop turn
+        self.line_turns = LineTurns(self)  # ingest_lines: one write per source per loop turn
 
     # -- backpressure ---------------------------------------------------------------------------
 
@@ -242,7 +242,7 @@ class IngestSink:
         (``ingest/line_writes.py``), and written together with the source's other reads of the same
         event-loop turn (``ingest/line_turns.py``)."""
         if lines:
-            await self._line_turns.submit(source, lines, arrival_ms, sum(map(len, lines)), columns, False)
+            await self.line_turns.submit(source, lines, arrival_ms, sum(map(len, lines)), columns, False)
 
     async def write_lines(self, source: SourceRef, lines: list[bytes], arrival_ms: int,
                           columns: tuple[str, ...] | None = None) -> LineOutcome:
@@ -252,7 +252,7 @@ class IngestSink:
             from ingest.line_writes import LineOutcome  # (imports this module)
 
             return LineOutcome()
-        outcome = await self._line_turns.submit(source, lines, arrival_ms, sum(map(len, lines)), columns, True)
+        outcome = await self.line_turns.submit(source, lines, arrival_ms, sum(map(len, lines)), columns, True)
         assert outcome is not None
         return outcome
 
