@@ -53,11 +53,12 @@ class RecordLike(Protocol):
 class StoredBatches(Protocol):
     """Records still in their stored batches (``processors.fastdecode.StoredRecords``)."""
 
-    def cursor(self) -> Any:
-        """A ``record_kernels.StoredCursor`` at the first of them."""
+    @property
+    def parts(self) -> Sequence[Any]:
+        """Lists of record objects, and spans whose ``cursor()`` is a ``record_kernels.StoredCursor``."""
 
     def records(self) -> Sequence[RecordLike]:
-        """Them decoded into record objects."""
+        """Them all decoded into record objects."""
 
 
 class PartitionExtension(Protocol):
@@ -350,18 +351,27 @@ class Executor:
             self.process(tp, stored.records(), now)
             return
         self.now = now
-        decode = _KERNELS.decode_stored_json
+        decode_stored, decode = _KERNELS.decode_stored_json, _KERNELS.decode_json
         key_by, targets, punctuation, undecodable = self._json_loop(tp, now)
-        cursor = stored.cursor()
         max_ts = NO_TIME
-        try:
-            while not cursor.done():
-                key_failures: list[tuple[int, Any, Exception]] = []
-                items, decoded, slice_max = decode(cursor, _SLICE, self.event_time, key_by, punctuation,
-                                                   undecodable, key_failures)
-                max_ts = max(max_ts, self._push_decoded(tp, items, decoded, slice_max, key_failures, targets))
-        except (ValueError, IndexError) as exc:
-            raise CorruptRecordError(f"cannot decode stored records: {exc!r}") from exc
+        for part in stored.parts:
+            key_failures: list[tuple[int, Any, Exception]] = []
+            if type(part) is list:  # record objects (a batch only a decoder reads): as process() does
+                for i in range(0, len(part), _SLICE):
+                    items, decoded, slice_max = decode(part[i : i + _SLICE], self.event_time, key_by, punctuation,
+                                                       undecodable, key_failures)
+                    max_ts = max(max_ts, self._push_decoded(tp, items, decoded, slice_max, key_failures, targets))
+                    key_failures = []
+                continue
+            cursor = part.cursor()
+            try:
+                while not cursor.done():
+                    items, decoded, slice_max = decode_stored(cursor, _SLICE, self.event_time, key_by, punctuation,
+                                                              undecodable, key_failures)
+                    max_ts = max(max_ts, self._push_decoded(tp, items, decoded, slice_max, key_failures, targets))
+                    key_failures = []
+            except (ValueError, IndexError) as exc:
+                raise CorruptRecordError(f"cannot decode stored records: {exc!r}") from exc
         self.tracker.observe(tp, max_ts, now)
         self.advance(now)
 

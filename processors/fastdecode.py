@@ -8,10 +8,11 @@ is not: a small batch could expand to gigabytes); control batches are skipped. P
 as the broker's ``CorruptRecordError``.
 
 ``stored_from`` goes one step further for the runner's queue: stored uncompressed batches stay bytes
-(``StoredRecords``) until the executor walks them (``record_kernels.decode_stored_json``), so no
-record object is made at all, and none waits in the runner's queue for the garbage collector to
-rescan (a fifth of the attached runner's CPU went to those collections, bench/RESULTS.md). Anything
-else (a compressed batch) is decoded here as before.
+(``StoredRecords``; a standalone processor's fetched batches too, ``processors.kafka``) until the
+executor walks them (``record_kernels.decode_stored_json``), so no record object is made at all, and
+none waits in the runner's queue for the garbage collector to rescan (a fifth of the attached
+runner's CPU went to those collections, bench/RESULTS.md). Anything else (a compressed batch) is
+decoded into record objects as before.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from broker.protocol.records import decode_records
 from processors import record_kernels
 from processors.executor import RecordLike
 
-__all__ = ["Fetched", "SourceRecord", "StoredRecords", "as_records", "decode_from", "first_offset", "next_offset",
-           "stored_from"]
+__all__ = ["Fetched", "SegmentSpan", "SourceRecord", "StoredRecords", "StoredSpan", "as_records", "decode_from",
+           "first_offset", "next_offset", "stored_from"]
 
 
 class SourceRecord:
@@ -81,31 +82,63 @@ _KERNELS = select(record_kernels)
 _HEADER_BYTES = 61  # a v2 batch header; records follow it
 
 
-class StoredRecords:
-    """Records of whole uncompressed stored batches, not decoded: ``data[:end]`` holds them, the
-    records at or after ``min_offset`` count. ``cursor()`` is where ``record_kernels.decode_stored_json``
-    walks them; ``records()`` decodes them as ``decode_from`` does (for any other consumer)."""
+class StoredSpan:
+    """Whole uncompressed stored batches, ``data[start:end]``: their records at or after ``min_offset``."""
 
-    __slots__ = ("count", "data", "end", "first_offset", "min_offset", "next_offset", "start")
+    __slots__ = ("data", "end", "min_offset", "start")
 
-    def __init__(self, data: bytes, start: int, end: int, min_offset: int, first: int, after: int,
-                 count: int) -> None:
+    def __init__(self, data: bytes, start: int, end: int, min_offset: int) -> None:
         self.data = data
         self.start = start
         self.end = end
         self.min_offset = min_offset
-        self.first_offset = first  # where the first record is (at or after): a seek back reads them again
-        self.next_offset = after  # after the last batch: where reading goes on
-        self.count = count  # records at or after min_offset (from the batch headers: at most that many)
-
-    def __len__(self) -> int:
-        return self.count
 
     def cursor(self) -> Any:  # the selected build's StoredCursor
         return _KERNELS.StoredCursor(self.data, self.start, self.end, self.min_offset)
 
     def records(self) -> list[RecordLike]:
         return decode_from(self.data[self.start : self.end], self.min_offset)
+
+
+class SegmentSpan:
+    """Records of one fetched CreateTime v2 batch (``processors.kafka_records.RawSegment``: ``data``,
+    ``pos``, ``count``, ``offset``, ``base_ts`` and ``records()``), read where they lie."""
+
+    __slots__ = ("segment",)
+
+    def __init__(self, segment: Any) -> None:
+        self.segment = segment
+
+    def cursor(self) -> Any:
+        s = self.segment
+        return _KERNELS.segment_cursor(s.data, s.pos, s.count, s.offset, s.base_ts)
+
+    def records(self) -> list[RecordLike]:
+        return list(self.segment.records())
+
+
+class StoredRecords:
+    """Records not decoded into objects: ``parts`` are ``StoredSpan``s and ``SegmentSpan``s, whose
+    ``cursor()`` is where ``record_kernels.decode_stored_json`` walks them, and lists of record objects
+    (batches only a decoder reads: compressed, with offset gaps). ``records()`` decodes them all."""
+
+    __slots__ = ("count", "first_offset", "next_offset", "parts")
+
+    def __init__(self, parts: list[StoredSpan | SegmentSpan | list[RecordLike]], first: int, after: int,
+                 count: int) -> None:
+        self.parts = parts
+        self.first_offset = first  # where the first record is (at or after): a seek back reads them again
+        self.next_offset = after  # after the last batch: where reading goes on
+        self.count = count  # how many records (from batch headers: at most that many)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def records(self) -> list[RecordLike]:
+        out: list[RecordLike] = []
+        for part in self.parts:
+            out += part if isinstance(part, list) else part.records()
+        return out
 
 
 Fetched: TypeAlias = "Sequence[RecordLike] | StoredRecords"  # what a Source hands the runner per partition
@@ -143,7 +176,7 @@ def stored_from(data: bytes, min_offset: int, max_records: int = 1 << 62) -> Sto
         count += min(records, last - max(base, min_offset) + 1)
     if count <= 0:
         return decode_from(data, min_offset, max_records)
-    return StoredRecords(data, start, end, min_offset, first, after, count)
+    return StoredRecords([StoredSpan(data, start, end, min_offset)], first, after, count)
 
 
 def as_records(records: Fetched) -> Sequence[RecordLike]:

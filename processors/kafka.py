@@ -68,7 +68,8 @@ from processors.checkpoint import (
 from processors.errors import CheckpointError, PartitionsLostError, SourceError
 from processors.executor import OutBatch, OutRecord, RecordLike
 from processors.executor import TopicPartition as TP
-from processors.kafka_records import use_parser_records, use_raw_batches
+from processors.fastdecode import Fetched, SegmentSpan, StoredRecords
+from processors.kafka_records import RawRecords, RawSegment, use_parser_records, use_raw_batches
 from processors.purge import RepartitionPurger
 from processors.sources import AssignmentListener
 from processors.txn_offsets import GroupMember, MemberFencedError, fence_by_group
@@ -108,11 +109,15 @@ class _Listener(ConsumerRebalanceListener):
 class KafkaSource:
     def __init__(self, bootstrap: str, topics: tuple[str, ...], group: str, *, client_id: str | None = None,
                  session_timeout_ms: int = 10_000, transactions: KafkaSink | None = None,
-                 purger: RepartitionPurger | None = None, raw_batches: bool = False) -> None:
+                 purger: RepartitionPurger | None = None, raw_batches: bool = False,
+                 stored_records: bool = False) -> None:
         self.bootstrap = bootstrap
         # fetched batches handed out as byte ranges (processors.kafka_records.RawRecords), for an executor
-        # that reads them where they lie: a repartition topic's downstream stage (repartition.ShuffleReader)
-        self.raw_batches = raw_batches
+        # that reads them where they lie: a repartition topic's downstream stage (repartition.ShuffleReader),
+        # or (stored_records) as the runner's StoredRecords, whose JSON values Executor.process_stored
+        # reads in place: no record object per record, none queued for the garbage collector
+        self.raw_batches = raw_batches or stored_records
+        self.stored_records = stored_records
         self.transactions = transactions  # exactly-once: offsets commit with the sink's transaction
         self.purger = purger  # a downstream stage: its repartition records are deleted once committed
         self.session_timeout_ms = session_timeout_ms
@@ -212,7 +217,7 @@ class KafkaSource:
         if self.purger is not None and committed:
             await self.purger.purge({(tp.topic, tp.partition): meta.offset for tp, meta in committed.items()})
 
-    async def fetch(self, max_records: int, timeout: float, paused: set[TP]) -> list[tuple[TP, list[RecordLike]]]:
+    async def fetch(self, max_records: int, timeout: float, paused: set[TP]) -> list[tuple[TP, Fetched]]:
         if paused != self._paused:
             assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
             to_pause = [TopicPartition(*tp) for tp in paused - self._paused if tp in assigned]
@@ -228,7 +233,20 @@ class KafkaSource:
             raise SourceError(f"fetch failed: {exc}") from exc
         # getmany's lists are fresh per call, and its records (the C parser's, see use_parser_records, or
         # ConsumerRecord) have every attribute a processor reads
+        if self.stored_records:
+            return [((tp.topic, tp.partition), _stored(messages) if type(messages) is RawRecords else messages)
+                    for tp, messages in data.items() if messages]
         return [((tp.topic, tp.partition), messages) for tp, messages in data.items() if messages]
+
+
+def _stored(records: RawRecords) -> StoredRecords:
+    """A fetched partition's ``RawRecords`` as the runner's ``StoredRecords`` (segments read in place)."""
+    parts: list[SegmentSpan | list[RecordLike]] = [
+        SegmentSpan(part) if isinstance(part, RawSegment) else part for part in records.parts]
+    head, tail = records.parts[0], records.parts[-1]
+    first = head.offset if isinstance(head, RawSegment) else head[0].offset
+    after = tail.offset + tail.count if isinstance(tail, RawSegment) else tail[-1].offset + 1
+    return StoredRecords(list(parts), first, after, len(records))
 
 
 _BATCH_HEAD = struct.Struct(">qiibI")  # base offset, batch length, partition leader epoch, magic, CRC

@@ -29,7 +29,7 @@ from typing import Any, Final
 import orjson
 
 __all__ = ["ADD_CALL", "ADD_COUNT", "ADD_MEAN", "ADD_SUM", "StoredCursor", "StoredRecord", "decode_json",
-           "decode_stored_json", "json_exact", "loads", "tumbling_items"]
+           "decode_stored_json", "json_exact", "loads", "segment_cursor", "tumbling_items"]
 
 _TWO_63: Final = 9223372036854775808.0
 _NO_TIME: Final = -(2**63)  # processors.time.NO_TIME (not imported: a compiled module keeps its own)
@@ -165,9 +165,26 @@ class StoredCursor:
         self.base_offset = 0
         self.base_timestamp = 0
         self.append_time = _NO_TIME  # the batch's max timestamp when it is LogAppendTime
+        self.more = True  # False: the records of the current batch are all (segment_cursor)
 
     def done(self) -> bool:
-        return self.left == 0 and self.pos >= self.end
+        return self.left == 0 and (not self.more or self.pos >= self.end)
+
+
+def segment_cursor(data: bytes, pos: int, count: int, offset: int, base_timestamp: int) -> StoredCursor:
+    """A cursor over ``count`` records of one CreateTime v2 batch from byte ``pos`` of ``data``, the
+    first at ``offset``, the batch's first timestamp ``base_timestamp`` (a fetched batch's records,
+    ``processors.kafka_records.RawSegment``): the batch's base offset is ``offset`` less the first
+    record's offset delta."""
+    cur = StoredCursor(data, pos, len(data), offset)
+    cur.more = False
+    cur.left = count
+    cur.base_timestamp = base_timestamp
+    if count > 0:
+        p = _varint(data, pos)[1] + 1  # the record's length, its attributes
+        p = _varint(data, p)[1]  # the timestamp delta
+        cur.base_offset = offset - _varint(data, p)[0]
+    return cur
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -192,7 +209,7 @@ def _int(buf: bytes, pos: int, size: int) -> int:
 def _next_batch(cur: StoredCursor) -> bool:
     """Move ``cur`` into the next batch with records (control batches stepped over); False at the end."""
     data = cur.data
-    while cur.pos < cur.end:
+    while cur.more and cur.pos < cur.end:
         start = cur.pos
         size = 12 + _int(data, start + 8, 4)
         if size < 61 or start + size > cur.end:

@@ -69,7 +69,7 @@ async def _ensure_repartition_topic(bootstrap: str, topic: str, partitions: int)
 async def _stage(pipeline: Pipeline, bootstrap: str, config: RunnerConfig, txn_id: str | None, *,
                  client_id: str | None, session_timeout_ms: int, executor: Executor | None = None,
                  extra_topics: tuple[str, ...] = (), purge: frozenset[str] = frozenset(),
-                 raw_batches: bool = False) -> Stage:
+                 raw_batches: bool = False, stored_records: bool = False) -> Stage:
     exactly_once = config.guarantee == EXACTLY_ONCE
     # a transaction spans one checkpoint interval: its timeout leaves room for a slow commit
     txn_timeout_ms = min(max(60_000, 3 * config.checkpoint_interval_ms), 900_000)
@@ -82,7 +82,7 @@ async def _stage(pipeline: Pipeline, bootstrap: str, config: RunnerConfig, txn_i
         source = KafkaSource(bootstrap, pipeline.source_config.topics, pipeline.name, client_id=client_id,
                              session_timeout_ms=session_timeout_ms, transactions=sink if exactly_once else None,
                              purger=RepartitionPurger(bootstrap, purge, client_id=client_id) if purge else None,
-                             raw_batches=raw_batches)
+                             raw_batches=raw_batches, stored_records=stored_records)
         checkpoints = KafkaCheckpointStore(bootstrap, pipeline.name, sink)
         return Stage(Runner(pipeline, source, sink, checkpoints, config=config, executor=executor), sink)
     except BaseException:
@@ -95,9 +95,9 @@ async def build_stages(pipeline: Pipeline, plan: ShufflePlan | None, bootstrap: 
     """The stages of ``pipeline``, upstream first, not started (their producers are starting: ``sink.ready``
     waits for them). Exactly-once transactional ids: ``<stage pipeline name>-<instance_id>``
     (``hosting.transactional_id``)."""
-    if plan is None:
+    if plan is None:  # one stage, a plain Executor: fetched batches read in place (Executor.process_stored)
         return [await _stage(pipeline, bootstrap, config, transactional_id(pipeline, instance_id), client_id=client_id,
-                             session_timeout_ms=session_timeout_ms)]
+                             session_timeout_ms=session_timeout_ms, stored_records=True)]
     stages: list[Stage] = []
     try:
         now = SystemClock().now_ms()
