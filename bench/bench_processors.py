@@ -39,9 +39,12 @@ event time), a 10 s tumbling-window mean per sensor with 5 s out-of-orderness.
 Input preparation is not timed. Every engine's results are checked against the batch job. The
 engines run in R interleaved rounds (attached, standalone, Bytewax, plain, attached, ...) so noise
 from a shared machine hits all of them; best and median rates are printed, and each ratio line also
-gives the ratios within each round ("paired": min-max and median). Each exactly-once row runs right
-beside its at-least-once pair, first in odd rounds and second in even ones. The process runs as
-Sluice's own processes do (``sluice serve`` hosts the attached runners, ``sluice process`` the
+gives the ratios within each round ("paired": min-max and median, and each round's), and the same by
+CPU time (records per CPU second over the timed span: this process's CPU, plus ``sluice serve``'s
+for the standalone rows; the Quix row has none): a row's wall time on a shared machine depends on
+the share of the cores it got, its CPU time is what it cost. Each round starts with its load average.
+Each exactly-once row runs right beside its at-least-once pair, first in odd rounds and second in even
+ones. The process runs as Sluice's own processes do (``sluice serve`` hosts the attached runners, ``sluice process`` the
 standalone ones): on uvloop, and with the serving garbage-collector settings (``sluice.gc_tuning``:
 what exists once the input is prepared is frozen out of the collector's reach, generation 0 collects
 every 20,000 allocations). Every in-process engine (Bytewax and the plain loops too) runs under them.
@@ -82,6 +85,42 @@ PARTITIONS = 4
 WINDOW_MS = 10_000
 
 Row = tuple[bytes, bytes, int]  # key, value, event time
+
+
+class Timer:
+    """A row's wall time, and the CPU time spent over the same span: this process's (the in-process
+    engines, and the standalone processor), plus the ``sluice serve`` subprocess's for the rows that
+    use it (``broker_pid``). On this shared machine the wall time of a row depends on the share of the
+    cores it got; the CPU time is what the row cost, and varies far less from round to round."""
+
+    broker_pid: int | None = None
+
+    def __init__(self) -> None:
+        self.t0 = self.c0 = 0.0
+        self.cpu: float | None = None
+        self.with_broker = False
+
+    def start(self, *, with_broker: bool = False) -> float:
+        self.with_broker = with_broker
+        self.c0 = self._cpu()
+        self.t0 = time.perf_counter()
+        return self.t0
+
+    def elapsed(self) -> float:
+        """Wall seconds since ``start``; ``cpu`` gets the CPU seconds."""
+        wall = time.perf_counter() - self.t0
+        self.cpu = self._cpu() - self.c0
+        return wall
+
+    def _cpu(self) -> float:
+        own = time.process_time()
+        if not self.with_broker or self.broker_pid is None:
+            return own
+        fields = Path(f"/proc/{self.broker_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return own + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+TIMER = Timer()
 
 
 def make_input(n: int) -> list[Row]:
@@ -159,14 +198,14 @@ async def run_attached(rows: list[Row], guarantee: Guarantee | None = None
                           guarantee=guarantee or AT_LEAST_ONCE)
     runner = AttachedRunner(pipeline("bench-in", "bench-attached", "bench-out"), store, config=config,
                             transactions=transactions)
-    start = time.perf_counter()
+    TIMER.start()
     await runner.start()
     while runner.executor.records_in < len(rows) or runner.out_q.qsize() or runner.in_q.qsize():
         await asyncio.sleep(0.005)
-    elapsed = time.perf_counter() - start
+    elapsed = TIMER.elapsed()
     await runner.stop()
     if guarantee is not None:
-        elapsed = time.perf_counter() - start
+        elapsed = TIMER.elapsed()
     if transactions is not None:
         await transactions.stop()
     from broker.protocol.records import decode_all
@@ -243,7 +282,7 @@ async def run_standalone_bench(rows: list[Row], bootstrap: str, round_: int, gua
     out_topic = f"bench-sa-out-{tag}-{round_}"
     p = pipeline("bench-sa-in", f"bench-standalone-{tag}-{round_}", out_topic, repartition=repartition)
     started: list[Runner] = []
-    start = time.perf_counter()  # group join and partition assignment are included in the time
+    TIMER.start(with_broker=True)  # group join and partition assignment are included in the time
     task = asyncio.create_task(run_standalone(p, bootstrap, stop=stop, on_started=started.append, instance_id="bench",
                                               config=RunnerConfig(guarantee=guarantee, max_batch_records=4_000)))
     while not started:
@@ -260,7 +299,7 @@ async def run_standalone_bench(rows: list[Row], bootstrap: str, round_: int, gua
         await asyncio.sleep(0.005)
     stop.set()
     await task
-    elapsed = time.perf_counter() - start
+    elapsed = TIMER.elapsed()
     return elapsed, results_from(await read_topic(bootstrap, out_topic))
 
 
@@ -274,6 +313,7 @@ def run_quix(rows: list[Row], bootstrap: str, round_: int, tmp: Path) -> tuple[f
     if proc.returncode != 0:
         raise RuntimeError(f"the Quix app failed ({proc.returncode}): {proc.stderr[-3000:]}")
     elapsed = float(proc.stdout.strip().splitlines()[-1])
+    TIMER.cpu = None  # its own timer, in its own process
     from confluent_kafka.admin import AdminClient
 
     # Quix creates its output topic with its own partition count
@@ -306,9 +346,9 @@ def run_bytewax(rows: list[Row]) -> tuple[float, dict[tuple[int, str], float]]:
     means = win.fold_window("mean", keyed, clock, windower, lambda: [0.0, 0], folder,
                             lambda a, b: [a[0] + b[0], a[1] + b[1]])
     op.output("out", means.down, TestingSink(out))
-    start = time.perf_counter()
+    TIMER.start()
     run_main(flow)
-    elapsed = time.perf_counter() - start
+    elapsed = TIMER.elapsed()
     got = {}
     for key, (window_id, acc) in out:
         got[(window_id * WINDOW_MS, key)] = acc[0] / acc[1]
@@ -316,9 +356,9 @@ def run_bytewax(rows: list[Row]) -> tuple[float, dict[tuple[int, str], float]]:
 
 
 def run_plain(rows: list[Row]) -> tuple[float, dict[tuple[int, str], float]]:
-    start = time.perf_counter()
+    TIMER.start()
     got = batch_job(rows)
-    return time.perf_counter() - start, got
+    return TIMER.elapsed(), got
 
 
 def stored_input(rows: list[Row]) -> MemoryLogStore:
@@ -341,7 +381,7 @@ async def run_plain_end_to_end(rows: list[Row]) -> tuple[float, dict[tuple[int, 
 
     store = stored_input(rows)
     store.create_topic("bench-out", PARTITIONS)
-    start = time.perf_counter()
+    TIMER.start()
     acc: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0.0, 0])
     for log in store.partitions("bench-in"):
         offset = log.log_start_offset
@@ -362,7 +402,7 @@ async def run_plain_end_to_end(rows: list[Row]) -> tuple[float, dict[tuple[int, 
         per_partition[partition_for_key(key, PARTITIONS)].append(RecordSpec(value, key, (), window_start))
     for p, specs in per_partition.items():
         await store.append_records("bench-out", specs, partition=p)
-    return time.perf_counter() - start, got
+    return TIMER.elapsed(), got
 
 
 def decoded_input(rows: list[Row]) -> list[tuple[tuple[str, int], list[Any]]]:
@@ -386,11 +426,11 @@ def run_executor(decoded: list[tuple[tuple[str, int], list[Any]]], n: int
     for tp in {tp for tp, _ in decoded}:
         executor.add_partition(tp, 0)
     out: list[bytes] = []
-    start = time.perf_counter()
+    TIMER.start()
     for tp, records in decoded:
         executor.process(tp, records, 0)
         out += [r.value for r in executor.take_outputs() if r.value]
-    elapsed = time.perf_counter() - start
+    elapsed = TIMER.elapsed()
     assert executor.records_in == n
     return elapsed, results_from(out)
 
@@ -410,16 +450,20 @@ async def main_async(n: int, repeat: int, with_quix: bool = True, with_standalon
              "sluice attached, 1 s checkpoints", "sluice attached exactly-once, 1 s",
              "plain Python, end to end", "sluice executor, compute only"]
     rates: dict[str, list[float]] = {name: [] for name in names}
+    cpu_rates: dict[str, list[float]] = {name: [] for name in names}  # records per CPU second
     checks: dict[str, set[str]] = {name: set() for name in names}
 
     Windows = dict[tuple[int, str], float]
 
     def record(name: str, elapsed: float, got: Windows, want: Windows) -> None:
         rates[name].append(n / elapsed)
+        if TIMER.cpu:
+            cpu_rates[name].append(n / TIMER.cpu)
         checks[name].add(check(name, got, want))
 
     with tempfile.TemporaryDirectory() as tmp:
         proc, bootstrap = start_sluice(Path(tmp)) if with_standalone else (None, "")
+        Timer.broker_pid = None if proc is None else proc.pid
         try:
             if with_standalone:
                 produce_confluent(bootstrap, "bench-sa-in", rows)
@@ -471,17 +515,24 @@ async def main_async(n: int, repeat: int, with_quix: bool = True, with_standalon
         best, median = max(rates[name]), statistics.median(rates[name])
         print(f"{name:38} {best:11,.0f} {median:9,.0f} {best / best_bytewax:15.2f}x "
               f"{median / median_bytewax:9.2f}x  {', '.join(sorted(checks[name]))}")
-    print("per round (rec/s, in the order the rounds ran):")
+    print("per round (rec/s, in the order the rounds ran; then records per CPU second, the standalone rows' "
+          "with the broker's CPU):")
     for name in [n for n in names if rates[n]]:
-        print(f"  {name:38} " + "  ".join(f"{r:9,.0f}" for r in rates[name]))
+        print(f"  {name:38} " + "  ".join(f"{r:9,.0f}" for r in rates[name]) + "  | CPU "
+              + "  ".join(f"{r:9,.0f}" for r in cpu_rates[name]))
 
     def ratio(a: str, b: str) -> str:
         # paired: the ratio within each round (the two rows ran minutes or seconds apart), then its median
         paired = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
-        return (f"best {max(rates[a]) / max(rates[b]):.2f}, "
+        text = (f"best {max(rates[a]) / max(rates[b]):.2f}, "
                 f"median {statistics.median(rates[a]) / statistics.median(rates[b]):.2f}, "
                 f"paired {min(paired):.2f}-{max(paired):.2f} (median {statistics.median(paired):.2f}; "
                 f"by round {' '.join(f'{x:.2f}' for x in paired)})")
+        if len(cpu_rates[a]) == len(cpu_rates[b]) == len(paired):
+            by_cpu = [x / y for x, y in zip(cpu_rates[a], cpu_rates[b], strict=True)]
+            rounds = " ".join(f"{x:.2f}" for x in by_cpu)
+            text += f"; by CPU time {min(by_cpu):.2f}-{max(by_cpu):.2f} (by round {rounds})"
+        return text
 
     print(f"attached / plain Python compute only (the target's pair): {ratio(names[0], names[3])}")
     print(f"attached / plain Python end to end: {ratio(names[0], names[9])}")

@@ -35,7 +35,7 @@ HEADER_SOURCE = "sluice-source"  # topic/partition/offset of a dead-lettered rec
 
 
 def to_json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), default=_fallback).encode()
+    return _ENCODE(value).encode()
 
 
 def _fallback(value: Any) -> Any:
@@ -46,6 +46,11 @@ def _fallback(value: Any) -> Any:
     if hasattr(value, "to_dict"):
         return value.to_dict()
     return repr(value)
+
+
+# json.dumps with these options builds a JSONEncoder per call (a third of its time on a window result);
+# one encoder, the same output
+_ENCODE = json.JSONEncoder(separators=(",", ":"), default=_fallback).encode
 
 
 def window_key(result: WindowResult) -> bytes:

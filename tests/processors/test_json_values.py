@@ -88,3 +88,14 @@ def test_the_executor_keeps_long_integers_nan_and_surrogates_and_dead_letters_wh
     dead = [r for r in h.sent if r.topic == "g.dead-letter"]
     assert [r.value for r in dead] == [b"[1,]"]
     assert b"Expecting value" in (dict(dead[0].headers)["sluice-error"] or b"")  # the stdlib's message
+
+
+@pytest.mark.parametrize("value", [
+    {"key": "s1", "window_start": 0, "value": 1.5, "emit": "first"}, [float("nan"), float("inf"), -0.0, 1e16],
+    {"é": "\u2028\"x", 1: (1, 2)}, b"\xffbytes", {"s": frozenset({1})}, 2**70, "line\nbreak", object,
+])
+def test_output_encoding_is_json_dumps_with_the_sinks_options(value: Any) -> None:
+    """The sinks' encoder (one, reused) writes what ``json.dumps`` with the same options writes."""
+    from processors.serde import _fallback, to_json
+
+    assert to_json(value) == json.dumps(value, separators=(",", ":"), default=_fallback).encode()
