@@ -99,6 +99,35 @@ async def read_rows(bootstrap: str, topic: str, isolation_level: str) -> list[di
         await consumer.stop()
 
 
+async def shuffled_per_origin(bootstrap: str, topic: str) -> Counter[str]:
+    """Per input partition (``<topic>:<partition>``), the sum over repartition partitions of the highest
+    ``sluice-shuffle-seq`` written there: how many of its records went through the shuffle, replays
+    written again not counted (within one per repartition partition)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        if topic not in await consumer.topics():
+            return Counter()
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        highest: dict[tuple[str, int], int] = {}
+        while any([await consumer.position(tp) < ends[tp] for tp in tps]):
+            for tp, messages in (await consumer.getmany(timeout_ms=500)).items():
+                for m in messages:
+                    seq = dict(m.headers).get("sluice-shuffle-seq")
+                    if seq is not None:
+                        origin, _, n = seq.decode().rpartition(":")
+                        highest[(origin, tp.partition)] = max(highest.get((origin, tp.partition), 0), int(n))
+        sums: Counter[str] = Counter()
+        for (origin, _), n in highest.items():
+            sums[origin] += n
+        return sums
+    finally:
+        await consumer.stop()
+
+
 class Instance(Processor):
     """``sluice process tests.processors.pipelines:rekeyed`` (Processor runs the sensor example)."""
 
@@ -213,8 +242,9 @@ async def test_at_least_once_a_killed_instances_replayed_shuffle_writes_count_on
     await create_topics(bootstrap, env["SENSORS_INPUT"], env["SENSORS_OUTPUT"])
     half = len(readings) // 2
     await produce_round_robin(bootstrap, env["SENSORS_INPUT"], readings[:half], 0)
-    # checkpoints only at rebalances and stops: the killed instance's input partitions are surely replayed
-    rare = ("--checkpoint-interval", "30")
+    # checkpoints only at rebalances and stops, and sessions that outlast a loaded machine's pauses (a
+    # rebalance checkpoints too): the killed instance's input partitions are surely replayed
+    rare = ("--checkpoint-interval", "600", "--session-timeout-ms", "6000")
     instances = [Instance(bootstrap, env, tmp_path / f"{n}.log", *rare) for n in range(2)]
     try:
         await all_own_partitions(instances, env)
@@ -222,6 +252,11 @@ async def test_at_least_once_a_killed_instances_replayed_shuffle_writes_count_on
             return len(await read_rows(bootstrap, env["SENSORS_OUTPUT"], "read_uncommitted")) >= 10
         await wait_for(some_windows, instances)
         await produce_round_robin(bootstrap, env["SENSORS_INPUT"], readings[half:], half)
+        first_half = Counter(f"{env['SENSORS_INPUT']}:{i % PARTITIONS}" for i in range(half))
+        async def second_half_shuffled() -> bool:  # by every input partition's owner: the kill cuts into it
+            sent = await shuffled_per_origin(bootstrap, f"{env['SENSORS_GROUP']}.repartition.0")
+            return all(sent.get(origin, 0) > n for origin, n in first_half.items())
+        await wait_for(second_half_shuffled, instances)
         instances[0].kill9()
         started_before = instances[0].log.read_text().count("processor started")
         instances[0] = Instance(bootstrap, env, tmp_path / "0.log", *rare)
