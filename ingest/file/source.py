@@ -130,8 +130,8 @@ class FileSource:
                 try:
                     rotated = await self._follow()
                 except SinkError as exc:
-                    # The log could not store the chunk (the sink logged why); the position was not saved,
-                    # so the next attempt re-reads from the last durable line.
+                    # The log could not store the chunk (the sink logged why): the next attempt resumes from
+                    # the saved position, whose pending state says which of the chunk's lines got stored.
                     self.health.error(self.source, None, str(exc))
                     await self._sleep()
                     continue
