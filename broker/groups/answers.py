@@ -40,6 +40,8 @@ class GroupSettings:
     # Kafka's offsets.retention.check.interval.ms: how often an Empty group without committed offsets
     # is deleted (Kafka's cleanupGroupMetadata); its stored metadata goes with it
     empty_group_check_interval_ms: int = 600_000
+    # Kafka's offsets.retention.minutes (7 days), in ms: when committed offsets expire (expiry.py)
+    offsets_retention_ms: int = 7 * 24 * 3_600_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from broker.groups.errors import InvalidConsumerProtocolError
 
-__all__ = ["ConsumerAssignment", "decode_assignment", "encode_assignment"]
+__all__ = ["ConsumerAssignment", "decode_assignment", "decode_subscription_topics", "encode_assignment"]
 
 _MAX_ASSIGNMENT_VERSION = 3
 
@@ -126,3 +126,13 @@ def encode_assignment(assignment: ConsumerAssignment) -> bytes:
     if not 0 <= v <= _MAX_ASSIGNMENT_VERSION:
         raise ValueError(f"cannot encode assignment version {v}")
     return _I16.pack(v) + _topic_partitions(assignment.partitions) + _nullable_bytes(assignment.user_data)
+
+
+def decode_subscription_topics(data: bytes) -> list[str]:
+    """The topics of a ConsumerProtocolSubscription (``i16 version, [string] topics, ...``): what
+    Kafka's ``ConsumerProtocol.deserializeSubscription`` reads first; the fields after are not needed."""
+    r = _Reader(bytes(data), "subscription")
+    version = r.i16()
+    if version < 0:
+        raise InvalidConsumerProtocolError(f"subscription: negative version {version}")
+    return [r.string() for _ in range(r.count())]

@@ -22,13 +22,18 @@ class MonotonicClock:
 
 
 class FakeClock:
-    """A clock that moves only when told to (tests)."""
+    """A clock that moves only when told to (tests). ``time`` is a wall clock that moves with it
+    (pass it as the coordinator's ``wall_clock``)."""
 
-    def __init__(self, start: float = 1000.0) -> None:
+    def __init__(self, start: float = 1000.0, wall_start: float = 1_800_000_000.0) -> None:
         self._now = start
+        self._wall_offset = wall_start - start
 
     def monotonic(self) -> float:
         return self._now
+
+    def time(self) -> float:
+        return self._now + self._wall_offset
 
     def advance(self, seconds: float) -> float:
         if seconds < 0:

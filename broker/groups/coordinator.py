@@ -13,8 +13,11 @@ a generation's assignment, an Empty group, a static member's swap), in the order
 after the other per group; ``start()`` restores every stored group (group_records.restore_group),
 so a broker restart keeps each group's generation, members and assignments, and members that go on
 heartbeating carry on without a rebalance, as with Kafka's coordinator loading ``__consumer_offsets``.
-Every ``settings.empty_group_check_interval_ms`` an Empty group without committed offsets is deleted
-with its metadata (Kafka's ``cleanupGroupMetadata``), so groups nobody uses do not pile up in the store.
+Every ``settings.empty_group_check_interval_ms`` (Kafka's ``cleanupGroupMetadata``) the committed
+offsets that expired (``settings.offsets_retention_ms``, the rules of expiry.py) are removed from the
+store, then every Empty group without committed offsets is deleted with its metadata, so groups
+nobody uses do not pile up in the store. Commit and expiry times are wall-clock milliseconds
+(``wall_clock``, ``time.time`` by default): they are stored and count across restarts.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from broker.groups.clock import Clock, MonotonicClock
 from broker.groups.errors import OffsetStoreError
+from broker.groups.expiry import expired_offsets
 from broker.groups.group import (
     Effects,
     Group,
@@ -69,9 +74,11 @@ class GroupCoordinator:
         *,
         settings: GroupSettings | None = None,
         tick_interval_s: float = 0.1,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.offsets = offsets
         self.clock: Clock = clock or MonotonicClock()
+        self.wall_clock = wall_clock  # seconds since the epoch: commit times, when groups became Empty
         self.settings = settings or GroupSettings()
         self.tick_interval_s = tick_interval_s
         self._groups: dict[str, Group] = {}
@@ -80,6 +87,9 @@ class GroupCoordinator:
         self._task: asyncio.Task[None] | None = None
         self._writes: dict[str, asyncio.Task[ErrorCode]] = {}  # the latest metadata write of each group
         self.metadata_write_failures = 0
+        self.offsets_expired = 0  # committed offsets removed by expiry (/metrics)
+        self._empty_since_ms: dict[str, int] = {}  # Kafka's currentStateTimestamp of Empty groups
+        self._pending_commits: dict[str, Counter[TopicPartition]] = {}  # commits being written
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -89,6 +99,8 @@ class GroupCoordinator:
         now = self.clock.monotonic()
         for group_id, record in self.offsets.group_metadata().items():
             self._groups[group_id] = group = restore_group(group_id, record, self.settings, now)
+            if group.state is GroupState.EMPTY and record.current_state_timestamp_ms >= 0:
+                self._empty_since_ms[group_id] = record.current_state_timestamp_ms
             log.info("group restored", extra={"group": group_id, "state": group.state.value,
                                               "generation": group.generation_id, "members": len(group.members)})
         self._task = asyncio.get_running_loop().create_task(self._run(), name="group-coordinator-timeouts")
@@ -113,16 +125,52 @@ class GroupCoordinator:
                 self.check_timeouts()
                 if self.clock.monotonic() >= next_cleanup:
                     next_cleanup = self.clock.monotonic() + self.settings.empty_group_check_interval_ms / 1000
-                    await self.remove_empty_groups()
+                    await self.cleanup_groups()
             except Exception:  # keep the coordinator alive; the next tick retries
                 log.exception("group timeout check failed")
+
+    def _wall_ms(self) -> int:
+        return int(self.wall_clock() * 1000)
+
+    async def cleanup_groups(self) -> tuple[int, list[str]]:
+        """One round of Kafka's ``cleanupGroupMetadata``: remove expired offsets, then delete Empty
+        groups without offsets. Returns (offsets expired, groups deleted)."""
+        expired = await self.expire_offsets()
+        return expired, await self.remove_empty_groups()
+
+    async def expire_offsets(self) -> int:
+        """Remove every committed offset that has expired (expiry.py) from the store; returns how many."""
+        removed = 0
+        groups = 0
+        for group_id in sorted(set(self._groups) | set(self.offsets.groups())):  # (checked again after each await)
+            # No await between reading the offsets and appending the removal: a commit arriving
+            # later is written after it; one being written now is pending and kept (rule 6).
+            gone = expired_offsets(
+                self._groups.get(group_id), self.offsets.fetch(group_id), now_ms=self._wall_ms(),
+                retention_ms=self.settings.offsets_retention_ms, empty_since_ms=self._empty_since_ms.get(group_id),
+                pending=self._pending_commits.get(group_id, Counter()))
+            if not gone:
+                continue
+            try:
+                await self.offsets.remove_offsets(group_id, gone)
+            except OffsetStoreError as exc:
+                log.error("expired offsets not removed", extra={"group": group_id, "error": str(exc)})
+                continue
+            removed += len(gone)
+            groups += 1
+        if removed:
+            self.offsets_expired += removed
+            log.info("expired offsets removed", extra={"offsets": removed, "groups": groups,
+                                                       "retention_ms": self.settings.offsets_retention_ms})
+        return removed
 
     async def remove_empty_groups(self) -> list[str]:
         """Delete every Empty group without committed offsets (and its stored metadata), as Kafka's
         periodic cleanup does; returns their ids."""
         removed = []
         for group_id, group in list(self._groups.items()):  # (checked again after each await)
-            empty = group.state is GroupState.EMPTY and not self.offsets.fetch(group_id)
+            empty = (group.state is GroupState.EMPTY and not self.offsets.fetch(group_id)
+                     and group_id not in self._pending_commits)
             if empty and await self._forget(group_id, group) == ErrorCode.NONE:
                 removed.append(group_id)
         if removed:
@@ -256,9 +304,12 @@ class GroupCoordinator:
         member_id: str,
         offsets: Mapping[tuple[str, int], tuple[int, str | None]],
         group_instance_id: str | None = None,
+        retention_time_ms: int = -1,
     ) -> dict[tuple[str, int], ErrorCode]:
         """OffsetCommit. Returns once accepted offsets are stored (durably, with a durable store).
-        Whether each partition exists is the caller's check (Kafka makes it before the coordinator)."""
+        Whether each partition exists is the caller's check (Kafka makes it before the coordinator).
+        ``retention_time_ms`` (OffsetCommit v2-v4; -1 = the broker's retention) gives each offset an
+        expire time, commit time + retention, as Kafka does (expiry.py rule 1)."""
         if not offsets:
             return {}
         if not group_id:
@@ -274,19 +325,27 @@ class GroupCoordinator:
         result: dict[TopicPartition, ErrorCode] = {}
         accepted: dict[TopicPartition, CommittedOffset] = {}
         limit = self.settings.max_offset_metadata_bytes
+        now_ms = self._wall_ms()
+        expire_ms = now_ms + retention_time_ms if retention_time_ms != -1 else -1
         for tp, (offset, metadata) in offsets.items():
             if metadata is not None and len(metadata.encode()) > limit:
                 result[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
             else:
-                accepted[tp] = CommittedOffset(offset, metadata)
+                accepted[tp] = CommittedOffset(offset, metadata, now_ms, expire_ms)
                 result[tp] = ErrorCode.NONE
         if accepted:
+            pending = self._pending_commits.setdefault(group_id, Counter())
+            pending.update(accepted.keys())
             try:
                 await self.offsets.commit(group_id, accepted)
             except OffsetStoreError as exc:
                 log.error("offset commit failed", extra={"group": group_id, "error": str(exc)})
                 for tp in accepted:
                     result[tp] = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            finally:
+                pending.subtract(accepted.keys())
+                if not +pending:
+                    self._pending_commits.pop(group_id, None)
         return result
 
     def fetch_offsets(
@@ -324,6 +383,7 @@ class GroupCoordinator:
             # Dead before the first await: a JoinGroup arriving meanwhile starts a fresh group.
             group.mark_dead()
             self._groups.pop(group_id, None)
+            self._empty_since_ms.pop(group_id, None)
         write = self._writes.get(group_id)
         if write is not None:  # the delete must come after the group's last metadata write
             await asyncio.gather(write, return_exceptions=True)
@@ -384,7 +444,9 @@ class GroupCoordinator:
         if effects.store is None or group is None:
             return None
         # The record is taken now, in the state the group asked in; the writes of a group queue up.
-        record = record_of(group, effects.store, int(time.time() * 1000))
+        record = record_of(group, effects.store, self._wall_ms())
+        if group.state is GroupState.EMPTY:  # rule 13b: it has just become Empty
+            self._empty_since_ms[group_id] = record.current_state_timestamp_ms
         previous = self._writes.get(group_id)
         write = asyncio.get_running_loop().create_task(
             self._store_group(group, effects.store, record, previous), name=f"group-metadata-{group_id}")

@@ -7,12 +7,15 @@ keeps them under a directory (``<data_dir>/groups/``)::
     offsets-<N+1>.log ...     commits since, appended as framed records
 
 A framed record is ``u32 payload length, u32 CRC32C(payload), payload``; payloads are
-``u8 kind`` + ``str16 group`` and, for commits (kind 1), ``u32 count`` × (``str16 topic, i32 partition,
-i64 offset, i32 metadata length (-1 = null), metadata utf-8``); a delete (kind 2, DeleteGroups) has no
+``u8 kind`` + ``str16 group`` and, for commits (kind 5), ``u32 count`` × (``str16 topic, i32 partition,
+i64 offset, i64 commit timestamp, i64 expire timestamp (-1 = none), i32 metadata length (-1 = null),
+metadata utf-8``) (kind 1, written before offsets expired, has no timestamps: its offsets count as
+committed when the store opens); a removal (kind 6, expired offsets) is ``u32 count`` × (``str16 topic,
+i32 partition``) and forgets those offsets; a delete (kind 2, DeleteGroups) has no
 more and removes the group's offsets and metadata; group metadata (kind 4) is followed by Kafka's
 ``GroupMetadataValue`` (group_records.py) and replaces the group's previous one (the latest per group
 counts, as in Kafka's compacted ``__consumer_offsets``). Strings are ``u16 length`` + utf-8. The
-snapshot (version 2; version 1, which had no group metadata, is still read) holds one commit record
+snapshot (version 3; versions 1 (no group metadata) and 2 (untimed commits) are still read) holds one commit record
 per group with offsets, one metadata record per group with metadata, and an end record (kind 3,
 ``u32`` number of records before it).
 
@@ -36,6 +39,7 @@ import logging
 import os
 import re
 import struct
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -62,6 +66,10 @@ TopicPartition = tuple[str, int]
 class CommittedOffset(NamedTuple):
     offset: int
     metadata: str | None
+    # Wall-clock ms (Kafka's commitTimestamp; -1 until the store stamps it with the time of the commit)
+    commit_timestamp_ms: int = -1
+    # Kafka's expireTimestamp: commit time + an OffsetCommit v2-v4 retention_time_ms; -1 = none
+    expire_timestamp_ms: int = -1
 
 
 class OffsetStore(ABC):
@@ -86,6 +94,10 @@ class OffsetStore(ABC):
     @abstractmethod
     async def delete_group(self, group_id: str) -> None:
         """Forget every offset of the group, and its metadata."""
+
+    @abstractmethod
+    async def remove_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
+        """Forget these committed offsets of the group (expired ones); returns once that survives a crash."""
 
     @abstractmethod
     async def store_group(self, group_id: str, record: GroupMetadataRecord) -> None:
@@ -118,13 +130,32 @@ class _State:
         if offsets:
             self.groups.setdefault(group_id, {}).update(offsets)
 
+    def apply_remove(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
+        stored = self.groups.get(group_id)
+        if stored is None:
+            return
+        for tp in partitions:
+            stored.pop(tp, None)
+        if not stored:
+            del self.groups[group_id]
+
+    def stamp_untimed(self, now_ms: int) -> None:
+        """Give offsets stored without a commit time (kind 1 records) ``now_ms``: they expire a
+        retention period after the first start that knows about expiry, never at once."""
+        for offsets in self.groups.values():
+            for tp, committed in offsets.items():
+                if committed.commit_timestamp_ms < 0:
+                    offsets[tp] = committed._replace(commit_timestamp_ms=now_ms)
+
     def apply_delete(self, group_id: str) -> None:
         self.groups.pop(group_id, None)
         self.metadata.pop(group_id, None)
 
     def apply(self, kind: int, group_id: str, body: _Body) -> None:
-        if kind == _KIND_COMMIT and isinstance(body, dict):
+        if kind in (_KIND_COMMIT, _KIND_COMMIT_TIMED) and isinstance(body, dict):
             self.apply_commit(group_id, body)
+        elif kind == _KIND_REMOVE and isinstance(body, list):
+            self.apply_remove(group_id, body)
         elif kind == _KIND_GROUP and isinstance(body, GroupMetadataRecord):
             self.metadata[group_id] = body
         elif kind == _KIND_DELETE:
@@ -139,9 +170,22 @@ class _State:
         return {tp: stored[tp] for tp in partitions if tp in stored}
 
 
+def _stamped(offsets: Mapping[TopicPartition, CommittedOffset]) -> dict[TopicPartition, CommittedOffset]:
+    """The offsets as CommittedOffsets, those without a commit time given the current time."""
+    now_ms = int(time.time() * 1000)
+    clean = {}
+    for tp, value in offsets.items():
+        committed = CommittedOffset(*value)
+        clean[tp] = committed if committed.commit_timestamp_ms >= 0 else committed._replace(commit_timestamp_ms=now_ms)
+    return clean
+
+
 class MemoryOffsetStore(OffsetStore):
     async def commit(self, group_id: str, offsets: Mapping[TopicPartition, CommittedOffset]) -> None:
-        self._state.apply_commit(group_id, {tp: CommittedOffset(*v) for tp, v in offsets.items()})
+        self._state.apply_commit(group_id, _stamped(offsets))
+
+    async def remove_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
+        self._state.apply_remove(group_id, list(partitions))
 
     async def delete_group(self, group_id: str) -> None:
         self._state.apply_delete(group_id)
@@ -156,14 +200,17 @@ class MemoryOffsetStore(OffsetStore):
 _FRAME = struct.Struct(">II")
 _SNAPSHOT_HEADER = struct.Struct(">8sHQ")
 _SNAPSHOT_MAGIC = b"SLUICEOF"
-_SNAPSHOT_VERSION = 2
-_SNAPSHOT_VERSIONS = (1, 2)  # 1: before group metadata records
+_SNAPSHOT_VERSION = 3
+_SNAPSHOT_VERSIONS = (1, 2, 3)  # 1: before group metadata records; 2: before commit timestamps
 _KIND_COMMIT = 1
 _KIND_DELETE = 2
 _KIND_END = 3
 _KIND_GROUP = 4
-_Body = dict[TopicPartition, CommittedOffset] | GroupMetadataRecord | int | None
-_ENTRY = struct.Struct(">iqi")
+_KIND_COMMIT_TIMED = 5
+_KIND_REMOVE = 6
+_Body = dict[TopicPartition, CommittedOffset] | list[TopicPartition] | GroupMetadataRecord | int | None
+_ENTRY = struct.Struct(">iqi")  # kind 1
+_TIMED_ENTRY = struct.Struct(">iqqqi")
 _LOG_NAME = re.compile(r"^offsets-(\d{12})\.log$")
 SNAPSHOT_NAME = "offsets.snapshot"
 
@@ -174,16 +221,19 @@ def _str16(value: str) -> bytes:
 
 
 def encode_commit(group_id: str, offsets: Mapping[TopicPartition, CommittedOffset]) -> bytes:
-    parts = [bytes([_KIND_COMMIT]), _str16(group_id), struct.pack(">I", len(offsets))]
-    for (topic, partition), (offset, metadata) in offsets.items():
+    parts = [bytes([_KIND_COMMIT_TIMED]), _str16(group_id), struct.pack(">I", len(offsets))]
+    for (topic, partition), (offset, metadata, committed_ms, expire_ms) in offsets.items():
         parts.append(_str16(topic))
-        if metadata is None:
-            parts.append(_ENTRY.pack(partition, offset, -1))
-        else:
-            raw = metadata.encode()
-            parts.append(_ENTRY.pack(partition, offset, len(raw)))
-            parts.append(raw)
+        raw = b"" if metadata is None else metadata.encode()
+        length = -1 if metadata is None else len(raw)
+        parts.append(_TIMED_ENTRY.pack(partition, offset, committed_ms, expire_ms, length))
+        parts.append(raw)
     return b"".join(parts)
+
+
+def encode_remove(group_id: str, partitions: Iterable[TopicPartition]) -> bytes:
+    entries = [_str16(topic) + struct.pack(">i", partition) for topic, partition in partitions]
+    return b"".join([bytes([_KIND_REMOVE]), _str16(group_id), struct.pack(">I", len(entries)), *entries])
 
 
 def encode_group(group_id: str, record: GroupMetadataRecord) -> bytes:
@@ -222,18 +272,29 @@ def _decode_payload(payload: bytes) -> tuple[int, str, _Body]:
         return kind, group_id, None
     if kind == _KIND_GROUP:
         return kind, group_id, decode_group_metadata(payload[r.pos :])
-    if kind != _KIND_COMMIT:
+    if kind not in (_KIND_COMMIT, _KIND_COMMIT_TIMED, _KIND_REMOVE):
         raise ValueError(f"unknown record kind {kind}")
     (count,) = struct.unpack(">I", r.take(4))
-    offsets: dict[TopicPartition, CommittedOffset] = {}
-    for _ in range(count):
-        topic = r.str16()
-        partition, offset, mlen = _ENTRY.unpack(r.take(_ENTRY.size))
-        metadata = None if mlen < 0 else r.take(mlen).decode()
-        offsets[(topic, partition)] = CommittedOffset(offset, metadata)
+    body: dict[TopicPartition, CommittedOffset] | list[TopicPartition]
+    if kind == _KIND_REMOVE:
+        body = []
+        for _ in range(count):
+            topic = r.str16()
+            body.append((topic, struct.unpack(">i", r.take(4))[0]))
+    else:
+        body = {}
+        for _ in range(count):
+            topic = r.str16()
+            if kind == _KIND_COMMIT:
+                partition, offset, mlen = _ENTRY.unpack(r.take(_ENTRY.size))
+                committed_ms = expire_ms = -1
+            else:
+                partition, offset, committed_ms, expire_ms, mlen = _TIMED_ENTRY.unpack(r.take(_TIMED_ENTRY.size))
+            metadata = None if mlen < 0 else r.take(mlen).decode()
+            body[(topic, partition)] = CommittedOffset(offset, metadata, committed_ms, expire_ms)
     if r.pos != len(payload):
         raise ValueError("trailing bytes in payload")
-    return kind, group_id, offsets
+    return kind, group_id, body
 
 
 def _iter_frames(data: bytes, start: int) -> Iterable[tuple[int, bytes]]:
@@ -298,6 +359,7 @@ class DurableOffsetStore(OffsetStore):
             replay = [seq for seq in sorted(logs) if seq > covers]
             for seq in replay:
                 self._replay_log(seq, last=seq == replay[-1])
+            self._state.stamp_untimed(int(time.time() * 1000))
             self._write_snapshot(self._snapshot_bytes(newest))
             for seq in logs:
                 (self.directory / self._log_name(seq)).unlink()
@@ -322,8 +384,12 @@ class DurableOffsetStore(OffsetStore):
     # -------------------------------------------------------------- OffsetStore
 
     async def commit(self, group_id: str, offsets: Mapping[TopicPartition, CommittedOffset]) -> None:
-        clean = {tp: CommittedOffset(*v) for tp, v in offsets.items()}
-        await self._append(_KIND_COMMIT, group_id, clean, encode_commit(group_id, clean))
+        clean = _stamped(offsets)
+        await self._append(_KIND_COMMIT_TIMED, group_id, clean, encode_commit(group_id, clean))
+
+    async def remove_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
+        tps = list(partitions)
+        await self._append(_KIND_REMOVE, group_id, tps, encode_remove(group_id, tps))
 
     async def delete_group(self, group_id: str) -> None:
         await self._append(_KIND_DELETE, group_id, None, bytes([_KIND_DELETE]) + _str16(group_id))
@@ -466,7 +532,7 @@ class DurableOffsetStore(OffsetStore):
             if kind == _KIND_END:
                 end_seen = body == records
                 break
-            if kind not in (_KIND_COMMIT, _KIND_GROUP):
+            if kind not in (_KIND_COMMIT, _KIND_COMMIT_TIMED, _KIND_GROUP):
                 raise OffsetStoreCorruptError(f"{path}: record of kind {kind} in a snapshot")
             self._state.apply(kind, group_id, body)
             records += 1

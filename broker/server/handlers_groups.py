@@ -9,6 +9,7 @@ are plain calls. This broker is the coordinator for every group (FindCoordinator
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from broker.errors import UnknownTopicError
@@ -105,6 +106,15 @@ async def handle_leave_group(ctx: BrokerContext, body: Any, conn: ConnectionInfo
     }
 
 
+def _retention_time_ms(body: Any) -> int:
+    """OffsetCommit v2-v4's retention_time_ms (-1: the broker's offsets.retention.minutes); Kafka
+    then expires the offsets at commit time + retention (broker.groups.expiry rule 1)."""
+    retention = getattr(body, "retention_time", None)
+    if retention is None:
+        return -1
+    return int(retention // timedelta(milliseconds=1))
+
+
 async def handle_offset_commit(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
     # As Kafka's KafkaApis (every version): a partition that does not exist is answered
     # UNKNOWN_TOPIC_OR_PARTITION before the coordinator sees the request; the others are committed.
@@ -119,7 +129,7 @@ async def handle_offset_commit(ctx: BrokerContext, body: Any, conn: ConnectionIn
                 codes[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     codes.update(await ctx.coordinator.commit_offsets(
         str(body.group_id), int(body.generation_id_or_member_epoch), str(body.member_id), offsets,
-        getattr(body, "group_instance_id", None),
+        getattr(body, "group_instance_id", None), _retention_time_ms(body),
     ))
     return {
         "throttle_time": 0,

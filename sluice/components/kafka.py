@@ -47,7 +47,8 @@ class KafkaComponent:
         kafka = settings.kafka
         self.coordinator = GroupCoordinator(
             offsets, settings=GroupSettings(initial_rebalance_delay_ms=kafka.group_initial_rebalance_delay_ms,
-                                            empty_group_check_interval_ms=kafka.offsets_retention_check_interval_ms),
+                                            empty_group_check_interval_ms=kafka.offsets_retention_check_interval_ms,
+                                            offsets_retention_ms=kafka.offsets_retention_minutes * 60_000),
         )
         self.server = KafkaServer(
             runtime.store,
@@ -137,6 +138,9 @@ class GroupStoreCollector(Collector):
                                   "(the disk failed, or Kafka's record format cannot hold them); the SyncGroup or "
                                   "JoinGroup waiting for it was answered with an error",
                                   value=self.coordinator.metadata_write_failures)
+        yield CounterMetricFamily("sluice_group_offsets_expired", "Committed offsets removed because they "
+                                  "expired (kafka.offsets_retention_minutes, docs/kafka.md)",
+                                  value=self.coordinator.offsets_expired)
 
 
 def _cluster_access(authz: Authorizer) -> Callable[[ConnectionInfo, str], bool]:
