@@ -20,10 +20,12 @@ With ``--devices D`` it is bench_tcp's devices row made deterministic: the TCP l
 ``--ack``) in this process, D connections to it from this process (plain blocking sockets), and the lines
 sent in rounds: each round sends one line on each of ``--per-turn`` K connections (the next ones in turn),
 then waits (on an event, no polling) until the sink has stored them (with ``--ack``, until each of those
-connections got its ack). So K reads are ready at once: K = 1 is devices that never send in the
-same loop turn (every read alone), larger K those that do (bench_tcp's driver wakes ~100 times a second
-and sends ~50 lines each time). Prints the thread's CPU per line (everything: the loop, the socket reads,
-the listener, the sink); for instructions, callgrind as above.
+connections got its ack). So K reads are ready at once: K = 1 is devices that never send in the same loop
+turn (every read alone), larger K those that do (bench_tcp's driver wakes ~100 times a second and sends ~50
+lines each time). ``--warmup W`` first sends W lines 100 at a time, untimed, so that the timed lines find
+every device's route learned (1,000 devices: W = 8,000 leaves few unseen). Prints the thread's CPU per line
+(everything: the loop, the socket reads, the listener, the sink, this bench's sends); for instructions,
+callgrind as above with the same ``--warmup`` for both counts.
 """
 
 from __future__ import annotations
@@ -100,8 +102,9 @@ class _CountingSink(IngestSink):
 
 
 async def run_devices(fmt: str, flush: str, data: bytes, count: int, data_dir: Path, devices: int,
-                      per_turn: int, ack: bool) -> float:
-    """Thread CPU seconds for ``count`` lines sent by ``devices`` connections, ``per_turn`` at a time."""
+                      per_turn: int, ack: bool, warmup: int) -> float:
+    """Thread CPU seconds for ``count`` lines sent by ``devices`` connections, ``per_turn`` at a time, after
+    ``warmup`` lines (100 at a time, not timed: every device's route learned before)."""
     settings = load_settings(None, data_dir=data_dir,
                              storage={"backend": "segment", "flush": flush, "default_partitions": 4})
     store = open_store(settings)
@@ -129,10 +132,13 @@ async def run_devices(fmt: str, flush: str, data: bytes, count: int, data_dir: P
     try:
         while listener.connection_count < devices:
             await asyncio.sleep(0.001)
+        total = warmup + count  # ``data`` holds the warm-up lines first
         cpu = time.thread_time()
         sent = 0
-        while sent < count:
-            batch = min(per_turn, count - sent)
+        while sent < total:
+            if sent == warmup:
+                cpu = time.thread_time()
+            batch = min(per_turn, total - sent) if sent >= warmup else min(100, warmup - sent)
             for k in range(batch):
                 conns[(sent + k) % devices].send(lines[sent + k])
             sent += batch
@@ -142,7 +148,7 @@ async def run_devices(fmt: str, flush: str, data: bytes, count: int, data_dir: P
             if (acked[0] if ack else sink.messages_written) < sent:
                 await done.wait()
         cpu = time.thread_time() - cpu
-        assert sink.messages_written == count and sink.dead_lettered == 0
+        assert sink.messages_written == total and sink.dead_lettered == 0
     finally:
         for conn in conns:
             if ack:
@@ -160,15 +166,18 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=30_000)
     parser.add_argument("--devices", type=int, default=0, help="connections (0: no sockets, the read path alone)")
     parser.add_argument("--per-turn", type=int, default=1, help="with --devices: connections sending at once")
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="with --devices: lines sent first, 100 at a time, untimed (8000: every device learned)")
     parser.add_argument("--ack", action="store_true", help="with --devices: the listener in ack mode")
     args = parser.parse_args()
-    saved = Path(tempfile.gettempdir()) / f"bench-tcp-inproc-{args.format}-{args.lines}.lines"
+    total = args.lines + args.warmup
+    saved = Path(tempfile.gettempdir()) / f"bench-tcp-inproc-{args.format}-{total}.lines"
     if not saved.exists():
-        saved.write_bytes(make_lines(args.format, args.lines))
+        saved.write_bytes(make_lines(args.format, total))
     data = saved.read_bytes()
     with tempfile.TemporaryDirectory(prefix="bench-tcp-inproc-") as tmp:
         coro = (run_devices(args.format, args.flush, data, args.lines, Path(tmp), args.devices, args.per_turn,
-                            args.ack)
+                            args.ack, args.warmup)
                 if args.devices else run(args.format, args.flush, data, args.lines, Path(tmp)))
         if importlib.util.find_spec("uvloop") is not None:  # as bench_tcp and sluice serve run
             import uvloop
