@@ -135,7 +135,8 @@ def from_headers(headers: Headers) -> tuple[Properties, int]:
             skipped += 1
         elif name == HEADER_PAYLOAD_FORMAT and text in ("0", "1"):
             values["payload_format_indicator"] = int(text)
-        elif name == HEADER_EXPIRY and text.isdigit() and int(text) <= 0xFFFFFFFF:
+        elif name == HEADER_EXPIRY and text.isascii() and text.isdigit() and int(text) <= 0xFFFFFFFF:
+            # isascii: "²" is a digit to isdigit, not to int()
             values["message_expiry_interval"] = int(text)
         elif name == HEADER_CONTENT_TYPE:
             values["content_type"] = text

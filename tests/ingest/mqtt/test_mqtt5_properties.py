@@ -360,3 +360,30 @@ def test_headers_too_long_for_mqtt_are_skipped() -> None:
     long = b"x" * 65_536
     assert from_headers((("big", long), ("mqtt.correlation_data", long), ("ok", b"1"))) == (
         Properties(user_property=(("ok", "1"),)), 2)
+
+
+def test_an_expiry_header_of_non_ascii_digits_is_skipped() -> None:
+    """"²" and "١" are digits to str.isdigit but not to int(): the header is one of ours with a value not
+    valid for it (skipped and counted), not a ValueError."""
+    for value in ("\u00b2".encode(), "\u0661\u0662".encode(), b"12\xc2\xb2"):
+        assert from_headers((("mqtt.message_expiry_interval", value), ("ok", b"1"))) == (
+            Properties(user_property=(("ok", "1"),)), 1)
+
+
+async def test_a_record_with_a_hostile_expiry_header_is_delivered_once_and_the_next_one_too(
+    start_server: StartServer,
+) -> None:
+    """Before: from_headers raised on "²", the log follower logged a traceback and retried the same
+    offset every second: the record and every later one never reached subscribers."""
+    server = await start_server(deliver_from_topics=["commands"])
+    sub = await RawClient.open(server.port, MQTT_5)
+    await sub.connect("device-8")
+    sub.send(Subscribe(1, (Subscription("cmd/#", 1),)))
+    assert await sub.recv() == Suback(1, (1,))
+    hostile = (("mqtt_topic", b"cmd/1"), ("mqtt.message_expiry_interval", "\u00b2".encode()))
+    await server.store.append_records("commands", [RecordSpec(b"first", b"k", hostile)])
+    await server.store.append_records("commands", [RecordSpec(b"second", b"k", (("mqtt_topic", b"cmd/2"),))])
+    got = [await sub.recv(), await sub.recv()]
+    assert [(p.topic, p.payload, p.properties.message_expiry_interval) for p in got if isinstance(p, Publish)] == [
+        ("cmd/1", b"first", None), ("cmd/2", b"second", None)]
+    assert server.hub.stats.log_headers_skipped == 1 and server.hub.stats.log_records_delivered == 2
