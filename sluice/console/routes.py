@@ -123,7 +123,7 @@ async def topic(request: Request, ctx: Ctx, topic: str) -> HTMLResponse:
 def _parse_time(text: str) -> int:
     """Milliseconds since the epoch, or an ISO 8601 time (UTC unless it says otherwise)."""
     text = text.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # "²" is a digit to isdigit, not to int()
         return int(text)
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -171,7 +171,7 @@ def _number(text: str, name: str, upper: int) -> int | None:
     text = text.strip()
     if not text:
         return None
-    if not text.isdigit() or int(text) > upper:
+    if not (text.isascii() and text.isdigit()) or int(text) > upper:  # ASCII: "²" and "١" are isdigit too
         raise ProblemError(400, f"invalid-{name}", f"Invalid {name}", f"{name} must be a number from 0 to {upper}")
     return int(text)
 

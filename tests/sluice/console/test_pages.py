@@ -38,7 +38,10 @@ async def test_a_stale_link_is_a_404_page(client: httpx.AsyncClient, path: str, 
 @pytest.mark.parametrize(
     ("query", "says"),
     [("offset=3", "choose a partition"), ("partition=7", "partition"), ("partition=x", "partition must be a number"),
-     ("at=yesterday", "neither milliseconds"), ("partition=0&offset=99999999999999999999", "offset must be a number")],
+     ("at=yesterday", "neither milliseconds"), ("partition=0&offset=99999999999999999999", "offset must be a number"),
+     # digits to str.isdigit, not to int() (a ValueError and a 500 before): "²", and Arabic-Indic "١٢"
+     ("partition=%C2%B2", "partition must be a number"), ("partition=0&offset=%D9%A1%D9%A2", "offset must be a number"),
+     ("at=%C2%B2", "neither milliseconds")],
 )
 async def test_bad_browser_input_is_shown_by_the_form(client: httpx.AsyncClient, query: str, says: str) -> None:
     response = await client.get(f"/console/topics/orders/messages?{query}")
