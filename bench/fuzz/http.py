@@ -33,6 +33,7 @@ TOPICS = ("fuzz", "fuzz-b", "t")
 HOSTILE_STRINGS = (
     "", " ", "..", "../..", "%2e%2e%2f", "a%00b", "\u00e9\u4e2d", "x" * 300, "x" * 20000, "_internal", "__consumer",
     "a/b", "%ff", "\ud800", "{topic}", "-1", "9223372036854775808", "null", "$SYS",
+    "\u00b2", "\u0661\u0662",  # digits to str.isdigit, not to int()
 )
 HOSTILE_NUMBERS = (0, -1, 1, 2**31 - 1, 2**31, 2**63 - 1, 2**63, -(2**63) - 1, 10**30, 1.5, -0.0, 1e308)
 _LONG_POLL_CAP_S = 30.0  # create_app's max_wait_ms
@@ -49,6 +50,20 @@ class Operation:
     @property
     def streams(self) -> bool:
         return self.path.endswith("/stream")
+
+
+_TEXT: dict[str, Any] = {"type": "string"}
+# The console's pages (not in the OpenAPI schema): their path and query parameters; the SSE tail is left out
+CONSOLE_OPERATIONS = tuple(
+    Operation("GET", path, tuple((name, "query", _TEXT) for name in query) + tuple(
+        (name, "path", _TEXT) for name in re.findall(r"{(\w+)}", path)), None)
+    for path, query in (
+        ("/console", ()), ("/console/topics", ()), ("/console/topics/{topic}", ()),
+        ("/console/topics/{topic}/messages", ("partition", "offset", "at", "limit", "view")),
+        ("/console/groups", ()), ("/console/groups/{group_id}", ()), ("/console/sources", ()),
+        ("/console/processors", ()),
+    )
+)
 
 
 def _resolve(schema: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
@@ -150,6 +165,7 @@ class HttpTarget(SocketTarget):
                 params = tuple((p["name"], p["in"], p.get("schema", {})) for p in op.get("parameters", ()))
                 content = op.get("requestBody", {}).get("content", {}).get("application/json")
                 self.operations.append(Operation(method.upper(), path, params, content and content["schema"]))
+        self.operations += CONSOLE_OPERATIONS
         for topic in TOPICS:  # something to read, configure and delete
             self._roundtrip_ok(f"POST /topics HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                                f"Content-Length: {len(json.dumps({'name': topic, 'partitions': 2}))}\r\n\r\n"
@@ -164,9 +180,9 @@ class HttpTarget(SocketTarget):
             value: Any = rng.choice(TOPICS) if rng.random() < 0.7 else rng.choice(HOSTILE_STRINGS)
         elif name == "timeout_ms":
             value = rng.choice((0, 0, 0, 0, 10, 100, -1, 2**63, 40000, "x"))
-        elif name in ("offset", "timestamp", "partition", "max", "limit"):
+        elif name in ("offset", "timestamp", "partition", "max", "limit", "at"):
             value = rng.choice((0, 1, 5, -1, -2, 2**31, 2**63, -(2**63) - 1, 10**30, "earliest", "latest", "1.5",
-                                "2024-05-01T00:00:00Z", "", "x"))
+                                "2024-05-01T00:00:00Z", "", "x", "\u00b2", "\u0661\u0662", " 7 "))
         elif rng.random() < 0.7:
             value = value_from_schema(schema, self.spec, rng)
         else:
@@ -186,7 +202,7 @@ class HttpTarget(SocketTarget):
             elif where == "query" and rng.random() < 0.6:
                 value = self._param_value(name, schema, rng)
                 query.append((name, _quote(value)))
-                if name == "timeout_ms" and value.lstrip("-").isdigit():
+                if name == "timeout_ms" and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
                     wait = min(max(int(value), 0) / 1000, _LONG_POLL_CAP_S)
         if rng.random() < 0.05:
             query.append((rng.choice(("x", "partition", "")), _quote(rng.choice(HOSTILE_STRINGS))))
