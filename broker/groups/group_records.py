@@ -28,6 +28,7 @@ from broker.groups.member import Member, StoreGroup
 
 __all__ = [
     "GROUP_METADATA_VERSION",
+    "MAX_GROUP_RECORD_BYTES",
     "GroupMetadataRecord",
     "MemberRecord",
     "decode_group_metadata",
@@ -37,6 +38,10 @@ __all__ = [
 ]
 
 GROUP_METADATA_VERSION = 3
+# Kafka's message.max.bytes default: a group's record in __consumer_offsets must fit it, or storeGroup fails
+# (RECORD_TOO_LARGE, answered UNKNOWN_SERVER_ERROR). Without it members' metadata and assignments (up to a
+# request each) would make records of any size, all read back at every start.
+MAX_GROUP_RECORD_BYTES = 1024 * 1024 + 12
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
@@ -81,7 +86,8 @@ def _bytes(value: bytes) -> bytes:
 
 
 def encode_group_metadata(record: GroupMetadataRecord) -> bytes:
-    """Kafka's GroupMetadataValue v3; ValueError when a string is longer than Kafka's format allows."""
+    """Kafka's GroupMetadataValue v3; ValueError when a string is longer than Kafka's format allows or the
+    record is larger than ``MAX_GROUP_RECORD_BYTES``."""
     parts = [
         _I16.pack(GROUP_METADATA_VERSION),
         _string(record.protocol_type),
@@ -97,7 +103,10 @@ def encode_group_metadata(record: GroupMetadataRecord) -> bytes:
             _I32.pack(m.rebalance_timeout_ms), _I32.pack(m.session_timeout_ms),
             _bytes(m.subscription), _bytes(m.assignment),
         ]
-    return b"".join(parts)
+    value = b"".join(parts)
+    if len(value) > MAX_GROUP_RECORD_BYTES:
+        raise ValueError(f"a group metadata record of {len(value)} bytes is larger than {MAX_GROUP_RECORD_BYTES}")
+    return value
 
 
 class _Cursor:

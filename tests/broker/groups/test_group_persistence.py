@@ -388,3 +388,24 @@ async def test_the_memory_store_refuses_what_the_durable_store_cannot_encode() -
     with pytest.raises(ValueError):
         await MemoryOffsetStore().store_group("g", GroupMetadataRecord("consumer", 1, "range", "m" * 40_000, 0,
                                                                        (long_member,)))
+
+
+@pytest.mark.parametrize("durable", [False, True])
+async def test_a_group_record_larger_than_kafkas_message_limit_fails_the_sync(
+        tmp_path: Path, clock: FakeClock, durable: bool) -> None:
+    """Members' subscriptions and assignments of 600 KB each: the group's record (1.2 MB) would not fit
+    Kafka's message.max.bytes, and Kafka's storeGroup answers UNKNOWN_SERVER_ERROR. Before, any size
+    was stored (and read back at every start); a later small assignment is stored as usual."""
+    store = DurableOffsetStore(tmp_path) if durable else MemoryOffsetStore()
+    coord = GroupCoordinator(store, clock, tick_interval_s=3600)
+    await coord.start()
+    try:
+        r = await join(coord, protocols=[("range", b"s" * 600_000)])
+        s = await asyncio.wait_for(coord.sync(GROUP, r.generation_id, r.member_id, {r.member_id: b"a" * 600_000}), 10)
+        assert s.error_code == ErrorCode.UNKNOWN_SERVER_ERROR and coord.metadata_write_failures == 1
+        assert GROUP not in store.group_metadata()
+        r = await join(coord, r.member_id)  # the default subscription: a few bytes
+        s = await asyncio.wait_for(coord.sync(GROUP, r.generation_id, r.member_id, {r.member_id: b"a"}), 10)
+        assert s.error_code == ErrorCode.NONE and store.group_metadata()[GROUP].generation_id == r.generation_id
+    finally:
+        await coord.stop()
