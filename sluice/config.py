@@ -114,7 +114,8 @@ class KafkaSettings(BaseModel):
     max_connections_per_address: int = 0  # per client IP address (Kafka's max.connections.per.ip)
     group_initial_rebalance_delay_ms: int = Field(default=3000, ge=0)  # Kafka's group.initial.rebalance.delay.ms
     offsets_retention_check_interval_ms: int = Field(default=600_000, gt=0)  # offsets.retention.check.interval.ms
-    offsets_retention_minutes: int = Field(default=10_080, ge=1)  # Kafka's offsets.retention.minutes (7 days)
+    # Kafka's offsets.retention.minutes (7 days); fractions allowed (Kafka's is whole minutes)
+    offsets_retention_minutes: float = Field(default=10_080, gt=0)
     producer_id_expiration_ms: int = Field(default=86_400_000, ge=1)  # Kafka's producer.id.expiration.ms
     producer_id_expiration_check_interval_ms: int = Field(default=600_000, ge=1)  # how often idle ids are swept
     # Transactions (Kafka's names): the longest transaction.timeout.ms a producer may ask for, how often

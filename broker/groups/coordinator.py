@@ -17,7 +17,8 @@ Every ``settings.empty_group_check_interval_ms`` (Kafka's ``cleanupGroupMetadata
 offsets that expired (``settings.offsets_retention_ms``, the rules of expiry.py) are removed from the
 store, then every Empty group without committed offsets is deleted with its metadata, so groups
 nobody uses do not pile up in the store. Commit and expiry times are wall-clock milliseconds
-(``wall_clock``, ``time.time`` by default): they are stored and count across restarts.
+(``wall_clock``, ``time.time`` by default): they are stored and count across restarts. A deleted
+topic's offsets go from every group at once (``forget_topic``, Kafka's ``handleDeletedPartitions``).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class GroupCoordinator:
         self.offsets_expired = 0  # committed offsets removed by expiry (/metrics)
         self._empty_since_ms: dict[str, int] = {}  # Kafka's currentStateTimestamp of Empty groups
         self._pending_commits: dict[str, Counter[TopicPartition]] = {}  # commits being written
+        self._topic_removals: set[asyncio.Task[None]] = set()  # offsets of deleted topics being removed
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -114,7 +116,7 @@ class GroupCoordinator:
             self._task = None
         for group in self._groups.values():
             self._deliver(group.group_id, group.fail_all(ErrorCode.COORDINATOR_NOT_AVAILABLE))
-        await asyncio.gather(*self._writes.values(), return_exceptions=True)
+        await asyncio.gather(*self._writes.values(), *self._topic_removals, return_exceptions=True)
         await self.offsets.close()
 
     async def _run(self) -> None:
@@ -163,6 +165,31 @@ class GroupCoordinator:
             log.info("expired offsets removed", extra={"offsets": removed, "groups": groups,
                                                        "retention_ms": self.settings.offsets_retention_ms})
         return removed
+
+    def forget_topic(self, topic: str) -> None:
+        """The topic was deleted: its committed offsets go from every group at once (Kafka's
+        ``handleDeletedPartitions``), then the groups that leaves Empty without offsets. Synchronous
+        (a LogStore deletion listener): the removal is written by a task; ``stop`` waits for it."""
+        task = asyncio.get_running_loop().create_task(self._remove_topic_offsets(topic), name=f"forget-topic-{topic}")
+        self._topic_removals.add(task)
+        task.add_done_callback(self._topic_removals.discard)
+
+    async def _remove_topic_offsets(self, topic: str) -> None:
+        removed = 0
+        for group_id in self.offsets.groups():
+            gone = [tp for tp in self.offsets.fetch(group_id) if tp[0] == topic]
+            if not gone:
+                continue
+            try:
+                await self.offsets.remove_offsets(group_id, gone)
+            except OffsetStoreError as exc:
+                log.error("offsets of a deleted topic not removed", extra={"group": group_id, "topic": topic,
+                                                                           "error": str(exc)})
+                continue
+            removed += len(gone)
+        if removed:
+            log.info("offsets of a deleted topic removed", extra={"topic": topic, "offsets": removed})
+            await self.remove_empty_groups()
 
     async def remove_empty_groups(self) -> list[str]:
         """Delete every Empty group without committed offsets (and its stored metadata), as Kafka's

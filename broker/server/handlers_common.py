@@ -67,6 +67,8 @@ class BrokerContext:
         # Whichever path deletes a topic, its idempotent-producer state goes with it (late-bound:
         # the assembly may replace ``producer_state`` with a configured table).
         self.store.subscribe_deletions(lambda topic: self.producer_state.forget_topic(topic))
+        # ... and so do the offsets groups committed for it (Kafka's handleDeletedPartitions).
+        self.store.subscribe_deletions(lambda topic: self.coordinator.forget_topic(topic))
 
     def _allocate_producer_id(self) -> int:
         return self.producer_ids.allocate()  # looked up per call: serve replaces producer_ids after construction

@@ -48,7 +48,7 @@ class KafkaComponent:
         self.coordinator = GroupCoordinator(
             offsets, settings=GroupSettings(initial_rebalance_delay_ms=kafka.group_initial_rebalance_delay_ms,
                                             empty_group_check_interval_ms=kafka.offsets_retention_check_interval_ms,
-                                            offsets_retention_ms=kafka.offsets_retention_minutes * 60_000),
+                                            offsets_retention_ms=round(kafka.offsets_retention_minutes * 60_000)),
         )
         self.server = KafkaServer(
             runtime.store,

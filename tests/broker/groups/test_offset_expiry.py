@@ -181,3 +181,21 @@ async def test_a_stable_group_with_an_unreadable_subscription_keeps_its_offsets(
     clock.advance(3600)
     assert await coord.cleanup_groups() == (0, [])
     assert committed(coord) == {("u", 0): 4}
+
+
+async def test_a_standalone_commit_being_written_keeps_its_new_group(
+        tmp_path: Path, clock: FakeClock, coords: list[GroupCoordinator]) -> None:
+    """The first commit of a standalone group makes an Empty group whose offset is not in the store
+    until its fsync: a cleanup round then must not delete the group (its delete record would follow
+    the commit's and erase an acknowledged offset)."""
+    store = _HeldFsyncStore(tmp_path)
+    coord = await start(store, clock, coords)
+    store.hold.clear()
+    commit = asyncio.ensure_future(coord.commit_offsets("solo", -1, "", {("t", 0): (1, None)}))
+    await settle()
+    cleanup = asyncio.ensure_future(coord.cleanup_groups())
+    await settle()
+    store.hold.set()
+    assert await asyncio.wait_for(commit, 30) == {("t", 0): ErrorCode.NONE}
+    assert await asyncio.wait_for(cleanup, 30) == (0, [])
+    assert committed(coord, "solo") == {("t", 0): 1}
