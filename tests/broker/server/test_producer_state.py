@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import crc32c
 
+from broker.groups import GroupCoordinator, MemoryOffsetStore
 from broker.log.memory import MemoryLogStore
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import ATTR_TRANSACTIONAL, RecordSpec, decode_header, encode_batch
@@ -71,7 +72,7 @@ async def test_state_rebuilt_on_start_counts_as_seen_at_the_start() -> None:
 
 async def test_deleting_a_topic_through_the_store_clears_its_producer_state() -> None:
     store = MemoryLogStore()
-    ctx = BrokerContext(store, None, "127.0.0.1", 9092)
+    ctx = BrokerContext(store, GroupCoordinator(MemoryOffsetStore()), "127.0.0.1", 9092)
     ctx.producer_state = ProducerStateTable()  # replaced after construction, as the assembly does
     store.create_topic("t", 1)
     store.create_topic("other", 1)
