@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 _Key = tuple[str, str]  # (group id, member id)
 _T = TypeVar("_T")
+_MAX_TIMESTAMP_MS = 2**63 - 1
 _MAX_STRING_BYTES = 0x7FFF  # a Kafka string (JoinGroup's member id, the group record's fields)
 
 
@@ -353,7 +354,8 @@ class GroupCoordinator:
         accepted: dict[TopicPartition, CommittedOffset] = {}
         limit = self.settings.max_offset_metadata_bytes
         now_ms = self._wall_ms()
-        expire_ms = now_ms + retention_time_ms if retention_time_ms != -1 else -1
+        # (capped: an i64 retention would overflow the stored i64 expire time)
+        expire_ms = min(now_ms + retention_time_ms, _MAX_TIMESTAMP_MS) if retention_time_ms != -1 else -1
         for tp, (offset, metadata) in offsets.items():
             if metadata is not None and len(metadata.encode()) > limit:
                 result[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
