@@ -103,7 +103,18 @@ class _Listener(ConsumerRebalanceListener):
             await self.on_revoked(tps)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        await self.on_assigned(sorted((tp.topic, tp.partition) for tp in assigned))
+        # aiokafka stops its heartbeat task for the whole rejoin, this callback included (Kafka's
+        # consumers heartbeat from their own thread meanwhile): an assignment whose checkpoints took
+        # longer than the session timeout to restore (a loaded host, 2 s sessions) had the group remove
+        # the member just after giving it the partitions; it lost them (an abort), and its rejoin started
+        # another rebalance. The member heartbeats here until the callback is done.
+        heartbeats = asyncio.create_task(self.source.heartbeat_while_assigning())
+        try:
+            await self.on_assigned(sorted((tp.topic, tp.partition) for tp in assigned))
+        finally:
+            heartbeats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeats
 
 
 class KafkaSource:
@@ -166,6 +177,18 @@ class KafkaSource:
             await self.consumer.stop()
         if self.purger is not None:
             await self.purger.close()
+
+    async def heartbeat_while_assigning(self) -> None:
+        """Heartbeat as aiokafka's heartbeat task does, which is stopped during an assignment's callback;
+        until cancelled, or until the member is out of the group (its rejoin follows the callback)."""
+        coordinator = self.consumer._coordinator  # aiokafka's GroupCoordinator
+        interval = getattr(coordinator, "_heartbeat_interval_ms", self.session_timeout_ms // 6) / 1000
+        while self.member(self.group) is not None:
+            await asyncio.sleep(interval)
+            try:
+                await coordinator._do_heartbeat()  # its answers handled as the heartbeat task's are
+            except KafkaError:  # not expected (authorization): the heartbeat task meets it again after
+                return
 
     def seek(self, tp: TP, offset: int) -> None:
         self.consumer.seek(TopicPartition(*tp), offset)

@@ -259,3 +259,45 @@ async def test_a_member_slower_to_revoke_than_its_session_timeout_keeps_its_plac
     finally:
         await other.stop()
         await source.stop()
+
+
+async def test_a_member_slower_to_restore_its_assignment_than_its_session_timeout_keeps_it(
+        sluice: SluiceProcess) -> None:
+    """Restoring an assignment's checkpoints (the assignment callback) may take longer than the session
+    timeout on a loaded host. aiokafka stops its heartbeats for the whole rejoin, the callback included:
+    the group removed the member just after giving it the partitions, so it lost them (exactly-once:
+    the interval aborted) and its rejoin started another rebalance (seen in the exactly-once rebalance
+    test under load 17). The member must stay in the group, as Kafka's consumers (which heartbeat from
+    their own thread meanwhile) do."""
+    bootstrap, group = sluice.bootstrap, f"restore-{uuid.uuid4().hex[:8]}"
+    await produce(bootstrap, "restore-in", sensor_readings(0.4))
+    source = KafkaSource(bootstrap, ("restore-in",), group, session_timeout_ms=2000)
+    assigned: list[list[tuple[str, int]]] = []
+    members: list[list[str]] = []
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+
+    async def on_assigned(tps: list[tuple[str, int]]) -> None:
+        if not assigned:
+            await asyncio.sleep(5)  # 2.5 session timeouts
+            # what the group holds as the callback ends (Sluice and Kafka expire sessions on a timer)
+            described = (await admin.describe_consumer_groups([group]))[0].groups[0]  # raw: members 6th
+            members.append([m[0] for m in described[5]])
+        assigned.append(tps)
+
+    async def on_revoked(tps: list[tuple[str, int]]) -> None:
+        pass
+
+    await admin.start()
+    await source.start(on_assigned, on_revoked)
+    try:
+        deadline = time.monotonic() + 60
+        while not assigned:
+            await source.fetch(100, 0.2, set())
+            assert time.monotonic() < deadline
+        member = source.member(group)
+        assert member is not None
+        assert members == [[member.member_id]], (members, member)
+        assert assigned == [[("restore-in", p) for p in range(PARTITIONS)]]
+    finally:
+        await source.stop()
+        await admin.close()
