@@ -201,13 +201,27 @@ class Runner:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            self.failed = exc
-            log.exception("processor failed", extra={"pipeline": self.pipeline.name})
-            self.stopped.set()
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.failed = exc
+        log.exception("processor failed", extra={"pipeline": self.pipeline.name})
+        self.stopped.set()
 
     # -- assignment -----------------------------------------------------------------------------
 
     async def _on_assigned(self, tps: list[TopicPartition]) -> None:
+        try:
+            await self._assign_partitions(tps)
+        except Exception as exc:
+            # A consumer logs a rebalance listener's exception and goes on as the partitions' owner
+            # (aiokafka does): they stayed pending, nothing of them read or committed, and the processor
+            # hung for good (a broker killed while the checkpoints loaded). It fails instead, and its
+            # supervisor restarts it from the committed checkpoints.
+            self._fail(exc)
+            raise
+
+    async def _assign_partitions(self, tps: list[TopicPartition]) -> None:
         self._pending.update(tps)  # before any await: the fetcher must not pass their data on yet
         self._assigned.clear()
         restores = await self.checkpoints.load(tps)

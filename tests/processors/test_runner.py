@@ -383,3 +383,38 @@ async def test_stop_ends_a_fetch_loop_that_swallowed_its_cancellation() -> None:
     done, _ = await asyncio.wait([stopping], timeout=5)
     assert stopping in done, "stop() is still waiting for the fetch loop"
     assert source.swallowed == 1
+
+
+async def test_an_assignment_whose_checkpoints_cannot_be_read_fails_the_processor() -> None:
+    """The broker killed while an assignment's checkpoints load: the load fails inside the consumer's
+    rebalance listener, whose exception aiokafka logs and swallows, going on as the partitions' owner.
+    The processor must fail (exit 1, its supervisor restarts it), not wait for an assignment that
+    never reaches it (the exactly-once broker-kill test hung until its 300 s timeout)."""
+    from processors.errors import CheckpointError
+    from processors.testing import MemoryCheckpointStore, MemorySource
+
+    class UnreadableCheckpoints(MemoryCheckpointStore):
+        async def load(self, tps: Collection[TopicPartition] | None = None) -> dict[TopicPartition, PartitionRestore]:
+            raise CheckpointError("cannot read _checkpoints.sensors: the broker is gone")
+
+    class SwallowingListenerErrors(MemorySource):  # as aiokafka's group coordinator calls the listener
+        async def start(self, on_assigned: AssignmentListener, on_revoked: AssignmentListener,
+                        on_lost: AssignmentListener | None = None) -> None:
+            tps = [(self.topic, p) for p in self.data]
+            self.positions = dict.fromkeys(tps, 0)
+            try:
+                await on_assigned(tps)
+            except Exception:
+                pass
+
+    source = SwallowingListenerErrors("in", 2)
+    for i in range(100):
+        source.append(i % 2, {"sensor": f"s{i % 4}", "temp": 1.0, "ts": T0 + i}, T0 + i)
+    runner = Runner(sensor_pipeline(), source, MemorySink(), UnreadableCheckpoints(), clock=FakeClock())
+    await runner.start()
+    try:
+        await asyncio.wait_for(runner.stopped.wait(), 20)
+        assert isinstance(runner.failed, CheckpointError)
+        assert runner.executor.records_in == 0
+    finally:
+        await runner.stop()
