@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 import socket
 import time
 from collections import Counter
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tests.broker.server.conftest import SluiceProcess
 from tests.processors.test_exactly_once import EXACTLY_ONCE, batch_jump_alerts
@@ -45,11 +47,15 @@ def durable_sluice(tmp_path: Path) -> Iterator[SluiceProcess]:
 
 
 def kill9_and_restart(server: SluiceProcess) -> None:
+    kill9(server)
+    server.start()
+
+
+def kill9(server: SluiceProcess) -> None:
     assert server.proc is not None
     server.proc.kill()
     server.proc.wait()
     server.proc = None
-    server.start()
 
 
 async def test_broker_kill_9_at_random_points_read_committed_sees_every_window_exactly_once(
@@ -79,6 +85,38 @@ async def test_broker_kill_9_at_random_points_read_committed_sees_every_window_e
         written = len(await read_all(sluice.bootstrap, env["SENSORS_ALERTS"]))
         return written - len(await read_all(sluice.bootstrap, env["SENSORS_ALERTS"], "read_committed"))
 
+    async def freeze_inside_open_transaction(proc: Processor) -> int:
+        """Stop the processor (SIGSTOP) while its open transaction holds results (an alerts partition's
+        high watermark past its last stable offset) and look again: stopped, it cannot commit, so the
+        broker's kill lands inside that transaction (looking and killing without the stop missed its 3 s
+        intervals on a loaded machine: no kill landed in one). A commit between the look and the stop
+        lets it go on (SIGCONT). Answers the records open (0: none found in 30 s); when there are, the
+        processor is left stopped for the caller to kill the broker."""
+        tps = [TopicPartition(env["SENSORS_ALERTS"], p) for p in range(PARTITIONS)]
+        ends = {level: AIOKafkaConsumer(bootstrap_servers=sluice.bootstrap, isolation_level=level)
+                for level in ("read_uncommitted", "read_committed")}
+        for consumer in ends.values():
+            await consumer.start()
+
+        async def results_open() -> int:
+            high = await ends["read_uncommitted"].end_offsets(tps)
+            stable = await ends["read_committed"].end_offsets(tps)
+            return sum(high[tp] - stable[tp] for tp in tps)
+
+        try:
+            until = time.monotonic() + 30
+            while time.monotonic() < until:
+                if await results_open():
+                    proc.proc.send_signal(signal.SIGSTOP)
+                    if opened := await results_open():
+                        return opened
+                    proc.proc.send_signal(signal.SIGCONT)
+                await asyncio.sleep(rng.uniform(0, 0.05))
+            return 0
+        finally:
+            for consumer in ends.values():
+                await consumer.stop()
+
     try:
         for i, chunk in enumerate(chunks):
             if i % 3 != 1:
@@ -89,19 +127,21 @@ async def test_broker_kill_9_at_random_points_read_committed_sees_every_window_e
                 assert time.monotonic() < deadline, log.read_text()[-3000:]
                 supervise()
                 await asyncio.sleep(0.05)
-            before = await open_alerts()
             await produce(sluice.bootstrap, env["SENSORS_INPUT"], chunk)
             if broker_kills != 1 and rng.random() < 0.5:
                 await asyncio.sleep(rng.uniform(0.0, 2.0))  # anywhere in the processor's interval
-            else:  # right after it wrote results its open transaction has not committed yet
-                until = time.monotonic() + 20
-                while await open_alerts() <= before and time.monotonic() < until:
-                    await asyncio.sleep(rng.uniform(0, 0.05))
-            open_at_kill.append(await open_alerts())
+                frozen = 0
+                open_at_kill.append(await open_alerts())
+            else:  # while its open transaction holds results (always in the round that kills both)
+                frozen = await freeze_inside_open_transaction(proc)  # stopped: looked at, kill at once
+                open_at_kill.append(frozen)
             both = broker_kills == 1  # one round kills the processor too: its open transaction must abort
             if both:
                 proc.kill9()
-            kill9_and_restart(sluice)
+            kill9(sluice)
+            if frozen and not both:
+                proc.proc.send_signal(signal.SIGCONT)  # it finds the broker gone, as at any other point
+            sluice.start()
             broker_kills += 1
             if both:  # same instance id: it fences the dead one through the reloaded coordinator state
                 proc = Processor(sluice.bootstrap, env, log, *OPTIONS)
