@@ -16,6 +16,9 @@ Rules
    lost to retention before they were read are skipped.
 4. A record that cannot be delivered (no or a bad ``mqtt_topic``) is skipped and counted in
    ``HubStats.log_records_skipped``; headers that cannot become properties in ``log_headers_skipped``.
+   A record whose delivery fails in any other way is skipped, counted the same and logged with its
+   offset: one poison record must not stop the partition's later records (they would be retried at
+   the same offset every second, for ever).
 """
 
 from __future__ import annotations
@@ -123,7 +126,7 @@ class LogToMqtt:
                 if not header.is_control:
                     for record in decode_records(batch, header):
                         if record.offset >= offset and record.offset < plog.high_watermark:
-                            self._deliver(record)
+                            self._deliver_or_skip(record)
                 offset = max(offset, header.last_offset + 1)
         return offset
 
@@ -142,7 +145,7 @@ class LogToMqtt:
             for header in headers:
                 for record in decode_records(view[pos : pos + header.size], header):
                     if record.offset >= offset:
-                        self._deliver(record)
+                        self._deliver_or_skip(record)
                 pos += header.size
             offset = read.next_offset
 
@@ -152,6 +155,14 @@ class LogToMqtt:
         if txns is None or offset < txns.last_stable_offset(plog):
             return offset
         return max(offset, plog.high_watermark)
+
+    def _deliver_or_skip(self, record: Record) -> None:
+        try:
+            self._deliver(record)
+        except Exception as exc:  # rule 4: this record only
+            self.hub.stats.log_records_skipped += 1
+            log.warning("mqtt: delivering a record from the log failed; skipped",
+                        extra={"topic": record.header("mqtt_topic"), "offset": record.offset, "error": repr(exc)})
 
     def _deliver(self, record: Record) -> None:
         stats = self.hub.stats

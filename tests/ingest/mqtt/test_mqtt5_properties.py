@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 import paho.mqtt.client as paho
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
@@ -387,3 +388,32 @@ async def test_a_record_with_a_hostile_expiry_header_is_delivered_once_and_the_n
     assert [(p.topic, p.payload, p.properties.message_expiry_interval) for p in got if isinstance(p, Publish)] == [
         ("cmd/1", b"first", None), ("cmd/2", b"second", None)]
     assert server.hub.stats.log_headers_skipped == 1 and server.hub.stats.log_records_delivered == 2
+
+
+async def test_a_record_whose_delivery_fails_is_skipped_and_later_records_still_arrive(
+    start_server: StartServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rule 4 of from_log: a failure nobody foresaw (injected here into the header conversion) costs
+    that record only; before, the follower retried the same offset every second and nothing after it
+    ever reached a subscriber."""
+    import ingest.mqtt.from_log as from_log
+
+    real = from_log.from_headers
+
+    def failing(headers: Any) -> Any:
+        if any(name == "poison" for name, _ in headers):
+            raise RuntimeError("injected")
+        return real(headers)
+
+    monkeypatch.setattr(from_log, "from_headers", failing)
+    server = await start_server(deliver_from_topics=["commands"])
+    sub = await RawClient.open(server.port, MQTT_5)
+    await sub.connect("device-8")
+    sub.send(Subscribe(1, (Subscription("cmd/#", 0),)))
+    assert await sub.recv() == Suback(1, (0,))
+    await server.store.append_records("commands", [
+        RecordSpec(b"bad", b"k", (("mqtt_topic", b"cmd/1"), ("poison", b"1"))),
+        RecordSpec(b"good", b"k", (("mqtt_topic", b"cmd/1"),))])
+    got = await sub.recv()
+    assert isinstance(got, Publish) and got.payload == b"good"
+    assert server.hub.stats.log_records_skipped == 1 and server.hub.stats.log_records_delivered == 1
