@@ -21,15 +21,13 @@ import argparse
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-from bench.fuzz.harness import BrokerProcess
+from bench.fuzz.harness import BrokerProcess, restart_on_same_data
 from bench.fuzz.tcp import hostile_line
 
 __all__ = ["main"]
@@ -70,32 +68,6 @@ def _append_in_pieces(path: Path, data: bytes, rng: random.Random) -> None:
             pos += step
             if rng.random() < 0.1:
                 time.sleep(rng.choice((0.001, 0.02)))
-
-
-def _restart(broker: BrokerProcess, env: dict[str, str], round_: int) -> float:
-    assert broker.proc is not None
-    os.kill(broker.pid, signal.SIGKILL)
-    broker.proc.wait(60)
-    endpoints = broker.data_dir / "endpoints.json"
-    endpoints.unlink(missing_ok=True)
-    with broker.log_path.open("ab") as log:
-        log.write(f"==== restart after kill -9 #{round_}\n".encode())
-        log.flush()
-        started = time.monotonic()
-        broker.proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--data-dir",
-                                        str(broker.data_dir)], env=env, stdout=subprocess.DEVNULL, stderr=log,
-                                       cwd=broker.workdir)
-    while True:
-        if broker.proc.poll() is not None:
-            raise RuntimeError(f"the broker exited on restart; see {broker.log_path}")
-        if endpoints.exists():
-            found = json.loads(endpoints.read_text())
-            if {"http", "kafka"} <= set(found):
-                broker.endpoints = {k: (v["host"], int(v["port"])) for k, v in found.items()}
-                return time.monotonic() - started
-        if time.monotonic() - started > 120:
-            raise RuntimeError(f"the restarted broker did not come up; see {broker.log_path}")
-        time.sleep(0.05)
 
 
 def _read_back(broker: BrokerProcess, topics: list[str], expected: Counter[bytes], wait: float) -> Counter[bytes]:
@@ -165,14 +137,14 @@ def main(argv: list[str] | None = None) -> int:
                     middle = int(cut * kill_share)
                     _append_in_pieces(path, data[:middle], rng)
                     time.sleep(rng.choice((0.0, 0.01, 0.1)))
-                    seconds = _restart(broker, env, round_)
+                    seconds = restart_on_same_data(broker, env, round_, {"http", "kafka"})
                     _append_in_pieces(path, data[middle:cut], rng)
                 else:
                     _append_in_pieces(path, data[:cut], rng)
                 carried[fmt] = data[cut:]
             if seconds < 0:
                 time.sleep(rng.choice((0.0, 0.01, 0.1, 0.5)))
-                seconds = _restart(broker, env, round_)
+                seconds = restart_on_same_data(broker, env, round_, {"http", "kafka"})
             print(f"round {round_}: restarted in {seconds:.1f} s", flush=True)
         for fmt, path in paths.items():
             _append_in_pieces(path, carried[fmt], rng)

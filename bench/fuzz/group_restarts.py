@@ -24,10 +24,8 @@ import datetime
 import os
 import random
 import select
-import signal
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from bench.fuzz.harness import BrokerProcess
+from bench.fuzz.harness import BrokerProcess, restart_on_same_data
 from broker.protocol.kafka import ApiKey, RequestHeader, encode_request, is_flexible
 from broker.protocol.kafka.codec import decode_response_body
 
@@ -247,35 +245,6 @@ def _round(broker: BrokerProcess, rng: random.Random, inputs: int) -> list[Group
     return clients + members
 
 
-def _restart(broker: BrokerProcess, env: dict[str, str], round_: int, kill: bool) -> float:
-    """Stop (SIGKILL or SIGTERM), then ``sluice serve`` on the same data; the seconds until its ports are up."""
-    assert broker.proc is not None
-    os.kill(broker.pid, signal.SIGKILL if kill else signal.SIGTERM)
-    broker.proc.wait(60)
-    endpoints = broker.data_dir / "endpoints.json"
-    endpoints.unlink(missing_ok=True)
-    with broker.log_path.open("ab") as log:
-        log.write(f"==== restart after {'kill -9' if kill else 'SIGTERM'} #{round_}\n".encode())
-        log.flush()
-        started = time.monotonic()
-        broker.proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--data-dir",
-                                        str(broker.data_dir)], env=env, stdout=subprocess.DEVNULL, stderr=log,
-                                       cwd=broker.workdir)
-    import json
-
-    while True:
-        if broker.proc.poll() is not None:
-            raise RuntimeError(f"the broker exited on restart; see {broker.log_path}")
-        if endpoints.exists():
-            found = json.loads(endpoints.read_text())
-            if {"http", "kafka"} <= set(found):
-                broker.endpoints = {k: (v["host"], int(v["port"])) for k, v in found.items()}
-                return time.monotonic() - started
-        if time.monotonic() - started > 120:
-            raise RuntimeError(f"the restarted broker did not come up; see {broker.log_path}")
-        time.sleep(0.05)
-
-
 def _bootstrap(broker: BrokerProcess) -> str:
     host, port = broker.endpoints["kafka"]
     return f"{host}:{port}"
@@ -383,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         wanted = _commit_bystander(broker)
         for round_ in range(args.rounds):
             clients = _round(broker, rng, args.inputs)
-            seconds = _restart(broker, env, round_, kill=round_ % 2 == 0)
+            seconds = restart_on_same_data(broker, env, round_, {"http", "kafka"}, kill=round_ % 2 == 0)
             for c in clients:
                 c.close()
             failures = _checks(broker, wanted, round_)

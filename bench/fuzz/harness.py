@@ -644,3 +644,33 @@ class Campaign:
                 Finding("rss-growth", f"RSS {before.rss_kib // 1024} -> {after.rss_kib // 1024} MiB "
                         f"(limit +{self.rss_growth_mib} MiB)")
             )
+
+
+def restart_on_same_data(broker: BrokerProcess, env: dict[str, str], round_: int, needs: set[str],
+                         *, kill: bool = True, timeout: float = 120.0) -> float:
+    """Stop ``broker`` (SIGKILL, else SIGTERM), then ``sluice serve`` on the same data dir with ``env``;
+    returns the seconds until it announced the listeners in ``needs`` (``timeout``: a deadline for a
+    loaded machine, not a wait). For the campaigns about what survives a restart."""
+    assert broker.proc is not None
+    os.kill(broker.pid, signal.SIGKILL if kill else signal.SIGTERM)
+    broker.proc.wait(60)
+    endpoints = broker.data_dir / "endpoints.json"
+    endpoints.unlink(missing_ok=True)
+    with broker.log_path.open("ab") as log:
+        log.write(f"==== restart after {'kill -9' if kill else 'SIGTERM'} #{round_}\n".encode())
+        log.flush()
+        started = time.monotonic()
+        broker.proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--data-dir",
+                                        str(broker.data_dir)], env=env, stdout=subprocess.DEVNULL, stderr=log,
+                                       cwd=broker.workdir)
+    while True:
+        if broker.proc.poll() is not None:
+            raise RuntimeError(f"the broker exited on restart; see {broker.log_path}")
+        if endpoints.exists():
+            found = json.loads(endpoints.read_text())
+            if needs <= set(found):
+                broker.endpoints = {k: (v["host"], int(v["port"])) for k, v in found.items()}
+                return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"the restarted broker did not come up; see {broker.log_path}")
+        time.sleep(0.05)

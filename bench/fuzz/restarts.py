@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.fuzz.harness import BrokerProcess, Hang
+from bench.fuzz.harness import BrokerProcess, Hang, restart_on_same_data
 from bench.fuzz.mqtt import MqttTarget
 from ingest.mqtt.codec import encode
 from ingest.mqtt.packets import MQTT_5, MQTT_311, Connect, Properties, Will
@@ -61,31 +60,6 @@ def _hold_wills(broker: BrokerProcess, rng: random.Random, round_: int) -> list[
         sock.recv(256)  # the CONNACK
         held.append(sock)
     return held
-
-
-def _restart(broker: BrokerProcess, env: dict[str, str], round_: int) -> float:
-    """SIGKILL, then ``sluice serve`` on the same data; returns the seconds until it announced its ports."""
-    assert broker.proc is not None
-    os.kill(broker.pid, signal.SIGKILL)
-    broker.proc.wait(30)
-    endpoints = broker.data_dir / "endpoints.json"
-    endpoints.unlink(missing_ok=True)
-    with broker.log_path.open("ab") as log:
-        log.write(f"==== restart after kill -9 #{round_}\n".encode())
-        log.flush()
-        started = time.monotonic()
-        broker.proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--data-dir",
-                                        str(broker.data_dir)], env=env, stdout=subprocess.DEVNULL, stderr=log,
-                                       cwd=broker.workdir)
-    while True:
-        if broker.proc.poll() is not None:
-            raise RuntimeError(f"the broker exited on restart; see {broker.log_path}")
-        if endpoints.exists():
-            found = json.loads(endpoints.read_text())
-            if {"http", "mqtt"} <= set(found):
-                broker.endpoints = {k: (v["host"], int(v["port"])) for k, v in found.items()}
-                return time.monotonic() - started
-        time.sleep(0.05)
 
 
 def _real_client(broker: BrokerProcess) -> bool:
@@ -132,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                     target.close_all()
             held = _hold_wills(broker, rng, round_)
             before = _status(broker)
-            seconds = _restart(broker, env, round_)
+            seconds = restart_on_same_data(broker, env, round_, {"http", "mqtt"})
             target.close_all()
             for sock in held:
                 sock.close()
