@@ -313,15 +313,29 @@ class GroupCoordinator:
         return group.heartbeat(self.clock.monotonic(), generation_id, member_id)
 
     async def leave(self, group_id: str, member_ids: list[str]) -> dict[str, ErrorCode]:
+        """Members named by member id leave (LeaveGroup v0-v2); each id's code."""
+        _, codes = await self.leave_members(group_id, [(mid, None) for mid in member_ids])
+        return dict(zip(member_ids, codes, strict=True))
+
+    async def leave_members(
+        self, group_id: str, leaving: list[tuple[str, str | None]]
+    ) -> tuple[ErrorCode, list[ErrorCode]]:
+        """LeaveGroup v3+ (group rule 14): (top-level code, one code per (member id, instance id)).
+
+        As Kafka's ``handleLeaveGroup``: an empty group id is INVALID_GROUP_ID with no member codes;
+        a group nobody has joined answers UNKNOWN_MEMBER_ID for every member."""
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID, []
         group = self._groups.get(group_id)
         if group is None:
-            return {mid: ErrorCode.UNKNOWN_MEMBER_ID for mid in member_ids}
-        errors, effects = group.leave(self.clock.monotonic(), member_ids)
+            return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(leaving)
+        codes, effects = group.leave_members(self.clock.monotonic(), leaving)
         self._deliver(group_id, effects)
-        left = [mid for mid, err in errors.items() if err == ErrorCode.NONE]
+        left = [f"{mid or '-'}/{instance or '-'}" for (mid, instance), code in zip(leaving, codes, strict=True)
+                if code == ErrorCode.NONE]
         if left:
             log.info("group members left", extra={"group": group_id, "members": left})
-        return errors
+        return ErrorCode.NONE, codes
 
     # ------------------------------------------------------------------ offsets
 

@@ -86,6 +86,12 @@ Rules:
     (c) A static member swapped in Stable (rule 11) stores the swap before its JoinGroup is
     answered; a failed write swaps the old member back (``revert_static``). A group restored from
     its last record (group_records.restore_group) is Stable with that generation, or Empty.
+14. LeaveGroup (Kafka's ``handleLeaveGroup``), per member in request order: an empty member id with an
+    instance id removes the static member holding that instance id (an admin's
+    ``removeMembersFromConsumerGroup``; nobody holds it: UNKNOWN_MEMBER_ID); a pending member id is
+    dropped; otherwise the instance id, if given, must be held (UNKNOWN_MEMBER_ID) by this member id
+    (FENCED_INSTANCE_ID), and the member id must be a member (UNKNOWN_MEMBER_ID). A member removed
+    is handled as one whose session expired (rule 8's removal: rebalance, or Empty).
 """
 
 from __future__ import annotations
@@ -303,19 +309,42 @@ class Group:
         return error
 
     def leave(self, now: float, member_ids: Sequence[str]) -> tuple[dict[str, ErrorCode], Effects]:
+        """LeaveGroup v0-v2 (and tests): members named by member id only."""
+        codes, effects = self.leave_members(now, [(mid, None) for mid in member_ids])
+        return dict(zip(member_ids, codes, strict=True)), effects
+
+    def leave_members(
+        self, now: float, leaving: Sequence[tuple[str, str | None]]
+    ) -> tuple[list[ErrorCode], Effects]:
+        """Rule 14: LeaveGroup v3+, each member as (member id, instance id); one code per entry."""
         effects = Effects()
-        errors: dict[str, ErrorCode] = {}
-        for mid in member_ids:
-            if mid in self.pending:
+        codes: list[ErrorCode] = []
+        for mid, instance in leaving:
+            if mid == "":
+                holder = self._instance_holder(instance) if instance else None
+                if holder is None:
+                    codes.append(ErrorCode.UNKNOWN_MEMBER_ID)
+                    continue
+                mid = holder
+            elif mid in self.pending:
                 del self.pending[mid]
-                errors[mid] = ErrorCode.NONE
+                codes.append(ErrorCode.NONE)
                 self._try_complete_join(now, effects, member_left=True)
-            elif mid in self.members:
-                self._remove_member(now, mid, effects)
-                errors[mid] = ErrorCode.NONE
-            else:
-                errors[mid] = ErrorCode.UNKNOWN_MEMBER_ID
-        return errors, effects
+                continue
+            elif instance:
+                holder = self._instance_holder(instance)
+                if holder is None:
+                    codes.append(ErrorCode.UNKNOWN_MEMBER_ID)
+                    continue
+                if holder != mid:
+                    codes.append(ErrorCode.FENCED_INSTANCE_ID)
+                    continue
+            elif mid not in self.members:
+                codes.append(ErrorCode.UNKNOWN_MEMBER_ID)
+                continue
+            self._remove_member(now, mid, effects)
+            codes.append(ErrorCode.NONE)
+        return codes, effects
 
     # ------------------------------------------------------------------ offsets, time, description
 

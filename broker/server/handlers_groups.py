@@ -90,18 +90,16 @@ async def handle_heartbeat(ctx: BrokerContext, body: Any, conn: ConnectionInfo) 
 
 async def handle_leave_group(ctx: BrokerContext, body: Any, conn: ConnectionInfo, version: int) -> dict[str, Any]:
     if version < 3:
-        member_id = str(body.member_id)
-        codes = await ctx.coordinator.leave(str(body.group_id), [member_id])
-        return {"throttle_time": 0, "error_code": int(codes.get(member_id, ErrorCode.UNKNOWN_MEMBER_ID))}
+        top, codes = await ctx.coordinator.leave_members(str(body.group_id), [(str(body.member_id), None)])
+        return {"throttle_time": 0, "error_code": int(codes[0] if codes and top == ErrorCode.NONE else top)}
     members = [(str(m.member_id), m.group_instance_id) for m in body.members]
-    codes = await ctx.coordinator.leave(str(body.group_id), [m for m, _ in members])
+    top, codes = await ctx.coordinator.leave_members(str(body.group_id), members)
     return {
         "throttle_time": 0,
-        "error_code": ErrorCode.NONE,
+        "error_code": int(top),
         "members": [
-            {"member_id": m, "group_instance_id": instance,
-             "error_code": int(codes.get(m, ErrorCode.UNKNOWN_MEMBER_ID))}
-            for m, instance in members
+            {"member_id": mid, "group_instance_id": instance, "error_code": int(code)}
+            for (mid, instance), code in zip(members, codes, strict=True)
         ],
     }
 

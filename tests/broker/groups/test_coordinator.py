@@ -507,6 +507,24 @@ async def test_static_member_restart_keeps_its_assignment_without_a_rebalance(co
     assert (await static_join(coord, a2.member_id, "instance-z")).error_code == ErrorCode.UNKNOWN_MEMBER_ID
 
 
+async def test_leave_by_instance_id_checks_in_kafkas_order(coord: GroupCoordinator) -> None:
+    a = await static_join(coord, "", "instance-a")
+    a2 = await static_join(coord, "", "instance-a")  # a restarted: a's id no longer holds instance-a
+    pending = await join(coord, require_known=True)
+    assert pending.error_code == ErrorCode.MEMBER_ID_REQUIRED
+    assert await coord.leave_members(GROUP, [
+        (a.member_id, "instance-a"),  # an old incarnation: fenced before "is it a member"
+        (a2.member_id, "instance-z"),  # nobody holds instance-z
+        ("", None),  # neither id
+        (pending.member_id, "instance-a"),  # a pending id just goes, whatever instance it names
+    ]) == (ErrorCode.NONE, [ErrorCode.FENCED_INSTANCE_ID, ErrorCode.UNKNOWN_MEMBER_ID,
+                            ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.NONE])
+    assert [m.member_id for m in coord.describe(GROUP).members] == [a2.member_id]
+    assert await coord.leave_members(GROUP, [("", "instance-a")]) == (ErrorCode.NONE, [ErrorCode.NONE])
+    assert coord.describe(GROUP).state == "Empty"
+    assert await coord.leave_members("", [("", "instance-a")]) == (ErrorCode.INVALID_GROUP_ID, [])
+
+
 async def test_static_member_restart_while_completing_fences_and_rebalances(coord: GroupCoordinator) -> None:
     a = await join(coord, client_id="a")
     tb = asyncio.ensure_future(static_join(coord, "", "instance-b"))

@@ -1,0 +1,121 @@
+"""The group admin calls frameworks and tools make, against one real ``sluice serve`` and real clients:
+removing static members by ``group.instance.id`` (kafka-python's ``remove_group_members``, LeaveGroup v3,
+what Kafka Streams' and the Java AdminClient's ``removeMembersFromConsumerGroup`` send)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import errors as kafka_errors
+from kafka.admin import KafkaAdminClient, MemberToRemove
+
+from tests.sluice_server import SluiceProcess
+
+
+@pytest.fixture(scope="module")
+def sluice(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProcess]:
+    server = SluiceProcess(Path(tmp_path_factory.mktemp("group-admin")) / "data").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def bootstrap(sluice: SluiceProcess) -> str:
+    return f"127.0.0.1:{sluice.endpoints['kafka']['port']}"
+
+
+@pytest.fixture
+def kafka_python_admin(bootstrap: str) -> Iterator[KafkaAdminClient]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="group-admin-test")
+    yield admin
+    admin.close()
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Poll ``condition`` until it returns something truthy (a deadline, not a sleep)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def static_consumer(bootstrap: str, group: str, instance: str, assigned: list[list[int]]) -> Consumer:
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": group, "group.instance.id": instance,
+        "session.timeout.ms": 45000, "heartbeat.interval.ms": 300, "auto.offset.reset": "earliest",
+    })
+
+    def on_assign(c: Consumer, partitions: list[TopicPartition]) -> None:
+        assigned.append(sorted(p.partition for p in partitions))
+
+    consumer.subscribe([group], on_assign=on_assign)
+    return consumer
+
+
+def members_by_instance(admin: KafkaAdminClient, group: str) -> dict[str | None, str]:
+    described = admin.describe_groups([group])[group]
+    return {m["group_instance_id"]: m["member_id"] for m in described["members"]}
+
+
+def test_static_members_are_removed_by_instance_id_as_kafka_does(
+    bootstrap: str, kafka_python_admin: KafkaAdminClient
+) -> None:
+    group = "static-removal"
+    confluent_admin = AdminClient({"bootstrap.servers": bootstrap})
+    confluent_admin.create_topics([NewTopic(group, 2)])[group].result(10)
+    gone_assigned: list[list[int]] = []
+    kept_assigned: list[list[int]] = []
+    gone = static_consumer(bootstrap, group, "instance-gone", gone_assigned)
+    kept = static_consumer(bootstrap, group, "instance-kept", kept_assigned)
+    try:
+        def both_assigned() -> bool:
+            gone.poll(0.1)
+            kept.poll(0.1)
+            return len(members_by_instance(kafka_python_admin, group)) == 2 and bool(
+                gone_assigned and gone_assigned[-1] and kept_assigned and kept_assigned[-1])
+
+        wait_for(both_assigned, "two static members sharing the partitions")
+        members = members_by_instance(kafka_python_admin, group)
+        # A static member does not leave when its process stops: it stays until its session times out
+        # (45 s here), which is what an operator's removal by instance id is for.
+        gone.close()
+        assert set(members_by_instance(kafka_python_admin, group)) == {"instance-gone", "instance-kept"}
+
+        fenced = MemberToRemove(member_id="not-the-holder", group_instance_id="instance-kept")
+        unknown = MemberToRemove(group_instance_id="instance-nobody-has")
+        by_instance = MemberToRemove(group_instance_id="instance-gone")
+        result = kafka_python_admin.remove_group_members(group, [fenced, unknown, by_instance])
+        assert result == {  # kafka-python keys each answer by member id, or instance id without one
+            "not-the-holder": kafka_errors.FencedInstanceIdError,
+            "instance-nobody-has": kafka_errors.UnknownMemberIdError,
+            "instance-gone": kafka_errors.NoError,
+        }
+
+        def kept_owns_everything() -> bool:
+            kept.poll(0.1)
+            return bool(kept_assigned and kept_assigned[-1] == [0, 1])
+
+        wait_for(kept_owns_everything, "the remaining member to take both partitions")
+        assert members_by_instance(kafka_python_admin, group) == {"instance-kept": members["instance-kept"]}
+
+        # The member id and instance id of a current member together: it is removed too.
+        both = MemberToRemove(member_id=members["instance-kept"], group_instance_id="instance-kept")
+        assert list(kafka_python_admin.remove_group_members(group, [both]).values()) == [kafka_errors.NoError]
+    finally:
+        kept.close()
+
+
+def test_leaving_a_group_nobody_joined_answers_unknown_member_per_member(
+    kafka_python_admin: KafkaAdminClient,
+) -> None:
+    result = kafka_python_admin.remove_group_members("never-joined", [MemberToRemove(group_instance_id="i")])
+    assert list(result.values()) == [kafka_errors.UnknownMemberIdError]
