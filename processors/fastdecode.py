@@ -28,26 +28,10 @@ from broker.native import select
 from broker.protocol.records import decode_records
 from processors import record_kernels
 from processors.executor import RecordLike
+from processors.source_record import SourceRecord
 
 __all__ = ["Fetched", "SegmentSpan", "SourceRecord", "StoredRecords", "StoredSpan", "as_records", "decode_from",
            "first_offset", "next_offset", "stored_from"]
-
-
-class SourceRecord:
-    """A plain record for sources that build their own (slotted, cheap to create)."""
-
-    __slots__ = ("headers", "key", "offset", "timestamp", "value")
-
-    def __init__(self, offset: int, timestamp: int, key: bytes | None, value: bytes | None,
-                 headers: Sequence[tuple[str, bytes | None]]) -> None:
-        self.offset = offset
-        self.timestamp = timestamp
-        self.key = key
-        self.value = value
-        self.headers = headers
-
-    def __repr__(self) -> str:
-        return f"SourceRecord(offset={self.offset}, timestamp={self.timestamp}, key={self.key!r}, value={self.value!r})"
 
 
 def decode_from(data: bytes, min_offset: int, max_records: int = 1 << 62) -> list[RecordLike]:

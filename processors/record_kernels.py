@@ -28,7 +28,9 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["ADD_CALL", "ADD_COUNT", "ADD_MEAN", "ADD_SUM", "StoredCursor", "StoredRecord", "decode_json",
+from processors.source_record import SourceRecord
+
+__all__ = ["ADD_CALL", "ADD_COUNT", "ADD_MEAN", "ADD_SUM", "StoredCursor", "decode_json",
            "decode_stored_json", "json_exact", "loads", "segment_cursor", "tumbling_items"]
 
 _TWO_63: Final = 9223372036854775808.0
@@ -137,21 +139,6 @@ def decode_json(
     return items, decoded, max_ts
 
 
-class StoredRecord:
-    """A record of stored batches, made only for a callback (headers to look at, a value that fails)."""
-
-    def __init__(self, offset: int, timestamp: int, key: bytes | None, value: bytes | None,
-                 headers: list[tuple[str, bytes | None]]) -> None:
-        self.offset = offset
-        self.timestamp = timestamp
-        self.key = key
-        self.value = value
-        self.headers = headers
-
-    def __repr__(self) -> str:
-        return f"StoredRecord(offset={self.offset}, timestamp={self.timestamp}, key={self.key!r}, value={self.value!r})"
-
-
 class StoredCursor:
     """Where ``decode_stored_json`` is in ``data[pos:end]``, whole uncompressed v2 batches: at a batch
     header when ``left`` is 0, else at the next of the current batch's ``left`` records."""
@@ -243,7 +230,7 @@ def decode_stored_json(
     """``decode_json`` over the next ``limit`` records at ``cur`` (fewer at the end; records before its
     ``min_offset`` are stepped over and not counted), read from the
     stored bytes: the value sliced out and decoded, the offset and timestamp from the deltas; a
-    ``StoredRecord`` only for ``punctuation`` (a record with headers) and ``undecodable``. The same
+    ``SourceRecord`` only for ``punctuation`` (a record with headers) and ``undecodable``. The same
     items, counts and callbacks as ``decode_json`` over those records. Malformed bytes raise
     ValueError or IndexError (the caller reports the data as corrupt)."""
     items: list[Any] = []
@@ -309,7 +296,7 @@ def decode_stored_json(
         walked += 1  # as slices of decode_from's records: those from min_offset on
         stamp_of_record = cur.base_timestamp + ts_delta if cur.append_time == _NO_TIME else cur.append_time
         raw: bytes | None = None if value_size < 0 else data[value_at : value_at + value_size]
-        record: StoredRecord | None = None
+        record: SourceRecord | None = None
         if header_count:
             headers: list[tuple[str, bytes | None]] = []
             for _ in range(header_count):
@@ -321,7 +308,7 @@ def decode_stored_json(
                 p += max(size, 0)
             if p != record_end:
                 raise ValueError("stored record's headers do not end where the record does")
-            record = StoredRecord(offset, stamp_of_record, None if key_size < 0 else data[key_at : key_at + key_size],
+            record = SourceRecord(offset, stamp_of_record, None if key_size < 0 else data[key_at : key_at + key_size],
                                   raw, headers)
             if punctuation(record):
                 continue
@@ -336,7 +323,7 @@ def decode_stored_json(
             ts = stamp if type(stamp) is int else int(stamp)
         except Exception as exc:
             if record is None:
-                record = StoredRecord(offset, stamp_of_record,
+                record = SourceRecord(offset, stamp_of_record,
                                       None if key_size < 0 else data[key_at : key_at + key_size], raw, [])
             undecodable(record, exc)
             continue
