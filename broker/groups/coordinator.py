@@ -368,8 +368,10 @@ class GroupCoordinator:
         accepted: dict[TopicPartition, CommittedOffset] = {}
         limit = self.settings.max_offset_metadata_bytes
         now_ms = self._wall_ms()
-        # (capped: an i64 retention would overflow the stored i64 expire time)
-        expire_ms = min(now_ms + retention_time_ms, _MAX_TIMESTAMP_MS) if retention_time_ms != -1 else -1
+        # Held within [0, int64 max]: a huge retention would overflow the stored i64 (Kafka's long sum
+        # wraps negative, expiring it at once); a very negative one is an expire time in the past, as in
+        # Kafka, not -1 (which the store reads as "no expire time").
+        expire_ms = -1 if retention_time_ms == -1 else max(0, min(now_ms + retention_time_ms, _MAX_TIMESTAMP_MS))
         for tp, (offset, metadata) in offsets.items():
             if metadata is not None and len(metadata.encode()) > limit:
                 result[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE

@@ -9,7 +9,6 @@ are plain calls. This broker is the coordinator for every group (FindCoordinator
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any
 
 from broker.errors import UnknownTopicError
@@ -107,10 +106,8 @@ async def handle_leave_group(ctx: BrokerContext, body: Any, conn: ConnectionInfo
 def _retention_time_ms(body: Any) -> int:
     """OffsetCommit v2-v4's retention_time_ms (-1: the broker's offsets.retention.minutes); Kafka
     then expires the offsets at commit time + retention (broker.groups.expiry rule 1)."""
-    retention = getattr(body, "retention_time", None)
-    if retention is None:
-        return -1
-    return int(retention // timedelta(milliseconds=1))
+    retention = getattr(body, "retention_time", None)  # an int: the codec reads it as a plain int64
+    return -1 if retention is None else int(retention)
 
 
 async def handle_offset_commit(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:

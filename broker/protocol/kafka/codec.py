@@ -21,7 +21,7 @@ import io
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, make_dataclass
 from functools import cache
 from typing import Any
 
@@ -185,7 +185,35 @@ def _check_supported(api_key: int, version: int, correlation_id: int) -> ApiSpec
 def load_request_schema(api_key: int, version: int) -> Any:
     """kio's request class, looked up once (kio resolves the module path by name on every call: about a
     twentieth of the broker's CPU at 1 MB Produce requests, py-spy, bench/RESULTS.md)."""
-    return _load_request_schema(api_key, version)
+    return _with_plain_int64_durations(_load_request_schema(api_key, version))
+
+
+_KIO_CLASS_VARS = ("__type__", "__version__", "__flexible__", "__api_key__", "__header_schema__")
+
+
+def _with_plain_int64_durations(cls: type) -> type:
+    """``cls``, or a copy whose top-level int64 durations are read as plain ints.
+
+    kio reads an int64 duration (OffsetCommit v2-v4's ``retention_time_ms``) into a timedelta, and its
+    native reader fails from about 9.2e15 ms on (microseconds past int64), while Kafka takes any int64
+    there; such a request must not close the connection. The handler gets the milliseconds as an int.
+    """
+    if not any(f.metadata.get("kafka_type") == "timedelta_i64" for f in fields(cls)):
+        return cls
+    hints = typing.get_type_hints(cls)
+    specs: list[tuple[str, Any, Any]] = []
+    for f in fields(cls):
+        if f.metadata.get("kafka_type") == "timedelta_i64":
+            specs.append((f.name, int, field(metadata={"kafka_type": "int64"}, default=-1)))
+            continue
+        default: dict[str, Any] = {}
+        if f.default is not MISSING:
+            default["default"] = f.default
+        if f.default_factory is not MISSING:
+            default["default_factory"] = f.default_factory
+        specs.append((f.name, hints[f.name], field(metadata=f.metadata, **default)))
+    namespace = {name: getattr(cls, name) for name in _KIO_CLASS_VARS}
+    return make_dataclass(cls.__name__, specs, namespace=namespace, frozen=True, slots=True, kw_only=True)
 
 
 @cache

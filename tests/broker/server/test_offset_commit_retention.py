@@ -67,3 +67,23 @@ async def test_a_commit_retention_time_expires_the_offset_from_the_commit(
         assert await fetched(client) == {0: -1, 1: 11, 2: 12, 3: 13}
     finally:
         await client.close()
+
+
+async def test_any_int64_retention_is_accepted_and_the_connection_stays_open(
+        served: tuple[KafkaServer, FakeClock]) -> None:
+    # Kafka reads retention_time_ms as a plain int64. 10^16 ms and more used to fail in the request
+    # decoder (a timedelta in microseconds overflows) and closed the connection.
+    server, clock = served
+    client = await RawClient.connect(server.port)
+    try:
+        for partition, version, retention in ((0, 2, 10**16), (1, 3, 10**18), (2, 4, 2**63 - 1), (3, 4, -2**63)):
+            r = await client.request(ApiKey.OFFSET_COMMIT, version, commit_body(partition, retention))
+            assert [int(p.error_code) for t in r.topics for p in t.partitions] == [0]
+        stored = server.ctx.coordinator.offsets.fetch("g")
+        assert stored[("t", 0)].expire_timestamp_ms == stored[("t", 0)].commit_timestamp_ms + 10**16
+        assert stored[("t", 2)].expire_timestamp_ms == 2**63 - 1, "held at the int64 maximum, not wrapped"
+        # A negative retention other than -1 is an expire time in the past, as in Kafka: gone next round.
+        assert await server.ctx.coordinator.cleanup_groups() == (1, [])
+        assert await fetched(client) == {0: 10, 1: 11, 2: 12, 3: -1}
+    finally:
+        await client.close()

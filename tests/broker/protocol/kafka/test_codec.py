@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kio.index import load_request_schema, load_response_schema
+from kio.index import load_response_schema
 from kio.serial import entity_reader
 
 from broker.groups.coordinator import GroupCoordinator
@@ -35,6 +35,7 @@ from broker.protocol.kafka import (
 )
 from broker.protocol.kafka import fetch as fetch_codec
 from broker.protocol.kafka import produce as produce_codec
+from broker.protocol.kafka.codec import load_request_schema  # kio's classes, int64 durations as ints
 from broker.protocol.kafka_codes import ErrorCode
 from broker.security import AclStore, Authorizer
 from broker.server.handlers_common import BrokerContext, ConnectionInfo
