@@ -150,7 +150,7 @@ class KeySpec:
             raise ConfigError(f"unknown key spec {text!r}; use one of {', '.join(_KEY_KINDS)} (e.g. field:device_id)")
         if kind in ("field", "tag", "level") and not arg:
             raise ConfigError(f"key spec {text!r} needs an argument, e.g. {kind}:{'1' if kind == 'level' else 'id'}")
-        if kind == "level" and not arg.isdigit():
+        if kind == "level" and not (arg.isascii() and arg.isdigit()):  # "²" is isdigit, not int()
             raise ConfigError(f"key spec {text!r}: the level index must be a non-negative integer")
         return cls(kind, arg)
 

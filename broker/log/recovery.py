@@ -103,7 +103,7 @@ def _list_segments(directory: Path) -> list[int]:
         stem, _, ext = entry.name.partition(".")
         if entry.name.endswith(".tmp"):
             os.unlink(entry.path)  # an atomic write that did not finish
-        elif ext == "log" and len(stem) == 20 and stem.isdigit():
+        elif ext == "log" and len(stem) == 20 and stem.isascii() and stem.isdigit():  # "²" is isdigit, not int()
             bases.append(int(stem))
             stems.add(stem)
         elif ext in ("index", "timeindex"):

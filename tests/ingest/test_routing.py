@@ -202,6 +202,7 @@ def test_runtime_rules_add_replace_remove() -> None:
         {"name": "x", "topic": "bad topic"},
         {"name": "x", "topic": "t", "key": "column:1"},
         {"name": "x", "topic": "t", "key": "level:one"},
+        {"name": "x", "topic": "t", "key": "level:²"},  # isdigit, but int() refuses it
         {"name": "x", "topic": "t", "time_format": "epoch_days"},
         {"name": "x", "topic": "t", "format": "xml"},
         {"name": "x", "topic": "t", "source": "udp"},

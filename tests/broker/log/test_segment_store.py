@@ -343,3 +343,17 @@ async def test_deleted_records_stay_deleted_after_restart_and_whole_segments_go(
     assert log.log_start_offset == cut
     check_against(log, model)
     await reopened.close()
+
+
+async def test_a_stray_log_file_named_with_non_ascii_digits_is_not_a_segment(tmp_path: Path) -> None:
+    """``"²".isdigit()`` is true but ``int("²")`` fails: such a name (a stray file, a bad restore) is not
+    one of our segments, and the partition opens with its real ones (it raised ValueError at start)."""
+    store = await open_store(tmp_path)
+    store.create_topic("t", 1, SMALL)
+    model = Model()
+    await fill(store, model, 20, seed=3)
+    await store.close()
+    (tmp_path / "t-0" / ("²" * 20 + ".log")).write_bytes(b"not a segment")
+    store = await open_store(tmp_path)
+    check_against(seg_log(store), model)
+    await store.close()
