@@ -22,6 +22,14 @@ or the group refuses the interval's commit (``PartitionsLostError``); then ``pro
 of every partition (the open transaction holds results of all of them) and sends a reset through
 ``out_q``, ``sink`` aborts the transaction and discards every item before the reset, and the next
 assignment restores from the committed checkpoints, as Kafka Streams closes lost tasks dirty.
+
+A rebalance during ``stop`` (another member joining or leaving): the revoke (or lost) listener waits
+for stop's final checkpoint before it returns, as Kafka's consumers run ``onPartitionsRevoked``, its
+commit included, before they rejoin. It returned at once, so the consumer rejoined while the final
+commit was still on its way: it named a generation the group had left (ILLEGAL_GENERATION, the
+interval aborted), or the new one, and then committed the offsets of the partitions of the new
+assignment only, with a checkpoint of them all. An assignment that reaches a stopping runner is not
+restored: nothing will read it, and the member leaves the group once its consumer stops.
 """
 
 from __future__ import annotations
@@ -130,6 +138,8 @@ class Runner:
         self._assigned = asyncio.Event()
         self._revokes: set[asyncio.Future[None]] = set()
         self._stopping = False
+        # stop(): resolved once its final checkpoint is stored and committed, or given up (see _hand_back)
+        self._final_checkpoint: asyncio.Future[None] | None = None
         # set by sink when the group refused a commit (the reason): process drops all state before its next item
         self._lost_pending: str | None = None
         self._discarding = False  # sink: skip everything until process's reset arrives
@@ -160,18 +170,12 @@ class Runner:
     async def stop(self, *, checkpoint: bool = True) -> None:
         """Stop reading; with ``checkpoint`` write a final checkpoint of everything processed."""
         self._stopping = True
-        fetchers = self._tasks[2:]
-        for task in fetchers:
-            await _cancelled(task)
-        if checkpoint and self.failed is None and self._tasks and not self._tasks[0].done():
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.in_q.put(("checkpoint", None, done)), self.config.stop_timeout_s)
-                await asyncio.wait_for(done, self.config.stop_timeout_s)
-            if self._lost_pending is not None:  # else only logged when the process loop goes on: never now
-                log.warning("the final checkpoint was refused: results since the last committed checkpoint "
-                            "are recomputed by the partitions' next owner",
-                            extra={"pipeline": self.pipeline.name, "reason": self._lost_pending})
+        # before the first await: a rebalance listener called from here on waits for it (_hand_back)
+        final = self._final_checkpoint = asyncio.get_running_loop().create_future()
+        try:
+            await self._write_final_checkpoint(checkpoint)
+        finally:
+            final.set_result(None)
         for task in self._tasks[:2]:
             await _cancelled(task)
         for waiting in self._revokes:  # a rebalance listener must not wait for loops that are gone
@@ -183,6 +187,20 @@ class Runner:
         self.stopped.set()
         log.info("processor stopped",
                  extra={"pipeline": self.pipeline.name, **{f"state_{k}": v for k, v in state.items()}})
+
+    async def _write_final_checkpoint(self, checkpoint: bool) -> None:
+        for task in self._tasks[2:]:  # the fetchers
+            await _cancelled(task)
+        if not (checkpoint and self.failed is None and self._tasks and not self._tasks[0].done()):
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.in_q.put(("checkpoint", None, done)), self.config.stop_timeout_s)
+            await asyncio.wait_for(done, self.config.stop_timeout_s)
+        if self._lost_pending is not None:  # else only logged when the process loop goes on: never now
+            log.warning("the final checkpoint was refused: results since the last committed checkpoint "
+                        "are recomputed by the partitions' next owner",
+                        extra={"pipeline": self.pipeline.name, "reason": self._lost_pending})
 
     def state_status(self) -> dict[str, int]:
         """Keyed state over every keyed operator: keys, keys in memory, spills and loads (spill store)."""
@@ -211,6 +229,8 @@ class Runner:
     # -- assignment -----------------------------------------------------------------------------
 
     async def _on_assigned(self, tps: list[TopicPartition]) -> None:
+        if self._stopping:  # a rebalance during stop: nothing reads them, their next owner restores them
+            return
         try:
             await self._assign_partitions(tps)
         except Exception as exc:
@@ -250,6 +270,16 @@ class Runner:
         for tp in tps:
             self._gen[tp] = self._gen.get(tp, 0) + 1
             self._target.pop(tp, None)
+        final = self._final_checkpoint
+        if tps and final is not None and not final.done():
+            # Stopping: the final checkpoint covers these partitions, and the consumer rejoins as soon as
+            # this returns. Committed now, it names the generation the group is rebalancing from, which
+            # the group accepts until every member has rejoined (lost: the member has none, so it aborts)
+            log.info("a rebalance reached the stopping processor: its consumer rejoins once the final "
+                     "checkpoint is committed", extra={"pipeline": self.pipeline.name, "kind": kind,
+                                                       "partitions": tps})
+            await asyncio.shield(final)
+            return
         if not tps or self._stopping or self._tasks[0].done():
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
