@@ -46,6 +46,7 @@ from broker.groups.group import (
     SyncResult,
 )
 from broker.groups.group_records import GroupMetadataRecord, record_of, restore_group
+from broker.groups.offset_deletion import offset_deletion
 from broker.groups.offsets import CommittedOffset, OffsetStore, TopicPartition
 from broker.protocol.kafka_codes import ErrorCode
 
@@ -401,6 +402,32 @@ class GroupCoordinator:
         if partitions is None:
             return {tp: (c.offset, c.metadata) for tp, c in stored.items()}
         return {tp: (stored[tp].offset, stored[tp].metadata) if tp in stored else (-1, "") for tp in partitions}
+
+    async def delete_offsets(
+        self, group_id: str, partitions: list[TopicPartition]
+    ) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
+        """OffsetDelete (offset_deletion.py's rules): (group error, code per partition asked for).
+        An Empty group left without offsets is then deleted, as Kafka's cleanup does."""
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID, {}
+        group = self._groups.get(group_id)
+        stored = self.offsets.fetch(group_id)
+        decision = offset_deletion(group, bool(stored) or group_id in self._pending_commits, partitions)
+        if decision.error != ErrorCode.NONE:
+            return decision.error, {}
+        gone = [tp for tp in decision.removable if tp in stored]
+        if gone:
+            try:
+                await self.offsets.remove_offsets(group_id, gone)
+            except OffsetStoreError as exc:
+                log.error("offsets not deleted", extra={"group": group_id, "error": str(exc)})
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
+            log.info("offsets deleted", extra={"group": group_id, "offsets": len(gone)})
+        group = self._groups.get(group_id)
+        if (group is not None and group.state is GroupState.EMPTY and not self.offsets.fetch(group_id)
+                and group_id not in self._pending_commits):
+            await self._forget(group_id, group)
+        return ErrorCode.NONE, {**dict.fromkeys(decision.removable, ErrorCode.NONE), **decision.refused}
 
     async def delete_groups(self, group_ids: list[str]) -> dict[str, ErrorCode]:
         """DeleteGroups: forget groups without members and their committed offsets (Kafka's checks:

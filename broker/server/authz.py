@@ -6,7 +6,8 @@ handler (a Kafka broker without an authorizer allows everything). ``gate`` runs 
 - Request-level checks answer the whole request with the API's error response (every error code set, as
   Kafka's ``getErrorResponse``) and the handler never runs:
   JoinGroup, SyncGroup, Heartbeat, LeaveGroup (READ group); OffsetCommit (READ group), OffsetFetch
-  (DESCRIBE group): GROUP_AUTHORIZATION_FAILED. FindCoordinator: DESCRIBE on the group
+  (DESCRIBE group), OffsetDelete (DELETE group; READ per topic in its handler): GROUP_AUTHORIZATION_FAILED.
+  FindCoordinator: DESCRIBE on the group
   (GROUP_AUTHORIZATION_FAILED) or transactional id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
   Produce with a transactional id, AddPartitionsToTxn, EndTxn (WRITE transactional id):
   TRANSACTIONAL_ID_AUTHORIZATION_FAILED. AddOffsetsToTxn and TxnOffsetCommit: WRITE transactional id,
@@ -91,6 +92,8 @@ def _request_denial(ctx: BrokerContext, key: int, body: Any, conn: ConnectionInf
         return _GROUP_DENIED if denied(Operation.READ, _GROUP, body.group_id) else None
     if key == ApiKey.OFFSET_FETCH:
         return _GROUP_DENIED if denied(Operation.DESCRIBE, _GROUP, body.group_id) else None
+    if key == ApiKey.OFFSET_DELETE:  # then READ per topic, in its handler
+        return _GROUP_DENIED if denied(Operation.DELETE, _GROUP, body.group_id) else None
     if key == ApiKey.FIND_COORDINATOR:
         if int(body.key_type) == 1:
             return _TXN_DENIED if denied(Operation.DESCRIBE, _TXN, body.key) else None

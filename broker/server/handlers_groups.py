@@ -13,8 +13,8 @@ from typing import Any
 
 from broker.errors import UnknownTopicError
 from broker.protocol.kafka_codes import ErrorCode
-from broker.security import ResourceType
-from broker.server.authz import authorized_operations
+from broker.security import Operation, ResourceType
+from broker.server.authz import allowed, authorized_operations
 from broker.server.handlers_common import NODE_ID, BrokerContext, ConnectionInfo, millis
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "handle_leave_group",
     "handle_list_groups",
     "handle_offset_commit",
+    "handle_offset_delete",
     "handle_offset_fetch",
     "handle_sync_group",
 ]
@@ -54,7 +55,7 @@ async def handle_join_group(
         session_ms,
         rebalance_ms,
         client_id or "",
-        conn.peer_host,
+        f"/{conn.peer_host}",  # Kafka's client host is Java's InetAddress text, "/127.0.0.1"
         version >= 4,
     )
     return {
@@ -207,3 +208,30 @@ async def handle_delete_groups(ctx: BrokerContext, body: Any, conn: ConnectionIn
     log.info("delete groups", extra={"groups": names, "peer": conn.peer_host,
                                      "errors": {g: c.name for g, c in codes.items() if c != ErrorCode.NONE}})
     return {"throttle_time": 0, "results": [{"group_id": g, "error_code": int(codes[g])} for g in names]}
+
+
+async def handle_offset_delete(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    # As Kafka's KafkaApis: DELETE on the group is checked before (authz.gate); per partition, READ on
+    # its topic (TOPIC_AUTHORIZATION_FAILED), then its existence (UNKNOWN_TOPIC_OR_PARTITION); the
+    # rest goes to the coordinator. A group error answers alone, without the partitions.
+    codes: dict[tuple[str, int], ErrorCode] = {}
+    asked: list[tuple[str, int]] = []
+    for topic in body.topics:
+        readable = allowed(ctx, conn, Operation.READ, ResourceType.TOPIC, str(topic.name))
+        for p in topic.partitions:
+            tp = (str(topic.name), int(p.partition_index))
+            if not readable:
+                codes[tp] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            elif not _partition_exists(ctx, *tp):
+                codes[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                asked.append(tp)
+    error, deleted = await ctx.coordinator.delete_offsets(str(body.group_id), asked)
+    if error != ErrorCode.NONE:
+        return {"throttle_time": 0, "error_code": int(error), "topics": []}
+    codes.update(deleted)
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (name, index), code in codes.items():
+        by_topic.setdefault(name, []).append({"partition_index": index, "error_code": int(code)})
+    return {"throttle_time": 0, "error_code": ErrorCode.NONE,
+            "topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}

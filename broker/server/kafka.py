@@ -120,6 +120,7 @@ _HANDLERS: dict[int, Handler] = {
     ApiKey.ALTER_CONFIGS: lambda c, h, b, n: configs.handle_alter_configs(c, b, n),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: lambda c, h, b, n: configs.handle_incremental_alter_configs(c, b, n),
     ApiKey.DELETE_GROUPS: lambda c, h, b, n: groups.handle_delete_groups(c, b, n),
+    ApiKey.OFFSET_DELETE: lambda c, h, b, n: groups.handle_offset_delete(c, b, n),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: lambda c, h, b, n: partitions.handle_offset_for_leader_epoch(c, b, n),
     ApiKey.DELETE_RECORDS: lambda c, h, b, n: partitions.handle_delete_records(c, b, n),
     ApiKey.CREATE_PARTITIONS: lambda c, h, b, n: partitions.handle_create_partitions(c, b, n),

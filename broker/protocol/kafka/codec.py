@@ -93,6 +93,7 @@ class ApiKey(enum.IntEnum):
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
+    OFFSET_DELETE = 47
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_TRANSACTIONS = 65
@@ -143,6 +144,7 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.ALTER_CONFIGS, 0, 2),
         ApiSpec(ApiKey.CREATE_PARTITIONS, 0, 3),
         ApiSpec(ApiKey.DELETE_GROUPS, 0, 2),
+        ApiSpec(ApiKey.OFFSET_DELETE, 0, 0),
         ApiSpec(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1),
         ApiSpec(ApiKey.DESCRIBE_ACLS, 1, 3),  # v0 (no pattern types) is gone from Kafka 4 and from kio
         ApiSpec(ApiKey.CREATE_ACLS, 1, 3),

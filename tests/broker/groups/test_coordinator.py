@@ -525,6 +525,19 @@ async def test_leave_by_instance_id_checks_in_kafkas_order(coord: GroupCoordinat
     assert await coord.leave_members("", [("", "instance-a")]) == (ErrorCode.INVALID_GROUP_ID, [])
 
 
+async def test_delete_offsets_of_a_group_with_members_of_another_protocol_type(coord: GroupCoordinator) -> None:
+    await coord.commit_offsets(GROUP, -1, "", {("t", 0): (3, None)})
+    joined = await coord.join(GROUP, "", None, "connect", [("default", b"")], SESSION_MS, REBALANCE_MS, "w", "h", False)
+    assert joined.error_code == ErrorCode.NONE
+    # Kafka cannot tell which topics a non-consumer group uses: nothing goes while it has members.
+    assert await coord.delete_offsets(GROUP, [("t", 0)]) == (ErrorCode.NON_EMPTY_GROUP, {})
+    assert await coord.delete_offsets("", [("t", 0)]) == (ErrorCode.INVALID_GROUP_ID, {})
+    await coord.leave(GROUP, [joined.member_id])
+    assert await coord.delete_offsets(GROUP, [("t", 0), ("t", 1)]) == (
+        ErrorCode.NONE, {("t", 0): ErrorCode.NONE, ("t", 1): ErrorCode.NONE})
+    assert coord.describe(GROUP).state == "Dead"
+
+
 async def test_static_member_restart_while_completing_fences_and_rebalances(coord: GroupCoordinator) -> None:
     a = await join(coord, client_id="a")
     tb = asyncio.ensure_future(static_join(coord, "", "instance-b"))

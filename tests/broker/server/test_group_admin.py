@@ -1,6 +1,7 @@
 """The group admin calls frameworks and tools make, against one real ``sluice serve`` and real clients:
 removing static members by ``group.instance.id`` (kafka-python's ``remove_group_members``, LeaveGroup v3,
-what Kafka Streams' and the Java AdminClient's ``removeMembersFromConsumerGroup`` send)."""
+what Kafka Streams' and the Java AdminClient's ``removeMembersFromConsumerGroup`` send), and deleting a
+group's committed offsets (``delete_group_offsets``, OffsetDelete)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import OffsetAndMetadata
+from kafka import TopicPartition as KafkaTopicPartition
 from kafka import errors as kafka_errors
 from kafka.admin import KafkaAdminClient, MemberToRemove
 
@@ -84,6 +87,8 @@ def test_static_members_are_removed_by_instance_id_as_kafka_does(
                 gone_assigned and gone_assigned[-1] and kept_assigned and kept_assigned[-1])
 
         wait_for(both_assigned, "two static members sharing the partitions")
+        described = kafka_python_admin.describe_groups([group])[group]["members"]
+        assert {m["client_host"] for m in described} == {"/127.0.0.1"}, "Kafka's InetAddress text"
         members = members_by_instance(kafka_python_admin, group)
         # A static member does not leave when its process stops: it stays until its session times out
         # (45 s here), which is what an operator's removal by instance id is for.
@@ -119,3 +124,36 @@ def test_leaving_a_group_nobody_joined_answers_unknown_member_per_member(
 ) -> None:
     result = kafka_python_admin.remove_group_members("never-joined", [MemberToRemove(group_instance_id="i")])
     assert list(result.values()) == [kafka_errors.UnknownMemberIdError]
+
+
+def test_offsets_are_deleted_as_kafka_deletes_them(bootstrap: str, kafka_python_admin: KafkaAdminClient) -> None:
+    # OffsetDelete (kafka-python's delete_group_offsets, `kafka-consumer-groups --delete-offsets`):
+    # while the group has members, offsets of subscribed topics stay (GROUP_SUBSCRIBED_TO_TOPIC) and the
+    # others go; once it is Empty every one goes, and a group left without offsets is deleted.
+    group, read, other = "offsets-deleted", "offsets-read", "offsets-other"
+    confluent_admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in confluent_admin.create_topics([NewTopic(read, 2), NewTopic(other, 1)]).values():
+        future.result(10)
+    committed = {KafkaTopicPartition(read, 0): OffsetAndMetadata(5, "", -1),
+                 KafkaTopicPartition(read, 1): OffsetAndMetadata(6, "", -1),
+                 KafkaTopicPartition(other, 0): OffsetAndMetadata(7, "", -1)}
+    assert set(kafka_python_admin.alter_group_offsets(group, committed).values()) == {kafka_errors.NoError}
+    assigned: list[list[int]] = []
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    consumer.subscribe([read], on_assign=lambda c, ps: assigned.append([p.partition for p in ps]))
+    try:
+        wait_for(lambda: consumer.poll(0.1) or assigned, "the consumer's assignment")
+        result = kafka_python_admin.delete_group_offsets(
+            group, [KafkaTopicPartition(read, 0), KafkaTopicPartition(other, 0), KafkaTopicPartition("nope", 0)])
+        assert result == {KafkaTopicPartition(read, 0): kafka_errors.GroupSubscribedToTopicError,
+                          KafkaTopicPartition(other, 0): kafka_errors.NoError,
+                          KafkaTopicPartition("nope", 0): kafka_errors.UnknownTopicOrPartitionError}
+        assert set(kafka_python_admin.list_group_offsets({group: None})[group]) == {
+            KafkaTopicPartition(read, 0), KafkaTopicPartition(read, 1)}
+    finally:
+        consumer.close()  # leaves the group: Empty
+    result = kafka_python_admin.delete_group_offsets(group, [KafkaTopicPartition(read, p) for p in (0, 1)])
+    assert set(result.values()) == {kafka_errors.NoError}
+    assert kafka_python_admin.describe_groups([group])[group]["group_state"] == "Dead", "deleted with its last offset"
+    with pytest.raises(kafka_errors.GroupIdNotFoundError):
+        kafka_python_admin.delete_group_offsets(group, [KafkaTopicPartition(read, 0)])

@@ -115,10 +115,11 @@ async def test_response_round_trips(case: tuple[int, int], tmp_path: Path) -> No
         else:
             assert decoded == build_entity(load_response_schema(key, version), body)
             # Members answer MEMBER_ID_REQUIRED / UNKNOWN_MEMBER_ID to a stranger, transactions
-            # INVALID_PRODUCER_ID_MAPPING / TRANSACTIONAL_ID_NOT_FOUND (tests/broker/server/test_transactions.py).
+            # INVALID_PRODUCER_ID_MAPPING / TRANSACTIONAL_ID_NOT_FOUND (tests/broker/server/test_transactions.py),
+            # OffsetDelete of a group nobody has GROUP_ID_NOT_FOUND (tests/broker/server/test_group_admin.py).
             stranger_apis = (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT, ApiKey.LEAVE_GROUP,
                              ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN,
-                             ApiKey.TXN_OFFSET_COMMIT, ApiKey.DESCRIBE_TRANSACTIONS)
+                             ApiKey.TXN_OFFSET_COMMIT, ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.OFFSET_DELETE)
             if key in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE):
                 # Outside a login (broker/server/sasl_gate.py) both are refused, as by Kafka's request handler.
                 assert decoded.error_code == ErrorCode.ILLEGAL_SASL_STATE
