@@ -205,21 +205,36 @@ class AsyncConsumer:
             await asyncio.wait_for(self._assigned.wait(), timeout)
         return self.assignment()
 
+    async def _assigned_partitions(self) -> set[TopicPartition]:
+        """This member's partitions; in a group that has not assigned any yet, after the first rebalance.
+
+        What the ``seek_*`` and ``end_offsets`` calls act on when given no partitions: right after
+        ``async with AsyncConsumer(..., group_id=...)`` the group has not answered yet, and acting on the
+        empty assignment would silently do nothing."""
+        if self.group_id is not None and not self._assigned.is_set():
+            return await self.wait_for_assignment()
+        return self.assignment()
+
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._buffer = [r for r in self._buffer if r.tp != tp]
         self._consumer.seek(KafkaTP(*tp), offset)
 
     async def seek_to_beginning(self, *tps: TopicPartition) -> None:
+        """Move to the first offset of ``tps`` (default: every assigned partition, waiting for them in a group)."""
+        targets = tps or await self._assigned_partitions()
         self._buffer.clear()
-        await self._consumer.seek_to_beginning(*(KafkaTP(*tp) for tp in tps or self.assignment()))
+        await self._consumer.seek_to_beginning(*(KafkaTP(*tp) for tp in targets))
 
     async def seek_to_end(self, *tps: TopicPartition) -> None:
+        """Move past the last record of ``tps`` (default: every assigned partition, waiting for them in a group)."""
+        targets = tps or await self._assigned_partitions()
         self._buffer.clear()
-        await self._consumer.seek_to_end(*(KafkaTP(*tp) for tp in tps or self.assignment()))
+        await self._consumer.seek_to_end(*(KafkaTP(*tp) for tp in targets))
 
     async def seek_to_timestamp(self, timestamp_ms: int, tps: Iterable[TopicPartition] | None = None) -> None:
-        """Move to the first record at or after ``timestamp_ms`` (the end where there is none)."""
-        targets = [KafkaTP(*tp) for tp in (tps if tps is not None else self.assignment())]
+        """Move to the first record at or after ``timestamp_ms`` (the end where there is none); default: every
+        assigned partition, waiting for them in a group."""
+        targets = [KafkaTP(*tp) for tp in (tps if tps is not None else await self._assigned_partitions())]
         with translate_errors(self.bootstrap):
             found = await self._consumer.offsets_for_times({tp: timestamp_ms for tp in targets})
             ends = await self._consumer.end_offsets(targets)
@@ -229,7 +244,7 @@ class AsyncConsumer:
             self._consumer.seek(tp, hit.offset if hit is not None else ends[tp])
 
     async def end_offsets(self, tps: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:
-        targets = [KafkaTP(*tp) for tp in (tps if tps is not None else self.assignment())]
+        targets = [KafkaTP(*tp) for tp in (tps if tps is not None else await self._assigned_partitions())]
         with translate_errors(self.bootstrap):
             ends = await self._consumer.end_offsets(targets)
         return {TopicPartition(tp.topic, tp.partition): int(off) for tp, off in ends.items()}

@@ -100,6 +100,23 @@ async def test_seek_by_time(bootstrap: str, topic: str) -> None:
     assert got[0].timestamp == base + 6_000
 
 
+async def test_seek_by_time_in_a_group_waits_for_the_assignment(bootstrap: str, topic: str) -> None:
+    """docs/clients.md seeks right after `async with AsyncConsumer(..., group_id=...)`: the partitions come
+    with the first rebalance, so the seek waits for them (it used to seek no partition and read from 0)."""
+    await make_topic(bootstrap, topic)
+    base = int(time.time() * 1000) - 60_000
+    async with AsyncProducer(bootstrap) as producer:
+        for i in range(10):
+            await producer.send(topic, {"i": i}, timestamp_ms=base + i * 1000)
+    async with AsyncConsumer(topic, bootstrap=bootstrap, group_id=f"g-{uuid.uuid4().hex[:8]}") as consumer:
+        await consumer.seek_to_timestamp(base + 6_000)
+        assert consumer.assignment() == {TopicPartition(topic, 0)}
+        got: list[ConsumerRecord[Any]] = []
+        while len(got) < 4:
+            got.extend(await consumer.getmany(timeout_ms=2000))
+    assert [r.value["i"] for r in got] == [6, 7, 8, 9]
+
+
 async def test_group_of_two_async_consumers_splits_partitions_and_commits(bootstrap: str, topic: str) -> None:
     await make_topic(bootstrap, topic, 4)
     group = f"g-{uuid.uuid4().hex[:8]}"
