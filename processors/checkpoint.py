@@ -51,7 +51,7 @@ from broker.log.api import LogStore
 from broker.log.config import TopicConfig
 from broker.protocol.records import RecordSpec, decode_records, iter_batches
 from processors.checkpoint_delta import BaseRef, DeltaTracker, Increment, incremental_stores
-from processors.errors import CheckpointError
+from processors.errors import CheckpointError, PipelineDefinitionError
 from processors.executor import Executor, TopicPartition
 from processors.time import NO_TIME
 
@@ -152,8 +152,15 @@ def restore_executor(ex: Executor, restores: Iterable[tuple[TopicPartition, Part
             ex.add_partition(tp, now)
             continue
         s = r.state
-        ex.restore_partition(tp, now, max_ts=s.max_ts, heartbeat=s.heartbeat, floor=s.floor, quiet_ms=s.quiet_ms,
-                             ops=r.ops, extras=r.extras)
+        try:
+            ex.restore_partition(tp, now, max_ts=s.max_ts, heartbeat=s.heartbeat, floor=s.floor,
+                                 quiet_ms=s.quiet_ms, ops=r.ops, extras=r.extras)
+        except PipelineDefinitionError as exc:  # another pipeline's state under this group: say the way out
+            topic = checkpoint_topic(ex.pipeline.name)
+            raise PipelineDefinitionError(
+                f"{exc}: {topic} was written by another pipeline (or an older shape of this one) under the same "
+                f"group. Give this pipeline a group of its own (Pipeline.source(..., group=...)), or, to start its "
+                f"state afresh, stop it and delete the checkpoints: sluice topics delete {topic} --yes") from exc
     ex.advance(now)
 
 

@@ -516,7 +516,8 @@ class Executor:
         for nid, entries in ops.items():
             node = self.keyed.get(int(nid))
             if node is None:
-                raise PipelineDefinitionError(f"checkpoint has state for operator {nid}, which this pipeline lacks")
+                raise PipelineDefinitionError(f"the checkpoint holds state for keyed operator {nid}, which "
+                                              f"pipeline {self.pipeline.name!r} does not have")
             node.rt.restore(entries, self.watermark)
 
     def drop_partitions(self, tps: set[TopicPartition]) -> None:

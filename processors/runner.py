@@ -49,7 +49,7 @@ from processors.checkpoint import (
     restore_executor,
     take_checkpoint,
 )
-from processors.errors import PartitionsLostError, ProcessorError
+from processors.errors import PartitionsLostError, PipelineDefinitionError, ProcessorError
 from processors.executor import Executor, KeyedStateFactory, TopicPartition, output_records
 from processors.fastdecode import Fetched, StoredRecords, first_offset, next_offset
 from processors.pipeline import Pipeline
@@ -223,7 +223,10 @@ class Runner:
 
     def _fail(self, exc: BaseException) -> None:
         self.failed = exc
-        log.exception("processor failed", extra={"pipeline": self.pipeline.name})
+        if isinstance(exc, PipelineDefinitionError):  # the user's pipeline, not a defect: the reason, no traceback
+            log.error(f"processor failed: {exc}", extra={"pipeline": self.pipeline.name})
+        else:
+            log.exception("processor failed", extra={"pipeline": self.pipeline.name})
         self.stopped.set()
 
     # -- assignment -----------------------------------------------------------------------------

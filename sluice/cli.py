@@ -74,6 +74,7 @@ def serve(
     log_format: Annotated[str | None, typer.Option(help="text or json.")] = None,
 ) -> None:
     """Start Sluice: the log, the Kafka protocol, MQTT, TCP ingest and the HTTP API in one process."""
+    from processors.errors import ProcessorError
     from sluice.serve import run_server
 
     overrides: dict[str, Any] = {
@@ -101,6 +102,8 @@ def serve(
     configure_logging(settings.log_level, settings.log_format)
     try:
         run_server(settings)
+    except ProcessorError as exc:  # a --processor that cannot be loaded, or a pipeline wired wrongly
+        raise _fail(str(exc), EXIT_CONFIG) from None
     except (BrokerError, SecurityError) as exc:
         raise _fail(str(exc), EXIT_RUNTIME) from None
     except OSError as exc:

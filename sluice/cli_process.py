@@ -45,8 +45,6 @@ def run_process(ref: str, bootstrap: str, checkpoint_interval_s: float, session_
     if chosen is None:
         print(f"error: --guarantee must be one of {', '.join(GUARANTEES)}, not {guarantee!r}", file=sys.stderr)
         return 2
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")  # `module:attr` resolves against the working directory, like uvicorn
     try:
         pipeline = load_pipeline(ref)
     except ProcessorError as exc:

@@ -11,7 +11,13 @@ import time
 from pathlib import Path
 from typing import TypedDict
 
-__all__ = ["Endpoint", "SluiceProcess"]
+__all__ = ["Endpoint", "SluiceProcess", "serve_command"]
+
+
+def serve_command() -> list[str]:
+    """``sluice serve`` as the installed console script runs it: ``-P`` keeps the working directory off
+    ``sys.path`` (``python -m`` would put it there, and the script does not)."""
+    return [sys.executable, "-P", "-m", "sluice.cli", "serve"]
 
 
 class Endpoint(TypedDict):
@@ -22,10 +28,13 @@ class Endpoint(TypedDict):
 
 
 class SluiceProcess:
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None, args: list[str] | None = None) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None, args: list[str] | None = None,
+                 cwd: Path | None = None) -> None:
+        """``cwd``: run there, as the console script runs (``serve_command``: the directory is not on sys.path)."""
         self.data_dir = data_dir
         self.env = env or {}
         self.args = args or []
+        self.cwd = cwd
         self.proc: subprocess.Popen[str] | None = None
         self.endpoints: dict[str, Endpoint] = {}
         self.log = data_dir.parent / f"{data_dir.name}.log"
@@ -46,8 +55,10 @@ class SluiceProcess:
         endpoints = self.data_dir / "endpoints.json"
         endpoints.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sluice.cli", "serve", "--data-dir", str(self.data_dir), *self.args],
+            [*(serve_command() if self.cwd is not None else [sys.executable, "-m", "sluice.cli", "serve"]),
+             "--data-dir", str(self.data_dir), *self.args],
             env=env,
+            cwd=self.cwd,
             stdout=subprocess.DEVNULL,
             stderr=self.log.open("w"),
             text=True,

@@ -1,6 +1,7 @@
 """Attached stream processors as a ``sluice serve`` component (``--processor module:pipeline``).
 
-``load_pipeline`` resolves a ``module:attribute`` reference (also used by ``sluice process``).
+``load_pipeline`` resolves a ``module:attribute`` reference (also used by ``sluice process``), looking in
+the working directory first (a console script does not have it on ``sys.path``).
 The component is published as ``runtime.registries["processors"]``; its ``status()`` is a JSON-ready
 list with one dict per pipeline (per-partition offset lag and event-time lag, queues, checkpoints).
 """
@@ -8,6 +9,8 @@ list with one dict per pipeline (per-partition offset lag and event-time lag, qu
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 from broker.log.api import LogStore
@@ -32,6 +35,8 @@ def load_pipeline(ref: str | Pipeline | Stream) -> Pipeline:
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
         raise PipelineDefinitionError(f"processor reference {ref!r} must look like 'module:attribute'")
+    if "" not in sys.path and "." not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, "")  # `module:attr` resolves against the working directory first, like uvicorn
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -418,3 +418,34 @@ async def test_an_assignment_whose_checkpoints_cannot_be_read_fails_the_processo
         assert runner.executor.records_in == 0
     finally:
         await runner.stop()
+
+
+async def test_a_checkpoint_of_another_pipeline_in_the_same_group_is_refused_with_the_way_out(
+        store: MemoryLogStore, caplog: pytest.LogCaptureFixture) -> None:
+    """The README attaches the example (group sensor-avg, two keyed operators); a newcomer's own pipeline
+    reusing that group must say which checkpoint topic is in the way and what to do, in one log line."""
+    from processors.examples.sensors import build
+
+    clock = FakeClock()
+    readings = sensor_readings(5)
+    await publish(store, "sensors", readings)
+    config = RunnerConfig(tick_ms=100, checkpoint_interval_ms=1_000)
+    example = AttachedRunner(build({"SENSORS_GROUP": "shared"}), store, clock=clock, config=config)
+    await example.start()
+    await wait_until(lambda: example.executor.records_in == len(readings))
+    await example.stop()  # a final checkpoint with the state of both keyed operators
+
+    stream = Pipeline.source("sensors", group="shared", event_time=lambda v: v["ts"])
+    stream.key_by(lambda v: v["sensor"]).window(Tumbling(10_000)).aggregate(Mean("temp")).sink("mine")
+    mine = AttachedRunner(stream.pipeline, store, clock=clock, config=config)
+    await mine.start()
+    try:
+        await wait_until(lambda: mine.failed is not None)
+    finally:
+        await mine.stop()
+    message = str(mine.failed)
+    assert "_checkpoints.shared" in message and "group of its own" in message, message
+    assert "sluice topics delete _checkpoints.shared" in message
+    failed = [r for r in caplog.records if r.getMessage().startswith("processor failed")]
+    assert len(failed) == 1 and failed[0].exc_info is None  # the reason in the line, no traceback
+    assert "_checkpoints.shared" in failed[0].getMessage()
