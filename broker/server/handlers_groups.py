@@ -33,6 +33,8 @@ __all__ = [
 
 log = logging.getLogger("broker.server.kafka")
 
+_CLASSIC_GROUP_TYPE = "classic"  # Kafka's Group.GroupType of JoinGroup/SyncGroup groups
+
 
 async def handle_find_coordinator(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
     host, port = ctx.advertised_for(conn)
@@ -192,12 +194,16 @@ async def handle_describe_groups(ctx: BrokerContext, body: Any, conn: Connection
 
 async def handle_list_groups(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
     # v4 (KIP-518): only groups in one of the states asked for, compared as Kafka does (case and
-    # surrounding blanks ignored); an empty or absent filter lists every group.
+    # surrounding blanks ignored); an empty or absent filter lists every group. v5 (KIP-848) filters by
+    # group type the same way: every Sluice group is a "classic" one.
     wanted = {str(s).strip().lower() for s in getattr(body, "states_filter", None) or ()}
+    types = {str(t).strip().lower() for t in getattr(body, "types_filter", None) or ()}
+    if types and _CLASSIC_GROUP_TYPE not in types:
+        return {"throttle_time": 0, "error_code": ErrorCode.NONE, "groups": []}
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.NONE,
-        "groups": [{"group_id": g, "protocol_type": ptype, "group_state": state}
+        "groups": [{"group_id": g, "protocol_type": ptype, "group_state": state, "group_type": _CLASSIC_GROUP_TYPE}
                    for g, ptype, state in ctx.coordinator.list_groups() if not wanted or state.lower() in wanted],
     }
 

@@ -125,10 +125,10 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.LEAVE_GROUP, 0, 3),
         ApiSpec(ApiKey.SYNC_GROUP, 0, 3),
         ApiSpec(ApiKey.DESCRIBE_GROUPS, 0, 4),
-        ApiSpec(ApiKey.LIST_GROUPS, 0, 4),  # v4: states filter and each group's state
+        ApiSpec(ApiKey.LIST_GROUPS, 0, 5),  # v4: states filter and each group's state; v5: types (KIP-848)
         ApiSpec(ApiKey.SASL_HANDSHAKE, 0, 1),  # v0: raw SASL tokens follow; librdkafka's feature check needs it
         ApiSpec(ApiKey.SASL_AUTHENTICATE, 0, 2),
-        ApiSpec(ApiKey.API_VERSIONS, 0, 3),
+        ApiSpec(ApiKey.API_VERSIONS, 0, 4),  # v4: v3's schema (what kafka-python asks first)
         ApiSpec(ApiKey.CREATE_TOPICS, 2, 5),
         ApiSpec(ApiKey.DELETE_TOPICS, 1, 3),
         ApiSpec(ApiKey.DELETE_RECORDS, 0, 2),

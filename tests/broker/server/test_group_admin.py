@@ -157,3 +157,18 @@ def test_offsets_are_deleted_as_kafka_deletes_them(bootstrap: str, kafka_python_
     assert kafka_python_admin.describe_groups([group])[group]["group_state"] == "Dead", "deleted with its last offset"
     with pytest.raises(kafka_errors.GroupIdNotFoundError):
         kafka_python_admin.delete_group_offsets(group, [KafkaTopicPartition(read, 0)])
+
+
+def test_groups_are_listed_by_type_and_api_versions_v4_is_served(
+    sluice: SluiceProcess, bootstrap: str, kafka_python_admin: KafkaAdminClient
+) -> None:
+    confluent_admin = AdminClient({"bootstrap.servers": bootstrap})
+    confluent_admin.create_topics([NewTopic("typed", 1)])["typed"].result(10)
+    committed = {KafkaTopicPartition("typed", 0): OffsetAndMetadata(1, "", -1)}
+    assert set(kafka_python_admin.alter_group_offsets("typed-group", committed).values()) == {kafka_errors.NoError}
+    # ListGroups v5 (KIP-848): every group here is a classic one; the filter ignores case, as Kafka's does.
+    classic = kafka_python_admin.list_groups(types_filter=["Classic"])
+    assert {"group_id": "typed-group", "protocol_type": "", "group_state": "Empty", "group_type": "classic"} in classic
+    assert kafka_python_admin.list_groups(types_filter=["consumer"]) == []
+    # kafka-python opens with ApiVersions v4 (Kafka 3.9+ serves it): answered, not refused and logged.
+    assert "API_VERSIONS v4" not in sluice.log.read_text()
