@@ -88,7 +88,8 @@ def bucket_lines(
     (device -> [lines, bytes, last seen]: ``HealthRegistry.open_counts``, at ``now``). A line is left to
     ``resolve(index)`` (which does all of that itself) when it has no target, no key (keyless records take
     a partition each), or its target's partition is not known for the topic's partition count in
-    ``partitions`` (filled by ``resolve``) or has no group yet. ``call``: a number no earlier call had.
+    ``partitions`` (filled by ``resolve``); a partition's group is made by the first line that needs it.
+    ``call``: a number no earlier call had.
 
     Counts are kept on each target while the loop runs (no boxed integers per line) and added to ``seen``
     at the end; a device enters ``seen`` at its first line, so devices are still created in the order
@@ -103,13 +104,13 @@ def bucket_lines(
             if target.call == call:
                 group = target.group
             else:
-                if target.partitions != partitions.get(target.topic, -1):
+                known = partitions.get(target.topic, -1)  # -1: not looked up in this call
+                if known < 0 or target.partitions != known:
                     resolve(index)
                     continue
                 group = groups.get(target.slot)
-                if group is None:
-                    resolve(index)
-                    continue
+                if group is None:  # the partition is known (checked above): its group starts here
+                    group = groups[target.slot] = LineGroup(target.topic, target.partition)
                 target.group = group
                 target.call = call
             assert group is not None

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from ingest.line_writes import LineOutcome, LineWrite
 from ingest.routing import SourceRef
+from ingest.sink import _MESSAGE_OVERHEAD
 
 if TYPE_CHECKING:
     from ingest.sink import IngestSink
@@ -74,27 +75,29 @@ class LineTurns:
         CSV stream's header). Once they are durable the future is done (their ``LineOutcome`` when
         ``outcome``, else None; or the write's failure); with ``notify`` no future: ``notify(outcome, None)``
         or ``notify(None, failure)`` is called instead (a protocol's read, no future per read)."""
-        loop = asyncio.get_running_loop()
         slot = (source, columns)
         turn = self._open.get(slot)
-        charge = self.sink.line_charge(len(lines), nbytes)
+        charge = _MESSAGE_OVERHEAD * len(lines) + nbytes  # IngestSink.line_charge
         if turn is None or turn.charge + charge > self.sink.max_pending_bytes:
             # a new turn; also when this read would make the turn larger than the whole budget (a turn is
             # reserved at once: the budget bounds what is pending only if each turn fits in it)
             turn = self._open[slot] = _Turn(columns)
-            loop.call_soon(self._run, source, turn)
-        start = len(turn.lines)
-        if not turn.arrivals or turn.arrivals[-1][1] != arrival_ms:
-            turn.arrivals.append((start, arrival_ms))
-        turn.lines += lines
-        turn.spans.append((start, len(turn.lines)))
+            asyncio.get_running_loop().call_soon(self._run, source, turn)
+        turn_lines = turn.lines
+        start = len(turn_lines)
+        arrivals = turn.arrivals
+        if not arrivals or arrivals[-1][1] != arrival_ms:
+            arrivals.append((start, arrival_ms))
+        turn_lines += lines
+        turn.spans.append((start, len(turn_lines)))
         turn.nbytes += nbytes
         turn.charge += charge
-        turn.outcomes = turn.outcomes or outcome
+        if outcome:
+            turn.outcomes = True
         if notify is not None:
             turn.waiters.append(notify)
             return None
-        future: asyncio.Future[LineOutcome | None] = loop.create_future()
+        future: asyncio.Future[LineOutcome | None] = asyncio.get_running_loop().create_future()
         turn.waiters.append(future)
         return future
 
@@ -105,19 +108,26 @@ class LineTurns:
         sink = self.sink
         charge = turn.charge
         write = LineWrite(sink, source, turn.lines, turn.arrivals, turn.nbytes, turn.columns, outcomes=turn.outcomes)
-        if sink.try_reserve(charge):
-            sink.health.add_in_flight(source, len(turn.lines))
-            try:
-                pending = write.start()
-            except BaseException as exc:
-                self._settle(source, turn, charge, None, exc)
-                return
-            if not pending:
-                self._settle(source, turn, charge, write, None)
-                return
-            self._spawn(self._finish(source, turn, charge, write, reserved=True))
-        else:
+        if not sink.has_room(charge):
             self._spawn(self._finish(source, turn, charge, write, reserved=False))
+            return
+        # The budget has room: ``start`` does what needs no waiting. When that is all (the usual turn), the
+        # write began and ended in this callback: its budget and in-flight count would be taken and given back
+        # with nothing in between to see them, so neither is touched; otherwise they are taken now (the
+        # budget still has room: nothing ran in between) and a task finishes the write.
+        try:
+            pending = write.start()
+        except BaseException as exc:
+            self._answer(turn, None, exc)
+            return
+        if not pending:
+            write.done()
+            self._answer(turn, write, None)
+            return
+        reserved = sink.try_reserve(charge)
+        assert reserved
+        sink.health.add_in_flight(source, len(turn.lines))
+        self._spawn(self._finish(source, turn, charge, write, reserved=True))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -135,7 +145,7 @@ class LineTurns:
                 raise
             sink.health.add_in_flight(source, len(turn.lines))
         try:
-            if reserved or write.start():
+            if reserved or write.start():  # (reserved: ``_run`` started it)
                 await write.finish()
         except BaseException as exc:
             self._settle(source, turn, charge, None, exc)
@@ -156,6 +166,17 @@ class LineTurns:
 
     @staticmethod
     def _answer(turn: _Turn, write: LineWrite | None, error: BaseException | None) -> None:
+        if error is None and not turn.outcomes:
+            # The usual turn (nobody asked for outcomes, nothing failed): each reader is told None.
+            for waiter in turn.waiters:
+                if not isinstance(waiter, asyncio.Future):
+                    try:
+                        waiter(None, None)
+                    except Exception:  # one reader's failure is its own: the others are answered all the same
+                        log.exception("a line reader failed on its write's outcome")
+                elif not waiter.done():  # (done: its caller was cancelled)
+                    waiter.set_result(None)
+            return
         for (start, end), waiter in zip(turn.spans, turn.waiters, strict=True):
             result = write.outcome(start, end) if write is not None and turn.outcomes else None
             if not isinstance(waiter, asyncio.Future):

@@ -235,7 +235,9 @@ class LineWrite:
         plan = line_plan(routes)
         if plan is None:
             return True  # finish() routes each line
-        targets, stamps = self._route(plan)
+        arrivals = self.arrivals
+        targets, stamps = (plan.route(lines, arrivals.first, self.columns) if len(arrivals.spans) == 1
+                           else self._route(plan))
         seen, now = sink.health.open_counts(source)  # every line is counted there, by the kernel or by resolve
         batch = self._batch = _LineBatch(sink, source, routes, lines, targets, stamps, self.arrivals, seen, now,
                                          self.columns)
@@ -252,6 +254,8 @@ class LineWrite:
             journal_appends(store, [
                 (group.topic, group.partition, group.owners[first:batches[k + 1][0] if k + 1 < len(batches) else None])
                 for group, batches in zip(self._groups, encoded, strict=True) for k, (first, _) in enumerate(batches)])
+        failures = self._failures
+        failed = False
         for index, (group, batches) in enumerate(zip(self._groups, encoded, strict=True)):
             bases: list[tuple[int, int]] = []
             self._bases.append(bases)
@@ -260,15 +264,17 @@ class LineWrite:
                 for first, data in batches:
                     bases.append((first, plog.append_nowait(data, verified=True).base_offset))
             except BrokerError as exc:  # StorageError included
-                self._failures.append(_append_failure(group.topic, group.partition, exc))
+                failures.append(_append_failure(group.topic, group.partition, exc))
+                failed = True
                 continue
-            self._failures.append(None)
+            failures.append(None)
             mark = plog.write_mark()
             if not plog.is_durable(mark):
                 self._waits.append((index, plog, mark))
         if self._waits:
             return True
-        self._refused()
+        if failed:
+            self._refused()
         return bool(self._letters)
 
     def _route(self, plan: LinePlan) -> tuple[list[LineTarget | None], list[int] | None]:

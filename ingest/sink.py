@@ -261,9 +261,13 @@ class IngestSink:
         """What ``lines`` lines of ``nbytes`` bytes in all take from the pending-bytes budget."""
         return _MESSAGE_OVERHEAD * lines + nbytes
 
+    def has_room(self, nbytes: int) -> bool:
+        """Whether ``try_reserve(nbytes)`` would reserve now (``_reserve`` would not wait)."""
+        return not self._waiters and (self._pending + nbytes <= self.max_pending_bytes or self._pending == 0)
+
     def try_reserve(self, nbytes: int) -> bool:
         """Reserve ``nbytes`` of the budget now if that needs no waiting (``_reserve`` would not wait)."""
-        if self._waiters or (self._pending + nbytes > self.max_pending_bytes and self._pending > 0):
+        if not self.has_room(nbytes):
             return False
         self._pending += nbytes
         self._update_writable()

@@ -68,6 +68,7 @@ class LineConnection(asyncio.BufferedProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._ack_context: tuple[list[int] | None, int, int] = (None, 0, 0)  # numbers, first line, last line
         self._tls = False
+        self._on_stored = self._stored  # (bound once: the turn's callback for each read)
 
     # -- asyncio callbacks ------------------------------------------------------------------------
 
@@ -104,13 +105,20 @@ class LineConnection(asyncio.BufferedProtocol):
         return self.listener.read_buffer  # shared: each read is copied out in buffer_updated
 
     def buffer_updated(self, nbytes: int) -> None:
-        data = bytes(self.listener.read_buffer[:nbytes])
-        self.last_read = self.listener.loop_time()
+        # The per-read path: as few Python calls as the usual read allows (each costs ~0.1 µs, and a
+        # device sending a line at a time makes a read, and often a loop turn, per line).
+        listener = self.listener
+        data = listener.read_buffer[:nbytes].tobytes()
+        self.last_read = listener.loop_time()
         if self.in_flight or self.held or self.writing_paused:
             self.held.append(data)
             self._pause()
             return
-        self._guarded(self._data, data)
+        try:
+            self._data(data)
+        except Exception:
+            log.exception("tcp connection failed", extra={"listener": listener.config.name, "peer": self.peer})
+            self.close()
 
     def eof_received(self) -> bool | None:
         self._guarded(self._end)
@@ -217,7 +225,7 @@ class LineConnection(asyncio.BufferedProtocol):
             return
         self.in_flight = True
         listener.turns.submit(listener.source, lines, arrival_ms, sum(map(len, lines)), stream.columns, self.ack,
-                              self._stored)
+                              self._on_stored)
 
     def _stored(self, outcome: LineOutcome | None, error: BaseException | None) -> None:
         """The sink's word on the read in flight (``LineTurns``' callback)."""
@@ -229,7 +237,8 @@ class LineConnection(asyncio.BufferedProtocol):
             assert outcome is not None
             numbers, first, last = self._ack_context
             self._answer(line_acks(outcome, numbers, first, last, self.listener.sink.dead_letter_topic))
-        self._guarded(self._next)
+        if self.held or self.ended or self.paused:  # else ``_next`` has nothing to do: reading goes on
+            self._guarded(self._next)
 
     async def _write_messages(self, items: list[bytes | LineTooLong], arrival_ms: int) -> None:
         listener = self.listener

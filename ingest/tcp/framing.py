@@ -43,6 +43,11 @@ class LineFramer:
         out: list[bytes | LineTooLong] = []
         if not data:
             return out
+        if not self._buf and not self._discarding and data[-1] == 0x0A and type(data) is bytes and (
+            len(data) <= self.max_line_bytes + 1 and 0x0D not in data  # 0x0A, 0x0D: b"\n", b"\r" as ints
+        ):
+            # The usual read of a device: whole lines, none too long, nothing held from the last read.
+            return data[:-1].split(b"\n")  # type: ignore[return-value]  # (a list of bytes only)
         if self._discarding:
             nl = bytes(data).find(b"\n") if not isinstance(data, bytes) else data.find(b"\n")
             if nl < 0:
