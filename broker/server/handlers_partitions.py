@@ -13,6 +13,12 @@ INVALID_TOPIC_EXCEPTION; a topic whose cleanup.policy lacks ``delete`` → POLIC
 the log start offset moves up to the offset (never down) and the answer is the new low watermark.
 Records below it are no longer served; whole segments below it are removed from disk.
 
+ElectLeaders (Kafka's ``ReplicationControlManager.electLeaders``): the only replica leads every partition,
+so it is the preferred leader and a live one: each partition named is ELECTION_NOT_NEEDED, an unknown
+topic or partition UNKNOWN_TOPIC_OR_PARTITION; asked for every partition (null), the answer leaves out
+those that needed none, so it is empty. An election type other than preferred (0) or unclean (1) is
+INVALID_REQUEST for the whole request.
+
 CreatePartitions grows a topic through ``LogStore.create_partitions`` (Kafka's rules: the count must
 grow; a topic listed twice fails with INVALID_REQUEST; explicit replica assignments must name broker
 0 only, one replica per new partition, else INVALID_REPLICA_ASSIGNMENT).
@@ -28,13 +34,42 @@ from broker.errors import BrokerError, OffsetOutOfRangeError
 from broker.protocol.kafka_codes import ErrorCode
 from broker.server.handlers_common import NODE_ID, BrokerContext, ConnectionInfo, error_code_for
 
-__all__ = ["handle_create_partitions", "handle_delete_records", "handle_offset_for_leader_epoch"]
+__all__ = [
+    "handle_create_partitions",
+    "handle_delete_records",
+    "handle_elect_leaders",
+    "handle_offset_for_leader_epoch",
+]
 
 log = logging.getLogger("broker.server.kafka")
 
 LEADER_EPOCH = 0  # the only leader epoch a partition of this broker ever has
 _UNDEFINED = -1
 _HIGH_WATERMARK = -1  # DeleteRecords: "up to the high watermark"
+_ELECTION_TYPES = (0, 1)  # preferred, unclean
+_NOT_NEEDED = "Leader election not needed for topic partition."  # Kafka's message for ELECTION_NOT_NEEDED
+
+
+async def handle_elect_leaders(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    election_type = int(getattr(body, "election_type", 0))  # v0 elects the preferred replica only
+    if election_type not in _ELECTION_TYPES:
+        message = f"Unknown election type {election_type}"
+        return {"throttle_time": 0, "error_code": ErrorCode.INVALID_REQUEST, "replica_election_results": [
+            {"topic": t.topic, "partition_result": [
+                {"partition_id": p, "error_code": ErrorCode.INVALID_REQUEST, "error_message": message}
+                for p in t.partitions]}
+            for t in body.topic_partitions or ()]}
+    results = [{"topic": str(t.topic), "partition_result": [_election(ctx, str(t.topic), int(p)) for p in t.partitions]}
+               for t in body.topic_partitions or ()]
+    return {"throttle_time": 0, "error_code": ErrorCode.NONE, "replica_election_results": results}
+
+
+def _election(ctx: BrokerContext, topic: str, partition: int) -> dict[str, Any]:
+    try:
+        ctx.store.partition(topic, partition)
+    except BrokerError as exc:
+        return {"partition_id": partition, "error_code": error_code_for(exc), "error_message": str(exc)}
+    return {"partition_id": partition, "error_code": ErrorCode.ELECTION_NOT_NEEDED, "error_message": _NOT_NEEDED}
 
 
 async def handle_offset_for_leader_epoch(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:

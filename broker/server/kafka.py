@@ -124,6 +124,7 @@ _HANDLERS: dict[int, Handler] = {
     ApiKey.OFFSET_FOR_LEADER_EPOCH: lambda c, h, b, n: partitions.handle_offset_for_leader_epoch(c, b, n),
     ApiKey.DELETE_RECORDS: lambda c, h, b, n: partitions.handle_delete_records(c, b, n),
     ApiKey.CREATE_PARTITIONS: lambda c, h, b, n: partitions.handle_create_partitions(c, b, n),
+    ApiKey.ELECT_LEADERS: lambda c, h, b, n: partitions.handle_elect_leaders(c, b, n),
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: lambda c, h, b, n: scram.handle_describe_user_scram_credentials(c, b, n),
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: lambda c, h, b, n: scram.handle_alter_user_scram_credentials(c, b, n),
     ApiKey.DESCRIBE_ACLS: lambda c, h, b, n: acls.handle_describe_acls(c, b, n),

@@ -92,6 +92,7 @@ class ApiKey(enum.IntEnum):
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
@@ -144,6 +145,7 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.ALTER_CONFIGS, 0, 2),
         ApiSpec(ApiKey.CREATE_PARTITIONS, 0, 3),
         ApiSpec(ApiKey.DELETE_GROUPS, 0, 2),
+        ApiSpec(ApiKey.ELECT_LEADERS, 0, 2),
         ApiSpec(ApiKey.OFFSET_DELETE, 0, 0),
         ApiSpec(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1),
         ApiSpec(ApiKey.DESCRIBE_ACLS, 1, 3),  # v0 (no pattern types) is gone from Kafka 4 and from kio

@@ -93,6 +93,10 @@ _BUILDERS: dict[int, Callable[[Any, int], Any]] = {
     ApiKey.CREATE_PARTITIONS: lambda b, c: {"throttle_time": 0, "results": [
         {"name": t.name, "error_code": c, "error_message": None, "configs": None, "topic_config_error_code": c}
         for t in _items(b.topics)]},
+    ApiKey.ELECT_LEADERS: lambda b, c: {"throttle_time": 0, "error_code": c, "replica_election_results": [
+        {"topic": t.topic, "partition_result": [{"partition_id": p, "error_code": c, "error_message": None}
+                                                for p in _items(t.partitions)]}
+        for t in _items(b.topic_partitions)]},
     ApiKey.DELETE_GROUPS: lambda b, c: {"throttle_time": 0, "results": [
         {"group_id": g, "error_code": c} for g in _items(b.groups_names)]},
     ApiKey.ADD_PARTITIONS_TO_TXN: lambda b, c: {"throttle_time": 0, "results_by_topic_v3_and_below": [

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, ElectionType, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -159,6 +159,8 @@ def test_admin_operations_matrix(server: SluiceProcess) -> None:
     assert error_of(results[broker]) == KafkaError.CLUSTER_AUTHORIZATION_FAILED
     assert error_of(alice.describe_configs([ConfigResource("topic", "t-one")])[ConfigResource("topic", "t-one")]) \
         is None
+    elected = alice.elect_leaders(ElectionType.PREFERRED, [TopicPartition("t-one", 0)])  # ALTER on the cluster
+    assert error_of(elected) == KafkaError.CLUSTER_AUTHORIZATION_FAILED
 
 
 def test_transactional_ids(server: SluiceProcess) -> None:

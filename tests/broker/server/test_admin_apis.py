@@ -19,7 +19,7 @@ from aiokafka import TopicPartition as AioTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin import NewPartitions as AioNewPartitions
 from aiokafka.admin.records_to_delete import RecordsToDelete
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, ElectionType, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from broker.protocol.kafka import ApiKey
@@ -264,3 +264,23 @@ def test_topic_deleted_over_http_takes_its_producer_state_along(sluice: SluicePr
     )
     assert httpx.delete(f"{sluice.http}/topics/recycled", timeout=10).status_code in (200, 204)
     assert asyncio.run(_produce_idempotent(port, "recycled", _idempotent(pid, 7, b"new"))) == ErrorCode.NONE
+
+
+# ---------------------------------------------------------------------------- ElectLeaders
+
+
+def test_leader_elections_are_never_needed_on_one_broker(sluice: SluiceProcess) -> None:
+    # confluent-kafka's elect_leaders (kafka-leader-election): the only replica is the preferred and a live
+    # leader, so Kafka's controller answers ELECTION_NOT_NEEDED per partition, and leaves such partitions
+    # out when asked for all of them.
+    admin = AdminClient({"bootstrap.servers": sluice.bootstrap})
+    admin.create_topics([NewTopic("elect", 2)])["elect"].result(10)
+    for election in (ElectionType.PREFERRED, ElectionType.UNCLEAN):
+        asked = [TopicPartition("elect", 0), TopicPartition("elect", 1), TopicPartition("elect", 7),
+                 TopicPartition("never-created", 0)]
+        result = admin.elect_leaders(election, asked).result(10)
+        codes = {(tp.topic, tp.partition): error.code() for tp, error in result.items()}
+        assert codes == {("elect", 0): KafkaError.ELECTION_NOT_NEEDED, ("elect", 1): KafkaError.ELECTION_NOT_NEEDED,
+                         ("elect", 7): KafkaError.UNKNOWN_TOPIC_OR_PART,
+                         ("never-created", 0): KafkaError.UNKNOWN_TOPIC_OR_PART}
+        assert admin.elect_leaders(election, None).result(10) == {}
