@@ -26,7 +26,7 @@ handler (a Kafka broker without an authorizer allows everything). ``gate`` runs 
   none: refused ones TOPIC_AUTHORIZATION_FAILED, the others OPERATION_NOT_ATTEMPTED.
 - Listings are filtered without an error: OffsetFetch of all topics (DESCRIBE topic), ListGroups (DESCRIBE
   on the cluster shows all, else DESCRIBE per group), ListTransactions (DESCRIBE per transactional id).
-- Metadata and CreateTopics check inside their handlers (``handlers_admin``): they mix describe, create
+- Metadata, CreateTopics and DescribeLogDirs check inside their handlers (``handlers_admin``): they mix describe, create
   and auto-creation. The ACL APIs check in ``handlers_acls``.
 Refusals told to the client are audited (counted, logged rate-limited) under front door "kafka".
 """

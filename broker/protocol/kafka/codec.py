@@ -89,6 +89,7 @@ class ApiKey(enum.IntEnum):
     DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    DESCRIBE_LOG_DIRS = 35
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
@@ -144,6 +145,7 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.DESCRIBE_CONFIGS, 1, 4),
         ApiSpec(ApiKey.ALTER_CONFIGS, 0, 2),
         ApiSpec(ApiKey.CREATE_PARTITIONS, 0, 3),
+        ApiSpec(ApiKey.DESCRIBE_LOG_DIRS, 1, 4),  # v0 is gone from Kafka 4 (and from kio)
         ApiSpec(ApiKey.DELETE_GROUPS, 0, 2),
         ApiSpec(ApiKey.ELECT_LEADERS, 0, 2),
         ApiSpec(ApiKey.OFFSET_DELETE, 0, 0),

@@ -97,6 +97,9 @@ _BUILDERS: dict[int, Callable[[Any, int], Any]] = {
         {"topic": t.topic, "partition_result": [{"partition_id": p, "error_code": c, "error_message": None}
                                                 for p in _items(t.partitions)]}
         for t in _items(b.topic_partitions)]},
+    # v1-v2 have no top-level code: the failure also rides on the one log directory's entry
+    ApiKey.DESCRIBE_LOG_DIRS: lambda b, c: {"throttle_time": 0, "error_code": c, "results": [
+        {"error_code": c, "log_dir": "", "topics": []}]},
     ApiKey.DELETE_GROUPS: lambda b, c: {"throttle_time": 0, "results": [
         {"group_id": g, "error_code": c} for g in _items(b.groups_names)]},
     ApiKey.ADD_PARTITIONS_TO_TXN: lambda b, c: {"throttle_time": 0, "results_by_topic_v3_and_below": [
