@@ -1,7 +1,7 @@
 """TCP line ingest into the durable log, side by side with Redis Streams, in one run.
 
     python -m bench.bench_tcp [--lines 200000] [--partitions 4] [--devices 100 --interval-ms 10 --device-seconds 5]
-                              [--formats ndjson,influx,csv]
+                              [--formats ndjson,influx,csv] [--devices-only] [--coalesce-ms MS]
 
 Sluice: the TCP line listener (NDJSON, InfluxDB line protocol, then CSV: a header line, then rows) runs in
 this process on the store ``sluice serve`` would open (``open_store``: segment files when that backend is present) with
@@ -25,6 +25,10 @@ Reported: lines/s the driver reached (the offered rate when the server and the d
 for Redis, replies included), for Sluice the time from the driver's exit to the last line stored,
 and the server's CPU per line (Sluice: this process's CPU time; Redis: redis-server's, from /proc).
 Ratio = Redis CPU per line / Sluice CPU per line (> 1: Sluice spends less).
+
+The sink takes ``sluice serve``'s ingest settings (``ingest.coalesce_ms``: a small write within that long of
+the source's last one waits for it, ``ingest/line_turns.py``); ``--coalesce-ms`` sets another value (0: a
+write every loop turn). ``--devices-only`` runs the devices row alone.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from ingest.health import HealthRegistry
 from ingest.sink import IngestSink
 from ingest.tcp.listener import TcpLineListener, TcpListenerConfig
 from sluice.components.ingest_core import build_router
-from sluice.config import load_settings
+from sluice.config import Settings, load_settings
 from sluice.gc_tuning import tune_for_serving
 from sluice.serve import open_store
 
@@ -72,18 +76,33 @@ def make_lines(fmt: str, count: int, seed: int = 1) -> bytes:
     return "".join(out).encode()
 
 
-async def run_sluice(lines_file: Path, fmt: str, count: int, flush: str, partitions: int, data_dir: Path) -> dict:
+def _ingest_overrides(coalesce_ms: float | None) -> dict:
+    return {} if coalesce_ms is None else {"ingest": {"coalesce_ms": coalesce_ms}}
+
+
+def _sink_options(settings: Settings) -> dict:
+    """The IngestSink settings ``sluice serve`` passes (sluice/components/ingest_core.py)."""
+    options: dict = {"max_pending_bytes": settings.ingest.max_pending_bytes}
+    coalesce_ms = getattr(settings.ingest, "coalesce_ms", None)  # (a tree before the setting: none)
+    if coalesce_ms is not None:
+        options["coalesce_s"] = coalesce_ms / 1000
+    return options
+
+
+async def run_sluice(lines_file: Path, fmt: str, count: int, flush: str, partitions: int, data_dir: Path,
+                     coalesce_ms: float | None = None) -> dict:
     settings = load_settings(
         None,
         data_dir=data_dir,
         storage={"backend": "segment", "flush": flush, "default_partitions": partitions},
+        **_ingest_overrides(coalesce_ms),
     )
     data_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(settings)
     await store.start()
     router = build_router(settings.ingest)
     health = HealthRegistry()
-    sink = IngestSink(store, router, health, max_pending_bytes=settings.ingest.max_pending_bytes)
+    sink = IngestSink(store, router, health, **_sink_options(settings))
     listener = TcpLineListener(TcpListenerConfig(port=0, format=fmt), sink, health)
     await listener.start()
     try:
@@ -120,12 +139,12 @@ async def run_sluice_devices(lines_file: Path, fmt: str, args: argparse.Namespac
     settings = load_settings(
         None, data_dir=data_dir,
         storage={"backend": "segment", "flush": "os", "default_partitions": args.partitions},
+        **_ingest_overrides(args.coalesce_ms),
     )
     data_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(settings)
     await store.start()
-    sink = IngestSink(store, build_router(settings.ingest), HealthRegistry(),
-                      max_pending_bytes=settings.ingest.max_pending_bytes)
+    sink = IngestSink(store, build_router(settings.ingest), HealthRegistry(), **_sink_options(settings))
     listener = TcpLineListener(TcpListenerConfig(port=0, format=fmt, backlog=4096), sink, HealthRegistry())
     await listener.start()
     try:
@@ -261,6 +280,9 @@ def main() -> None:
     parser.add_argument("--interval-ms", type=float, default=10.0, help="devices row: ms between a device's lines")
     parser.add_argument("--device-seconds", type=float, default=5.0, help="devices row: how long each device sends")
     parser.add_argument("--formats", default="ndjson,influx,csv", help="comma-separated: ndjson, influx, csv")
+    parser.add_argument("--devices-only", action="store_true", help="the devices row alone (no bulk rows)")
+    parser.add_argument("--coalesce-ms", type=float, default=None,
+                        help="ingest.coalesce_ms for Sluice (default: the setting's default, as sluice serve runs)")
     parser.add_argument("--drive", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the driver process
     parser.add_argument("--drive-file", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--resp", action="store_true", help=argparse.SUPPRESS)
@@ -276,8 +298,10 @@ def main() -> None:
     if use_uvloop:
         import uvloop
     tune_for_serving()  # the garbage-collector settings `sluice serve` runs with (sluice/gc_tuning.py)
+    coalesce = args.coalesce_ms if args.coalesce_ms is not None else getattr(
+        load_settings(None).ingest, "coalesce_ms", "(no setting)")
     print(f"lines={args.lines} partitions={args.partitions} loop={'uvloop' if use_uvloop else 'asyncio'} "
-          f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}")
+          f"cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f} coalesce_ms={coalesce}")
     rows = []
     devices: list[tuple[str, dict, dict]] = []
     with tempfile.TemporaryDirectory(prefix="bench-tcp-") as tmp:
@@ -288,9 +312,9 @@ def main() -> None:
             lines_file.write_bytes(lines)
             resp_file = root / f"resp.{fmt}"
             resp_file.write_bytes(resp_xadd(lines.removeprefix(CSV_HEADER) if fmt == "csv" else lines))
-            for flush, fsync in (("always", "always"), ("os", "no")):
+            for flush, fsync in (("always", "always"), ("os", "no")) if not args.devices_only else ():
                 data_dir = root / f"sluice-{fmt}-{flush}"
-                coro = run_sluice(lines_file, fmt, args.lines, flush, args.partitions, data_dir)
+                coro = run_sluice(lines_file, fmt, args.lines, flush, args.partitions, data_dir, args.coalesce_ms)
                 sluice = uvloop.run(coro) if use_uvloop else asyncio.run(coro)
                 redis = run_redis(resp_file, args.lines, fsync, root / f"redis-{fmt}-{flush}")
                 rows.append((fmt, flush, sluice, redis, fsync))

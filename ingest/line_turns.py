@@ -14,6 +14,17 @@ task finishes it. Backpressure is the sink's byte budget, reserved for the whole
 the sink's other writes (a turn is closed early when the next read would make it larger than the budget); a
 caller cancelled while it waits leaves its lines in the write (they may be stored
 and are not acknowledged).
+
+Coalescing (``IngestSink.coalesce_s``, the ``ingest.coalesce_ms`` setting): a turn nobody waits on for an
+answer (no read asks for its outcome: TCP without ack mode, files) is written at once unless the source's
+previous write was small (fewer than ``SMALL_WRITE_LINES`` lines) and began less than ``coalesce_s`` ago;
+then it is written ``coalesce_s`` after that one began, with every read of the source that arrives
+meanwhile. Devices trickling a line each then cost one write per ``coalesce_s`` instead of one per loop turn
+(a turn's route, encoding, append and answers cost the same for one line as for fifty), and no line waits
+longer than ``coalesce_s`` for it; a bulk sender's writes are large and never wait. A read that asks for its
+outcome (ack mode) and joins a waiting turn has it written at once. Each connection still has one read in
+flight, so a waiting turn holds back its connections' next reads (the kernel buffers them), as a slow write
+does.
 """
 
 from __future__ import annotations
@@ -37,11 +48,13 @@ log = logging.getLogger("ingest.sink")
 # A read's callback instead of a future: (its outcome or None, None) once durable, (None, the failure) if not.
 Notify = Callable[[LineOutcome | None, BaseException | None], None]
 
+SMALL_WRITE_LINES = 64  # a write of fewer lines makes the source's next turn wait for coalescing
+
 class _Turn:
     """The reads of one source gathered in one loop turn: their lines in order, and per read its span and
     the future its caller waits on (or its callback)."""
 
-    __slots__ = ("arrivals", "charge", "columns", "lines", "nbytes", "outcomes", "spans", "waiters")
+    __slots__ = ("arrivals", "charge", "columns", "lines", "nbytes", "outcomes", "spans", "timer", "waiters")
 
     def __init__(self, columns: tuple[str, ...] | None) -> None:
         self.columns = columns  # a CSV stream's header: reads of other headers are other turns
@@ -52,12 +65,14 @@ class _Turn:
         self.nbytes = 0
         self.charge = 0  # of the sink's pending-bytes budget
         self.outcomes = False  # some read wants its outcome
+        self.timer: asyncio.TimerHandle | None = None  # the write's, when it waits for coalescing
 
 
 class LineTurns:
     def __init__(self, sink: IngestSink) -> None:
         self.sink = sink
         self._open: dict[tuple[SourceRef, tuple[str, ...] | None], _Turn] = {}
+        self._last: dict[SourceRef, tuple[float, int]] = {}  # per source: its last write's start (loop time), lines
         self._tasks: set[asyncio.Task[None]] = set()
 
     @overload
@@ -82,6 +97,16 @@ class LineTurns:
             # a new turn; also when this read would make the turn larger than the whole budget (a turn is
             # reserved at once: the budget bounds what is pending only if each turn fits in it)
             turn = self._open[slot] = _Turn(columns)
+            loop = asyncio.get_running_loop()
+            coalesce = self.sink.coalesce_s
+            last = self._last.get(source) if coalesce > 0 and not outcome else None
+            if last is not None and last[1] < SMALL_WRITE_LINES and last[0] + coalesce > loop.time():
+                turn.timer = loop.call_at(last[0] + coalesce, self._run, source, turn)
+            else:
+                loop.call_soon(self._run, source, turn)
+        elif outcome and turn.timer is not None:  # someone waits for this one's answer: no coalescing
+            turn.timer.cancel()
+            turn.timer = None
             asyncio.get_running_loop().call_soon(self._run, source, turn)
         turn_lines = turn.lines
         start = len(turn_lines)
@@ -105,7 +130,10 @@ class LineTurns:
         slot = (source, turn.columns)
         if self._open.get(slot) is turn:
             del self._open[slot]
+        turn.timer = None
         sink = self.sink
+        if sink.coalesce_s > 0:
+            self._last[source] = (asyncio.get_running_loop().time(), len(turn.lines))
         charge = turn.charge
         write = LineWrite(sink, source, turn.lines, turn.arrivals, turn.nbytes, turn.columns, outcomes=turn.outcomes)
         if not sink.has_room(charge):

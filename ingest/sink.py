@@ -126,9 +126,15 @@ class IngestSink:
         dead_letter_topic: str = "_dead_letters",
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         clock: Callable[[], float] = time.time,
+        coalesce_s: float = 0.0,
     ) -> None:
         if max_pending_bytes <= 0:
             raise ValueError("max_pending_bytes must be positive")
+        if coalesce_s < 0:
+            raise ValueError("coalesce_s must not be negative")
+        # Line sources without answers: a small write within this long of the last one waits for it
+        # (ingest/line_turns.py; 0: every loop turn writes).
+        self.coalesce_s = coalesce_s
         self.store = store
         self.router = router
         self.health = health

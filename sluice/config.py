@@ -242,6 +242,9 @@ class IngestSettings(BaseModel):
     # sensor, event time from ``ts`` (epoch ms), before the catch-alls above; "" switches this off.
     sensors_topic: str = "sensors"
     max_pending_bytes: int = 64 * 1024 * 1024  # accepted-but-not-durable bytes before sources are paused
+    # TCP lines without ack mode and file lines: a small write following the source's last one by less than
+    # this waits until then, with the reads that come meanwhile (docs/ingest.md; 0 = write every loop turn)
+    coalesce_ms: float = Field(default=1.0, ge=0, le=1000)
     idle_timeout_s: float = 300.0  # a source/device silent this long is reported idle
     max_devices_per_source: int = 100_000
     files: list[FileSourceSettings] = Field(default_factory=list)

@@ -137,6 +137,8 @@ _NOTES = {
     "ingest.sensors_topic": "sensor readings (MQTT `sensors/<id>`, TCP JSON with `sensor`) go here keyed by sensor, "
     "event time from `ts` (ms), before the catch-alls; \"\" = off",
     "ingest.max_pending_bytes": "accepted-but-not-durable bytes before sources are paused",
+    "ingest.coalesce_ms": "TCP lines without ack mode, file lines: a small write within this long of the source's "
+    "last one waits until then, with the reads that come meanwhile (0 = write every loop turn)",
     "ingest.idle_timeout_s": "a source/device silent this long is reported idle",
     "ingest.max_devices_per_source": "health entries kept per source",
     "ingest.files": "files replayed or tailed into the log",

@@ -59,6 +59,7 @@ def ingest_core(runtime: Runtime) -> IngestCore:
         health,
         dead_letter_topic=settings.dead_letter_topic,
         max_pending_bytes=settings.max_pending_bytes,
+        coalesce_s=settings.coalesce_ms / 1000,
     )
     registries["router"] = router
     registries["ingest_health"] = health

@@ -16,6 +16,7 @@ from broker.log.memory import MemoryLogStore
 from broker.protocol.records import iter_batches
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
+from ingest.line_turns import SMALL_WRITE_LINES
 from ingest.line_writes import LineOutcome
 from ingest.router import Router
 from ingest.routing import RawMessage, RouteDefaults, SourceRef
@@ -107,6 +108,33 @@ async def test_a_storage_failure_fails_every_read_of_the_turn() -> None:
     assert sink.storage_failures == 1 and sink.pending_bytes == 0 and not store.has_topic("_dead_letters")
     await sink.ingest_lines(SOURCE, [b"not json"], ARRIVAL)  # the sink goes on: later turns are written
     assert sink.dead_lettered == 1
+
+
+async def test_a_small_write_soon_after_another_waits_for_the_reads_that_come_meanwhile() -> None:
+    """Coalescing: after a small write, the source's next reads wait (up to coalesce_s) and share one write; a
+    read that asks for its outcome (ack mode) joining them has the write made at once."""
+    store = MemoryLogStore(default_partitions=1)
+    sink = IngestSink(store, Router([], RouteDefaults()), HealthRegistry(), coalesce_s=3600.0)
+    await sink.ingest_lines(SOURCE, [_line(0, 0)], ARRIVAL)  # the source's first write: at once
+    waiting = [asyncio.create_task(sink.ingest_lines(SOURCE, [_line(d, d)], ARRIVAL + d)) for d in (1, 2)]
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not any(task.done() for task in waiting) and sink.messages_written == 1  # held for coalescing
+    outcome = await asyncio.wait_for(sink.write_lines(SOURCE, [_line(3, 3)], ARRIVAL + 3), 30)
+    await asyncio.wait_for(asyncio.gather(*waiting), 30)
+    assert outcome.last_offsets == {("tcp", 0): 3}
+    assert sink.messages_written == 4 and _batches(store, "tcp") == 2  # the three reads in one batch
+    (recs,) = read_all(store, "tcp").values()
+    assert [(json.loads(r.value or b"")["n"], r.timestamp) for r in recs] == [(d, ARRIVAL + d) for d in range(4)]
+
+
+async def test_no_coalescing_after_a_large_write_nor_for_reads_that_want_their_outcome() -> None:
+    store = MemoryLogStore(default_partitions=1)
+    sink = IngestSink(store, Router([], RouteDefaults()), HealthRegistry(), coalesce_s=3600.0)
+    await sink.ingest_lines(SOURCE, [_line(d, d) for d in range(SMALL_WRITE_LINES)], ARRIVAL)
+    await asyncio.wait_for(sink.ingest_lines(SOURCE, [_line(0, 0)], ARRIVAL), 30)  # after a large write: at once
+    await asyncio.wait_for(sink.write_lines(SOURCE, [_line(1, 1)], ARRIVAL), 30)  # an answer is awaited: at once
+    assert sink.messages_written == SMALL_WRITE_LINES + 2
 
 
 _JSON_LINES = st.sampled_from([
