@@ -1,5 +1,9 @@
 """Transactions: InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn,
-TxnOffsetCommit, EndTxn, DescribeTransactions and ListTransactions, over ``broker.txn``.
+TxnOffsetCommit, EndTxn, DescribeTransactions and ListTransactions, over ``broker.txn``; and
+DescribeProducers (``kafka-transactions describe-producers`` / ``find-hanging``): per partition, as
+Kafka's ``activeProducerState``, every producer id its idempotence state tracks, with the first offset
+of its open transaction there (-1 without one); READ on the topic with ACLs (TOPIC_AUTHORIZATION_FAILED),
+an unknown partition UNKNOWN_TOPIC_OR_PARTITION.
 
 Fencing is answered PRODUCER_FENCED only to request versions that know it (KIP-588): older ones get
 INVALID_PRODUCER_EPOCH, as Kafka's KafkaApis does (InitProducerId below v4, the others below v2;
@@ -15,12 +19,15 @@ from typing import Any
 
 from broker.errors import BrokerError
 from broker.protocol.kafka_codes import ErrorCode
+from broker.security import Operation, ResourceType
+from broker.server.authz import allowed
 from broker.server.handlers_common import BrokerContext, ConnectionInfo, error_code_for, millis
 from broker.txn.metadata import PendingOffset, TopicPartition, TxnState
 
 __all__ = [
     "handle_add_offsets_to_txn",
     "handle_add_partitions_to_txn",
+    "handle_describe_producers",
     "handle_describe_transactions",
     "handle_end_txn",
     "handle_init_transactional_producer",
@@ -179,3 +186,33 @@ async def handle_list_transactions(ctx: BrokerContext, body: Any, conn: Connecti
     ]
     return {"throttle_time": 0, "error_code": ErrorCode.NONE,
             "unknown_state_filters": sorted(wanted_states - known), "transaction_states": listed}
+
+
+async def handle_describe_producers(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    topics = []
+    for topic in body.topics:
+        name = str(topic.name)
+        readable = allowed(ctx, conn, Operation.READ, ResourceType.TOPIC, name)
+        topics.append({"name": name, "partitions": [
+            _active_producers(ctx, name, int(index), readable) for index in topic.partition_indexes]})
+    return {"throttle_time": 0, "topics": topics}
+
+
+def _active_producers(ctx: BrokerContext, topic: str, partition: int, readable: bool) -> dict[str, Any]:
+    answer: dict[str, Any] = {"partition_index": partition, "error_code": ErrorCode.NONE, "error_message": None,
+                              "active_producers": []}
+    if not readable:
+        answer["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        return answer
+    try:
+        ctx.store.partition(topic, partition)
+    except BrokerError as exc:
+        answer["error_code"] = error_code_for(exc)
+        return answer
+    txn_index = ctx.transactions.index.get(topic, partition)
+    open_txns = txn_index.open if txn_index is not None else {}
+    answer["active_producers"] = [
+        {"producer_id": pid, "producer_epoch": epoch, "last_sequence": last_seq, "last_timestamp": last_ts,
+         "coordinator_epoch": -1, "current_txn_start_offset": open_txns.get(pid, -1)}
+        for pid, epoch, last_seq, last_ts in ctx.producer_state.active(topic, partition)]
+    return answer

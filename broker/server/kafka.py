@@ -117,6 +117,7 @@ _HANDLERS: dict[int, Handler] = {
     ApiKey.TXN_OFFSET_COMMIT: lambda c, h, b, n: txn.handle_txn_offset_commit(c, b, n),
     ApiKey.DESCRIBE_TRANSACTIONS: lambda c, h, b, n: txn.handle_describe_transactions(c, b, n),
     ApiKey.LIST_TRANSACTIONS: lambda c, h, b, n: txn.handle_list_transactions(c, b, n),
+    ApiKey.DESCRIBE_PRODUCERS: lambda c, h, b, n: txn.handle_describe_producers(c, b, n),
     ApiKey.DESCRIBE_CONFIGS: lambda c, h, b, n: configs.handle_describe_configs(c, b, n),
     ApiKey.ALTER_CONFIGS: lambda c, h, b, n: configs.handle_alter_configs(c, b, n),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: lambda c, h, b, n: configs.handle_incremental_alter_configs(c, b, n),
@@ -146,7 +147,7 @@ _CANCEL_SAFE = frozenset({
     ApiKey.JOIN_GROUP, ApiKey.HEARTBEAT, ApiKey.SYNC_GROUP, ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS,
     ApiKey.API_VERSIONS, ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_TRANSACTIONS, ApiKey.DESCRIBE_CONFIGS,
     ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, ApiKey.DESCRIBE_ACLS,
-    ApiKey.DESCRIBE_LOG_DIRS,
+    ApiKey.DESCRIBE_LOG_DIRS, ApiKey.DESCRIBE_PRODUCERS,
 })
 _DETACHED_STOP_TIMEOUT_S = 10.0  # on stop, time left to handlers whose clients are gone
 

@@ -94,6 +94,7 @@ class _ProducerEntry:
     last_seen_ms: float  # broker clock at the last append (rule 9)
     batches: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=_CACHED_BATCHES))
     # (first sequence, last sequence, base offset) of the last batches appended
+    last_timestamp: int = -1  # the last batch's max timestamp (Kafka's lastTimestamp, DescribeProducers)
 
 
 def _next_seq(seq: int) -> int:
@@ -150,6 +151,7 @@ class ProducerStateTable:
         last = (header.base_sequence + header.last_offset_delta) % (_MAX_SEQ + 1)
         entry.batches.append((header.base_sequence, last, base_offset))
         entry.last_seen_ms = now
+        entry.last_timestamp = header.max_timestamp
 
     def forget_topic(self, topic: str) -> None:
         """Rule 10: the topic was deleted."""
@@ -180,6 +182,13 @@ class ProducerStateTable:
         """Producer id -> (epoch, cached (first seq, last seq, base offset) batches), for tests and tools."""
         return {pid: (entry.epoch, list(entry.batches))
                 for pid, entry in self._state.get((topic, partition), {}).items()}
+
+
+    def active(self, topic: str, partition: int) -> list[tuple[int, int, int, int]]:
+        """(producer id, epoch, last sequence, last timestamp) of each producer the partition tracks
+        (Kafka's ``UnifiedLog.activeProducers``, answered by DescribeProducers)."""
+        return [(pid, e.epoch, e.batches[-1][1] if e.batches else -1, e.last_timestamp)
+                for pid, e in self._state.get((topic, partition), {}).items()]
 
 
 class ProducerIdAllocator:

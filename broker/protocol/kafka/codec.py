@@ -98,6 +98,7 @@ class ApiKey(enum.IntEnum):
     OFFSET_DELETE = 47
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
+    DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
 
@@ -140,6 +141,7 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.END_TXN, 0, 3),
         ApiSpec(ApiKey.TXN_OFFSET_COMMIT, 0, 3),
         ApiSpec(ApiKey.DESCRIBE_TRANSACTIONS, 0, 0),
+        ApiSpec(ApiKey.DESCRIBE_PRODUCERS, 0, 0),
         ApiSpec(ApiKey.LIST_TRANSACTIONS, 0, 1),
         ApiSpec(ApiKey.OFFSET_FOR_LEADER_EPOCH, 2, 4),  # v0-1 are gone from Kafka 4 (and from kio)
         ApiSpec(ApiKey.DESCRIBE_CONFIGS, 1, 4),

@@ -100,6 +100,10 @@ _BUILDERS: dict[int, Callable[[Any, int], Any]] = {
     # v1-v2 have no top-level code: the failure also rides on the one log directory's entry
     ApiKey.DESCRIBE_LOG_DIRS: lambda b, c: {"throttle_time": 0, "error_code": c, "results": [
         {"error_code": c, "log_dir": "", "topics": []}]},
+    ApiKey.DESCRIBE_PRODUCERS: lambda b, c: {"throttle_time": 0, "topics": [
+        {"name": t.name, "partitions": [{"partition_index": i, "error_code": c, "error_message": None,
+                                         "active_producers": []} for i in _items(t.partition_indexes)]}
+        for t in _items(b.topics)]},
     ApiKey.DELETE_GROUPS: lambda b, c: {"throttle_time": 0, "results": [
         {"group_id": g, "error_code": c} for g in _items(b.groups_names)]},
     ApiKey.ADD_PARTITIONS_TO_TXN: lambda b, c: {"throttle_time": 0, "results_by_topic_v3_and_below": [

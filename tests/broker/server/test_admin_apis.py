@@ -21,6 +21,8 @@ from aiokafka.admin import NewPartitions as AioNewPartitions
 from aiokafka.admin.records_to_delete import RecordsToDelete
 from confluent_kafka import Consumer, ElectionType, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from kafka import TopicPartition as KafkaTopicPartition
+from kafka.admin import KafkaAdminClient
 
 from broker.protocol.kafka import ApiKey
 from broker.protocol.kafka_codes import ErrorCode
@@ -284,3 +286,38 @@ def test_leader_elections_are_never_needed_on_one_broker(sluice: SluiceProcess) 
                          ("elect", 7): KafkaError.UNKNOWN_TOPIC_OR_PART,
                          ("never-created", 0): KafkaError.UNKNOWN_TOPIC_OR_PART}
         assert admin.elect_leaders(election, None).result(10) == {}
+
+
+# ---------------------------------------------------------------------------- DescribeProducers
+
+
+def test_describe_producers_shows_each_producer_and_its_open_transaction(sluice: SluiceProcess) -> None:
+    # kafka-python's describe_producers (`kafka-transactions describe-producers`, and find-hanging's source):
+    # one entry per idempotent or transactional producer of the partition, with its open transaction's
+    # first offset there (-1 once it ended), as Kafka's activeProducerState answers.
+    admin = AdminClient({"bootstrap.servers": sluice.bootstrap})
+    admin.create_topics([NewTopic("produced", 1)])["produced"].result(10)
+    idempotent = Producer({"bootstrap.servers": sluice.bootstrap, "enable.idempotence": True})
+    for _ in range(3):
+        idempotent.produce("produced", b"i", partition=0)
+    assert idempotent.flush(10) == 0
+    transactional = Producer({"bootstrap.servers": sluice.bootstrap, "transactional.id": "describe-producers"})
+    transactional.init_transactions(10)
+    transactional.begin_transaction()
+    transactional.produce("produced", b"t", partition=0)
+    assert transactional.flush(10) == 0
+    client = KafkaAdminClient(bootstrap_servers=sluice.bootstrap)
+    try:
+        def states() -> list[tuple[int, int, int]]:
+            [state] = client.describe_producers([KafkaTopicPartition("produced", 0)]).values()
+            assert all(p.last_timestamp > 0 and p.producer_epoch == 0 and p.coordinator_epoch == -1
+                       for p in state.active_producers)
+            return sorted((p.producer_id, p.last_sequence, p.current_transaction_start_offset)
+                          for p in state.active_producers)
+
+        (first_id, first_seq, first_txn), (second_id, second_seq, second_txn) = states()
+        assert (first_seq, first_txn) == (2, -1) and (second_seq, second_txn) == (0, 3)
+        transactional.commit_transaction(10)
+        assert states() == [(first_id, 2, -1), (second_id, 0, -1)]
+    finally:
+        client.close()
