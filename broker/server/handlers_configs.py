@@ -14,6 +14,7 @@ every config of a resource before changing any, honour ``validate_only``, and lo
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -168,9 +169,9 @@ def _start(ctx: BrokerContext, resource: Any, conn: ConnectionInfo, api: str) ->
     if not ctx.store.has_topic(rname):
         _refuse(result, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {rname!r}", conn, api)
         return result, False
-    names = [str(c.name) for c in resource.configs]
-    if len(set(names)) != len(names):
-        _refuse(result, ErrorCode.INVALID_REQUEST, f"Error due to duplicate config keys: {sorted(names)}", conn, api)
+    duplicates = sorted(name for name, n in Counter(str(c.name) for c in resource.configs).items() if n > 1)
+    if duplicates:  # Kafka (KRaft) refuses these in AlterConfigs too, where ZooKeeper-era brokers kept the last
+        _refuse(result, ErrorCode.INVALID_REQUEST, f"Error due to duplicate config keys: {duplicates}", conn, api)
         return result, False
     return result, True
 

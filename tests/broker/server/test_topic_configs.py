@@ -249,3 +249,30 @@ async def test_create_topics_v5_answers_the_configs_it_created_with(
     assert set(configs) == set(KAFKA_CONFIG_NAMES)
     assert configs["cleanup.policy"] == ("compact", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
     assert configs["retention.ms"] == (str(7 * 24 * 3600 * 1000), ConfigSource.DEFAULT_CONFIG.value)
+
+
+def test_alter_configs_with_a_key_twice_names_that_key(admin: tuple[AdminClient, SluiceProcess]) -> None:
+    """librdkafka 2.0's AlterConfigs sends a read-back key and its new value both (its test 0092 does):
+    Kafka (KRaft) refuses the resource with INVALID_REQUEST, and so does Sluice, naming the repeated key."""
+    import asyncio
+
+    from broker.protocol.kafka import ApiKey
+    from tests.broker.server.raw_client import RawClient
+
+    client, server = admin
+    client.create_topics([NewTopic("twice", 1, 1)])["twice"].result(10)
+    configs = [{"name": "retention.ms", "value": "1000"}, {"name": "segment.ms", "value": "60000"},
+               {"name": "retention.ms", "value": "2000"}]
+    body = {"resources": [{"resource_type": 2, "resource_name": "twice", "configs": configs}], "validate_only": False}
+
+    async def alter() -> object:
+        raw = await RawClient.connect(server.port)
+        try:
+            return await raw.request(ApiKey.ALTER_CONFIGS, 1, body)
+        finally:
+            await raw.close()
+
+    response = asyncio.run(alter())
+    (result,) = response.responses  # type: ignore[attr-defined]
+    assert result.error_code == 42  # INVALID_REQUEST
+    assert result.error_message == "Error due to duplicate config keys: ['retention.ms']"
