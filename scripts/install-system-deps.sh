@@ -6,6 +6,8 @@ set -euo pipefail
 # `install-system-deps.sh bench` adds what the benchmarks build their C load generator with (make bench).
 # `install-system-deps.sh build` installs what setup.py compiles native-modules.txt with (mypyc's C: a
 # compiler, libc headers, Python's headers); the tests need it (the compiled and pure builds are compared).
+# `install-system-deps.sh client-suites` adds what bench/client_suites builds librdkafka's own test suite with
+# (its source comes from `apt-get source`, dpkg-dev; rapidjson-dev lets the stats tests 0053/0110 build in).
 # chromium: the web console's browser tests (tests/sluice/console) drive it headless through Playwright.
 build_packages=(gcc libc6-dev python3-dev)
 test_packages=("${build_packages[@]}" python3-venv kcat mosquitto mosquitto-clients redis-server nats-server docker-compose netcat-openbsd curl
@@ -14,6 +16,7 @@ case "${1:-}" in
   venv) packages=(python3-venv) ;;
   build) packages=("${build_packages[@]}") ;;
   bench) packages=("${test_packages[@]}" librdkafka-dev) ;;
+  client-suites) packages=("${build_packages[@]}" g++ make dpkg-dev librdkafka-dev rapidjson-dev libssl-dev zlib1g-dev) ;;
   *) packages=("${test_packages[@]}") ;;
 esac
 missing=()
