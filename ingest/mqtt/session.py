@@ -49,6 +49,25 @@ _READ_VIEW = memoryview(bytearray(READ_SIZE))
 _ENDED = object()  # _tls_socket once the TLS client's end of stream was seen
 
 
+def _coalesced(actions: list[bytes | Do | Linger]) -> list[bytes | Do | Linger]:
+    """``actions`` with each run of consecutive writes joined into one: a read of a subscriber's PUBACKs
+    sends as many PUBLISHes (one each from its queue), and a write is a system call and a wake-up of the
+    client (bench_mqtt_durable, ``online``: one write per message before)."""
+    out: list[bytes | Do | Linger] = []
+    run: list[bytes] = []
+    for action in actions:
+        if type(action) is bytes:
+            run.append(action)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else b"".join(run))
+            run = []
+        out.append(action)
+    if run:
+        out.append(run[0] if len(run) == 1 else b"".join(run))
+    return out
+
+
 class ByteTransport(Protocol):
     """What the adapter needs from a transport (a subset of ``asyncio.Transport``)."""
 
@@ -160,6 +179,8 @@ class MqttConnection(asyncio.BufferedProtocol):
         if transport is None:
             return
         ended = self._tls_socket is not None and self._tls_peer_ended()
+        if len(actions) > 1 and not ended:  # one write (one system call) for the packets of one call
+            actions = _coalesced(actions)
         for action in actions:
             if action is Do.START_APPENDING:  # accepted publishes are stored even when the client is gone
                 self.machine.hub.spawn(self._append_loop())
