@@ -33,6 +33,7 @@ from ingest.mqtt.subscriptions import RetainedStore, SubscriptionTree
 __all__ = ["Accepted", "Authenticator", "Hub", "HubConfig", "HubStats", "IngestPort", "Refusal"]
 
 log = logging.getLogger("ingest.mqtt")
+_MATCHES_KEPT = 4096  # topics whose subscribers the hub remembers (Hub._matches)
 
 
 @dataclass(eq=False)
@@ -55,6 +56,9 @@ class Hub:
     _messages_expired: int = 0
     _evicting: bool = False  # the offline-session cap was reached and that was logged
     store: SessionJournal | None = None  # journals persistent sessions (None: they live in memory only)
+    # topic -> tree.match(topic), for the topics published lately (devices repeat theirs); emptied when a
+    # subscription is added or removed, and when it holds _MATCHES_KEPT topics
+    _matches: dict[str, list[tuple[SessionState | SharedGroup, Granted]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.admission = Admission("MQTT", self.config.connection_limits, log)
@@ -172,10 +176,12 @@ class Hub:
             group = self.shared.get(parsed)
             if group is None:
                 group = self.shared[parsed] = SharedGroup(*parsed)
+                self._matches.clear()
                 self.tree.add(parsed[1], group, (sub, 0))
             new = session not in group.members
             group.members[session] = (sub, sub_id)
             return new
+        self._matches.clear()
         return self.tree.add(topic_filter, session, (sub, sub_id))
 
     def unsubscribe(self, session: SessionState, topic_filter: str) -> bool:
@@ -183,6 +189,7 @@ class Hub:
             return False
         if self.store is not None:
             self.store.unsubscribed(session, topic_filter)
+        self._matches.clear()
         if not topic_filter.startswith(SHARE_PREFIX):
             return self.tree.remove(topic_filter, session)
         parsed = parse_shared(topic_filter)
@@ -216,6 +223,8 @@ class Hub:
         now = time.monotonic()
         if not len(tree):  # nobody subscribed (devices that only publish): only retained messages matter
             messages = [m for m in messages if m[0].retain]
+        cache = self._matches
+        config, stats = self.config, self.stats
         for msg, _, _ in messages:
             props = forwarded(msg.properties)
             expiry = expires_at(props, now)
@@ -223,9 +232,22 @@ class Hub:
                 self.retained.store(msg if props is msg.properties else replace(msg, properties=props), expiry)
             if not len(tree):
                 continue
-            matches = tree.match(msg.topic)
+            matches = cache.get(msg.topic)
+            if matches is None:
+                if len(cache) >= _MATCHES_KEPT:
+                    cache.clear()
+                matches = cache[msg.topic] = tree.match(msg.topic)
             if not matches:
                 continue
+            if len(matches) == 1:  # the common case, without the merging below
+                key, (sub, sub_id) = matches[0]
+                if type(key) is SessionState:
+                    if not (sub.no_local and key.client_id == client_id):
+                        key.offer(Publish(msg.topic, msg.payload, min(msg.qos, sub.qos),
+                                          msg.retain and sub.retain_as_published, False, None,
+                                          props if not sub_id else replace(props, subscription_identifier=(sub_id,))),
+                                  expiry, config, stats)
+                    continue
             best: dict[SessionState, list[Any]] = {}  # session -> [qos, retain as published, ids]
             for key, (sub, sub_id) in matches:
                 if isinstance(key, SharedGroup):

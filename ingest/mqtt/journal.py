@@ -141,7 +141,7 @@ class Journal:
             plog = self._partition()
             now_ms = int(time.time() * 1000)
             for chunk in _chunks(records):
-                plog.append_nowait(encode_journal_batch(chunk, now_ms))
+                plog.append_nowait(encode_journal_batch(chunk, now_ms), verified=True)  # its CRC is ours
         except Exception as exc:  # StorageError, or a record too large: rule 3
             self._failed(exc)
             return exc

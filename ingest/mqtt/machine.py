@@ -56,7 +56,8 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
     after 2 s, so the client reads the DISCONNECT rather than a reset. A 3.1.1 client's socket is
     closed. Packets after a bad one are never processed; those before it are (and are appended).
 11. PUBLISH out: QoS = min(published, granted); at most the client's Receive Maximum QoS 1/2 in flight,
-    the rest queued in the session (bounded; ``session_state.py``); a PUBLISH larger than the client's
+    the rest queued in the session (bounded; ``session_state.py``), and sent as PUBACK/PUBCOMP free the
+    window (once per read: the room all of a read's acknowledgements made); a PUBLISH larger than the client's
     Maximum Packet Size is dropped and counted, and behaves as if sent (§3.1.2.11.4): it leaves the
     in-flight window, and a topic alias it would have introduced is introduced by the next one.
 12. Once CLOSED nothing more is written (except the CONNACK of a refusal) and input is discarded.
@@ -258,6 +259,9 @@ class ConnectionMachine(InboundPublishes):
             if self.state == CLOSED:
                 break
         self._arrival_ms = 0  # (an int this large is an object: idle connections do not keep one)
+        session = self.session
+        if session is not None and session.queue and self.state == CONNECTED:
+            session.pump()  # what the PUBACKs of this read made room for (rule 11), written together
         if self._batch:
             self._flush_batch()  # publishes accepted before a DISCONNECT (or an error) are still appended
         if decoder.error is not None and self.state != CLOSED:
@@ -369,7 +373,7 @@ class ConnectionMachine(InboundPublishes):
         if isinstance(packet, Publish):
             self._on_publish(packet, session)
         elif isinstance(packet, Puback | Pubcomp):
-            session.acked(packet.packet_id)
+            session.acked(packet.packet_id, pump=False)  # the queue is pumped once per read (_receive)
         elif isinstance(packet, Pubrec):
             if packet.packet_id in session.inflight_out:
                 if packet.reason_code >= 0x80:

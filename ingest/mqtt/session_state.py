@@ -291,7 +291,8 @@ class SessionState:
         pid = packet.packet_id  # given when journaled (session_store.py rule 3)
         if not pid or pid in self.inflight_out:
             pid = self._alloc_pid()
-        packet = Publish(packet.topic, packet.payload, packet.qos, packet.retain, packet.dup, pid, packet.properties)
+            packet = Publish(packet.topic, packet.payload, packet.qos, packet.retain, packet.dup, pid,
+                             packet.properties)
         self.add_inflight(pid, packet)
         if group is not None:
             if self.shared_inflight is None:
@@ -299,14 +300,16 @@ class SessionState:
             self.shared_inflight[pid] = group
         conn.send_publish(packet)
 
-    def acked(self, pid: int) -> None:
-        """The client finished an outbound QoS 1/2 message (PUBACK, PUBCOMP, or a failing PUBREC)."""
+    def acked(self, pid: int, *, pump: bool = True) -> None:
+        """The client finished an outbound QoS 1/2 message (PUBACK, PUBCOMP, or a failing PUBREC); ``pump``
+        False: the caller pumps the queue once it has handled every acknowledgement of its read."""
         if self.inflight_out.pop(pid, 0) != 0:
             if self.store is not None:
                 self.store.finished(self, pid)
             if self.shared_inflight:
                 self.shared_inflight.pop(pid, None)
-            self.pump()
+            if pump:
+                self.pump()
 
     def unsendable(self, pid: int) -> None:
         """An outbound PUBLISH too large for the client was discarded: it counts as delivered (§3.1.2.11.4),
