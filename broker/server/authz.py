@@ -13,7 +13,7 @@ handler (a Kafka broker without an authorizer allows everything). ``gate`` runs 
   TRANSACTIONAL_ID_AUTHORIZATION_FAILED. AddOffsetsToTxn and TxnOffsetCommit: WRITE transactional id,
   then READ group (GROUP_AUTHORIZATION_FAILED). InitProducerId: WRITE on its transactional id, or without
   one IDEMPOTENT_WRITE on the cluster or WRITE on some topic (KIP-679), else CLUSTER_AUTHORIZATION_FAILED.
-  ElectLeaders: ALTER on the cluster (CLUSTER_AUTHORIZATION_FAILED).
+  ElectLeaders: ALTER on the cluster, ListPartitionReassignments: DESCRIBE on it (CLUSTER_AUTHORIZATION_FAILED).
 - Item-level checks take the refused topics/groups/resources out of the request, let the handler serve
   the rest, and add the refused ones to its answer: Produce (WRITE), Fetch (READ), ListOffsets and
   OffsetForLeaderEpoch (DESCRIBE), OffsetCommit and TxnOffsetCommit (READ), OffsetFetch (DESCRIBE),
@@ -95,6 +95,8 @@ def _request_denial(ctx: BrokerContext, key: int, body: Any, conn: ConnectionInf
         return _GROUP_DENIED if denied(Operation.DESCRIBE, _GROUP, body.group_id) else None
     if key == ApiKey.ELECT_LEADERS:
         return _CLUSTER_DENIED if denied(Operation.ALTER, _CLUSTER, CLUSTER_NAME) else None
+    if key == ApiKey.LIST_PARTITION_REASSIGNMENTS:
+        return _CLUSTER_DENIED if denied(Operation.DESCRIBE, _CLUSTER, CLUSTER_NAME) else None
     if key == ApiKey.OFFSET_DELETE:  # then READ per topic, in its handler
         return _GROUP_DENIED if denied(Operation.DELETE, _GROUP, body.group_id) else None
     if key == ApiKey.FIND_COORDINATOR:

@@ -19,6 +19,10 @@ topic or partition UNKNOWN_TOPIC_OR_PARTITION; asked for every partition (null),
 those that needed none, so it is empty. An election type other than preferred (0) or unclean (1) is
 INVALID_REQUEST for the whole request.
 
+ListPartitionReassignments (``kafka-reassign-partitions --list``): a single replica is never being moved,
+so the answer lists no reassignment, for every topic or the ones named (unknown ones are left out, as
+Kafka's controller does); DESCRIBE on the cluster with ACLs.
+
 CreatePartitions grows a topic through ``LogStore.create_partitions`` (Kafka's rules: the count must
 grow; a topic listed twice fails with INVALID_REQUEST; explicit replica assignments must name broker
 0 only, one replica per new partition, else INVALID_REPLICA_ASSIGNMENT).
@@ -38,6 +42,7 @@ __all__ = [
     "handle_create_partitions",
     "handle_delete_records",
     "handle_elect_leaders",
+    "handle_list_partition_reassignments",
     "handle_offset_for_leader_epoch",
 ]
 
@@ -62,6 +67,10 @@ async def handle_elect_leaders(ctx: BrokerContext, body: Any, conn: ConnectionIn
     results = [{"topic": str(t.topic), "partition_result": [_election(ctx, str(t.topic), int(p)) for p in t.partitions]}
                for t in body.topic_partitions or ()]
     return {"throttle_time": 0, "error_code": ErrorCode.NONE, "replica_election_results": results}
+
+
+async def handle_list_partition_reassignments(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": ErrorCode.NONE, "error_message": None, "topics": []}
 
 
 def _election(ctx: BrokerContext, topic: str, partition: int) -> dict[str, Any]:

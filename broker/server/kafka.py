@@ -127,6 +127,7 @@ _HANDLERS: dict[int, Handler] = {
     ApiKey.DELETE_RECORDS: lambda c, h, b, n: partitions.handle_delete_records(c, b, n),
     ApiKey.CREATE_PARTITIONS: lambda c, h, b, n: partitions.handle_create_partitions(c, b, n),
     ApiKey.ELECT_LEADERS: lambda c, h, b, n: partitions.handle_elect_leaders(c, b, n),
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: lambda c, h, b, n: partitions.handle_list_partition_reassignments(c, b, n),
     ApiKey.DESCRIBE_LOG_DIRS: lambda c, h, b, n: logdirs.handle_describe_log_dirs(c, b, n),
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: lambda c, h, b, n: scram.handle_describe_user_scram_credentials(c, b, n),
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: lambda c, h, b, n: scram.handle_alter_user_scram_credentials(c, b, n),
@@ -147,7 +148,7 @@ _CANCEL_SAFE = frozenset({
     ApiKey.JOIN_GROUP, ApiKey.HEARTBEAT, ApiKey.SYNC_GROUP, ApiKey.DESCRIBE_GROUPS, ApiKey.LIST_GROUPS,
     ApiKey.API_VERSIONS, ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_TRANSACTIONS, ApiKey.DESCRIBE_CONFIGS,
     ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, ApiKey.DESCRIBE_ACLS,
-    ApiKey.DESCRIBE_LOG_DIRS, ApiKey.DESCRIBE_PRODUCERS,
+    ApiKey.DESCRIBE_LOG_DIRS, ApiKey.DESCRIBE_PRODUCERS, ApiKey.LIST_PARTITION_REASSIGNMENTS,
 })
 _DETACHED_STOP_TIMEOUT_S = 10.0  # on stop, time left to handlers whose clients are gone
 

@@ -95,6 +95,7 @@ class ApiKey(enum.IntEnum):
     DELETE_GROUPS = 42
     ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
+    LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
@@ -150,6 +151,7 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.DESCRIBE_LOG_DIRS, 1, 4),  # v0 is gone from Kafka 4 (and from kio)
         ApiSpec(ApiKey.DELETE_GROUPS, 0, 2),
         ApiSpec(ApiKey.ELECT_LEADERS, 0, 2),
+        ApiSpec(ApiKey.LIST_PARTITION_REASSIGNMENTS, 0, 0),
         ApiSpec(ApiKey.OFFSET_DELETE, 0, 0),
         ApiSpec(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1),
         ApiSpec(ApiKey.DESCRIBE_ACLS, 1, 3),  # v0 (no pattern types) is gone from Kafka 4 and from kio

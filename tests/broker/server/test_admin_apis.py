@@ -66,6 +66,11 @@ def test_api_versions_advertises_the_admin_apis(sluice: SluiceProcess) -> None:
     assert served[ApiKey.OFFSET_FOR_LEADER_EPOCH] == (2, 4)
     assert served[ApiKey.CREATE_PARTITIONS] == (0, 3)
     assert served[ApiKey.DELETE_RECORDS] == (0, 2)
+    assert served[ApiKey.ELECT_LEADERS] == (0, 2) and served[ApiKey.OFFSET_DELETE] == (0, 0)
+    assert served[ApiKey.DESCRIBE_LOG_DIRS] == (1, 4) and served[ApiKey.DESCRIBE_PRODUCERS] == (0, 0)
+    assert served[ApiKey.LIST_PARTITION_REASSIGNMENTS] == (0, 0)
+    # Client quotas are not served (docs/kafka.md says why): not advertised, so clients do not send them.
+    assert 48 not in served and 49 not in served
 
 
 # ---------------------------------------------------------------------------- CreatePartitions
@@ -319,5 +324,19 @@ def test_describe_producers_shows_each_producer_and_its_open_transaction(sluice:
         assert (first_seq, first_txn) == (2, -1) and (second_seq, second_txn) == (0, 3)
         transactional.commit_transaction(10)
         assert states() == [(first_id, 2, -1), (second_id, 0, -1)]
+    finally:
+        client.close()
+
+
+def test_no_partition_reassignment_is_ever_in_progress(sluice: SluiceProcess) -> None:
+    # kafka-python's list_partition_reassignments (`kafka-reassign-partitions --list`): one replica is never
+    # being moved; named topics Sluice does not have are left out, as Kafka's controller leaves them out.
+    admin = AdminClient({"bootstrap.servers": sluice.bootstrap})
+    admin.create_topics([NewTopic("not-moving", 2)])["not-moving"].result(10)
+    client = KafkaAdminClient(bootstrap_servers=sluice.bootstrap)
+    try:
+        assert client.list_partition_reassignments() == {}
+        asked = [KafkaTopicPartition("not-moving", 0), KafkaTopicPartition("never-created", 3)]
+        assert client.list_partition_reassignments(asked) == {}
     finally:
         client.close()

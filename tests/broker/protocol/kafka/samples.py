@@ -88,6 +88,7 @@ SAMPLE_REQUESTS: dict[int, dict[str, Any]] = {
         "validate_only": True,
     },
     ApiKey.DELETE_GROUPS: {"groups_names": ["sample-group", "never-seen"]},
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: {"timeout": 1000, "topics": [{"name": "samples", "partition_indexes": [0]}]},
     ApiKey.DESCRIBE_PRODUCERS: {"topics": [{"name": "samples", "partition_indexes": [0]}]},
     ApiKey.DESCRIBE_LOG_DIRS: {"topics": [{"topic": "samples", "partitions": [0]}]},
     ApiKey.ELECT_LEADERS: {"election_type": 0, "topic_partitions": [{"topic": "samples", "partitions": [0]}],
