@@ -102,31 +102,49 @@ class Broker:
 
 
 class SluiceBroker(Broker):
-    """``python -m sluice.cli serve`` with its defaults (durable segment store), MQTT on a port of its own."""
+    """``python -m sluice.cli serve`` with its defaults (durable segment store), MQTT on a port of its own;
+    with ``websockets`` the suite's TCP clients reach its WebSocket door through ``ws_bridge``."""
 
     name = "sluice"
 
-    def __init__(self) -> None:
+    def __init__(self, websockets: bool = False) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.bridge: subprocess.Popen[str] | None = None
+        self.websockets = websockets
+        if websockets:
+            self.name = "sluice-ws"
 
     def start(self, workdir: Path) -> None:
         data = workdir / "sluice-data"
         data.mkdir()
         env = {**os.environ, "SLUICE_MQTT__PORT": "0", "SLUICE_KAFKA__PORT": "0", "SLUICE_TCP__PORT": "0",
-               "SLUICE_HTTP__PORT": "0", "SLUICE_MQTT__MAX_KEEPALIVE_S": "60"}
+               "SLUICE_HTTP__PORT": "0", "SLUICE_MQTT__MAX_KEEPALIVE_S": "60",
+               "SLUICE_MQTT__WEBSOCKETS": str(self.websockets).lower(), "SLUICE_MQTT__WS_PORT": "0"}
         self.log = workdir / "sluice.log"
         self.proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--data-dir", str(data)],
                                      env=env, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
         endpoints = data / "endpoints.json"
         deadline = time.monotonic() + 120
-        while not endpoints.exists() or "mqtt" not in json.loads(endpoints.read_text() or "{}"):
+        door = "mqtt-ws" if self.websockets else "mqtt"
+        while not endpoints.exists() or door not in json.loads(endpoints.read_text() or "{}"):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"sluice serve did not start: {self.log.read_text()[-2000:]}")
             time.sleep(0.05)
-        self.port = int(json.loads(endpoints.read_text())["mqtt"]["port"])
+        self.port = int(json.loads(endpoints.read_text())[door]["port"])
+        if self.websockets:
+            uri, self.port = f"ws://127.0.0.1:{self.port}/mqtt", free_port()
+            self.bridge = subprocess.Popen([sys.executable, "-m", "bench.client_suites.ws_bridge", str(self.port), uri],
+                                           stdout=subprocess.PIPE, text=True)
+            assert self.bridge.stdout is not None
+            if self.bridge.stdout.readline().strip() != "listening":
+                self.stop()
+                raise RuntimeError("the WebSocket bridge did not start")
 
     def stop(self) -> None:
+        if self.bridge and self.bridge.poll() is None:
+            self.bridge.terminate()
+            self.bridge.wait(20)
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -237,7 +255,8 @@ def markdown(outcomes: list[Outcome], brokers: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite-dir", type=Path, required=True, help="paho.mqtt.testing/interoperability")
-    parser.add_argument("--brokers", default="sluice,mosquitto")
+    parser.add_argument("--brokers", default="sluice,mosquitto",
+                        help="sluice, sluice-ws (its WebSocket door through ws_bridge), mosquitto")
     parser.add_argument("--suites", default="311,5")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds per test")
     parser.add_argument("--only", nargs="*", default=[], help="test method names to run")
@@ -250,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="paho-interop-") as tmp:
         for name in brokers:
-            broker: Broker = SluiceBroker() if name == "sluice" else MosquittoBroker()
+            broker: Broker = MosquittoBroker() if name == "mosquitto" else SluiceBroker(name == "sluice-ws")
             workdir = Path(tmp) / name
             workdir.mkdir()
             broker.start(workdir)
