@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,7 +13,7 @@ from pydantic import ValidationError
 
 from broker.errors import BrokerError
 from broker.security import SecurityError
-from sluice.config import load_settings
+from sluice.config import describe_errors, load_settings, unknown_variables
 from sluice.logs import configure_logging
 
 __all__ = ["app", "main"]
@@ -74,6 +77,7 @@ def serve(
     log_format: Annotated[str | None, typer.Option(help="text or json.")] = None,
 ) -> None:
     """Start Sluice: the log, the Kafka protocol, MQTT, TCP ingest and the HTTP API in one process."""
+    from ingest.errors import ConfigError as IngestConfigError
     from processors.errors import ProcessorError
     from sluice.serve import run_server
 
@@ -97,13 +101,19 @@ def serve(
             overrides[section] = given
     try:
         settings = load_settings(config, **overrides)
-    except (FileNotFoundError, ValidationError) as exc:
+    except ValidationError as exc:
+        raise _fail(f"invalid configuration: {describe_errors(exc)}", EXIT_CONFIG) from None
+    except FileNotFoundError as exc:
         raise _fail(f"invalid configuration: {exc}", EXIT_CONFIG) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise _fail(f"invalid configuration: {config} is not valid TOML: {exc}", EXIT_CONFIG) from None
     configure_logging(settings.log_level, settings.log_format)
+    for problem in unknown_variables(os.environ):
+        logging.getLogger("sluice.config").warning(problem)
     try:
         run_server(settings)
-    except ProcessorError as exc:  # a --processor that cannot be loaded, or a pipeline wired wrongly
-        raise _fail(str(exc), EXIT_CONFIG) from None
+    except (ProcessorError, IngestConfigError) as exc:  # a --processor that cannot be loaded, a bad route
+        raise _fail(f"invalid configuration: {exc}", EXIT_CONFIG) from None
     except (BrokerError, SecurityError) as exc:
         raise _fail(str(exc), EXIT_RUNTIME) from None
     except OSError as exc:

@@ -7,10 +7,13 @@ switches a listener off.
 
 from __future__ import annotations
 
+import difflib
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -35,11 +38,21 @@ __all__ = [
     "StorageSettings",
     "TcpListenerSettings",
     "TcpSettings",
+    "describe_errors",
     "load_settings",
+    "setting_variables",
+    "unknown_variables",
 ]
 
 
-class StorageSettings(BaseModel):
+class _Section(BaseModel):
+    """A settings section: a key it does not have (a typo in the TOML file or in ``SLUICE_SECTION__KEY``) is
+    refused, not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StorageSettings(_Section):
     backend: Literal["segment", "memory"] = "segment"
     flush: FlushPolicy = FlushPolicy.ALWAYS
     flush_interval_ms: int = 1000
@@ -82,7 +95,7 @@ class StorageSettings(BaseModel):
         )
 
 
-class KafkaListenerSettings(BaseModel):
+class KafkaListenerSettings(_Section):
     """A second Kafka port (``[[kafka.extra_listeners]]``) whose clients are told its own advertised address.
 
     Environment form: ``SLUICE_KAFKA__EXTRA_LISTENERS='[{"name":"internal","port":29092,"advertised_host":"sluice"}]'``.
@@ -95,7 +108,7 @@ class KafkaListenerSettings(BaseModel):
     advertised_port: int | None = None  # defaults to the bound port
 
 
-class KafkaSettings(BaseModel):
+class KafkaSettings(_Section):
     enabled: bool = True
     port: int = 9092
     advertised_host: str | None = None  # defaults to the bind host
@@ -133,7 +146,7 @@ class KafkaSettings(BaseModel):
         return value
 
 
-class MqttBridgeSettings(BaseModel):
+class MqttBridgeSettings(_Section):
     """An external MQTT broker to subscribe to (``[[mqtt.bridges]]``); acks it only after the durable append."""
 
     name: str = "default"  # routing source name: SourceRef("bridge", name)
@@ -150,7 +163,7 @@ class MqttBridgeSettings(BaseModel):
     backoff_max_s: float = 30.0
 
 
-class MqttSettings(BaseModel):
+class MqttSettings(_Section):
     enabled: bool = True
     port: int = 1883  # plain MQTT (Mosquitto's default listener)
     # Listeners, each on its own port as in Mosquitto: plain MQTT on ``port`` (and WebSockets on ``ws_port``)
@@ -189,7 +202,7 @@ class MqttSettings(BaseModel):
     bridges: list[MqttBridgeSettings] = Field(default_factory=list)
 
 
-class TcpListenerSettings(BaseModel):
+class TcpListenerSettings(_Section):
     """An extra TCP line listener (``[[tcp.listeners]]``), e.g. one per payload format."""
 
     name: str
@@ -198,7 +211,7 @@ class TcpListenerSettings(BaseModel):
     ack: bool = False
 
 
-class TcpSettings(BaseModel):
+class TcpSettings(_Section):
     enabled: bool = True
     port: int = 8094
     format: Literal["ndjson", "influx", "csv"] = "ndjson"
@@ -213,7 +226,7 @@ class TcpSettings(BaseModel):
     listeners: list[TcpListenerSettings] = Field(default_factory=list)
 
 
-class FileSourceSettings(BaseModel):
+class FileSourceSettings(_Section):
     """A file replayed or tailed into the log (``[[ingest.files]]``)."""
 
     name: str
@@ -230,7 +243,7 @@ class FileSourceSettings(BaseModel):
     read_bytes: int = 64 * 1024
 
 
-class IngestSettings(BaseModel):
+class IngestSettings(_Section):
     """Routing rules, dead letters, backpressure and source health for every device front door."""
 
     routes: list[dict[str, Any]] = Field(default_factory=list)  # see ingest.routing.RouteRule.from_mapping
@@ -250,14 +263,14 @@ class IngestSettings(BaseModel):
     files: list[FileSourceSettings] = Field(default_factory=list)
 
 
-class HttpSettings(BaseModel):
+class HttpSettings(_Section):
     enabled: bool = True
     port: int = 8080
     console: bool = True  # the web console at /console (sluice/console)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)  # larger request bodies: 413, refused while streaming
 
 
-class SecuritySettings(BaseModel):
+class SecuritySettings(_Section):
     """Who may use the front doors (``broker.security``). Users live in ``<data_dir>/security/users.json``
     (``sluice users add NAME --data-dir DIR``), bearer tokens in ``tokens.json``, ACLs in ``acls.json``."""
 
@@ -308,7 +321,7 @@ class Settings(BaseSettings):
 
     data_dir: Path = Path("./sluice-data")
     host: str = "127.0.0.1"
-    log_level: str = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     log_format: Literal["text", "json"] = "text"
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     storage: StorageSettings = Field(default_factory=StorageSettings)
@@ -326,6 +339,11 @@ class Settings(BaseSettings):
     # at most this many keys' state live in memory per keyed operator; the rest spill to RocksDB under
     # <data_dir>/processor-state (scratch, emptied at start). None: no bound
     processor_state_max_keys: int | None = None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_in_any_case(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _an_mqtt_listener_is_left(self) -> Settings:
@@ -359,3 +377,101 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
 
         settings_cls = FileSettings
     return settings_cls(**{k: v for k, v in overrides.items() if v is not None})
+
+
+# -- telling a user what is wrong -----------------------------------------------------------------------------
+
+# SLUICE_* variables that are not settings of `sluice serve`: the clients' login (clients/security.py), the
+# CLI's addresses (sluice/cli_common.py), the compose stack's first password, the build and the tests.
+OTHER_VARIABLES = frozenset({"SLUICE_USER", "SLUICE_PASSWORD", "SLUICE_TLS_CA", "SLUICE_SASL_MECHANISM",
+                             "SLUICE_TOKEN", "SLUICE_HTTP", "SLUICE_BOOTSTRAP", "SLUICE_ADMIN_PASSWORD",
+                             "SLUICE_PURE_PYTHON"})
+_OTHER_PREFIXES = ("SLUICE_TEST_",)
+
+
+def _variable_of(loc: tuple[int | str, ...]) -> str | None:
+    """The environment variable that sets the setting at ``loc`` (None inside a list given as one JSON value)."""
+    parts: list[str] = []
+    model: type[BaseModel] | None = Settings
+    for part in loc:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            break
+        parts.append(part.upper())
+        annotation = model.model_fields[part].annotation
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return "SLUICE_" + "__".join(parts) if parts else None
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(loc))
+
+
+def _section_fields(loc: tuple[int | str, ...]) -> list[str]:
+    """Field names of the section holding ``loc``'s last part (for a "did you mean")."""
+    model: type[BaseModel] = Settings
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        annotation = field.annotation
+        args = typing.get_args(annotation)
+        inner = args[0] if typing.get_origin(annotation) is list and args else annotation
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+            return []
+        model = inner
+    return list(model.model_fields)
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """One line per wrong setting: where it is, which variable sets it, what is wrong, and the value given."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        loc = tuple(error["loc"])
+        where = _path(loc)
+        if error["type"] == "extra_forbidden":
+            guess = difflib.get_close_matches(str(loc[-1]), _section_fields(loc), n=1)
+            hint = f" (did you mean {_path((*loc[:-1], guess[0]))}?)" if guess else ""
+            lines.append(f"{where}: no such setting{hint}; every setting is listed in docs/configuration.md")
+            continue
+        variable = _variable_of(loc)
+        given = f", got {error['input']!r}" if not isinstance(error["input"], dict | list) else ""
+        source = f" ({variable})" if variable and where else ""
+        lines.append(f"{where or 'settings'}{source}: {error['msg']}{given}")
+    return "; ".join(lines)
+
+
+def setting_variables() -> set[str]:
+    """Every ``SLUICE_*`` variable that sets something (a list of sections is one variable)."""
+    found: set[str] = set()
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(annotation, f"{prefix}{name.upper()}__")
+            else:
+                found.add(f"{prefix}{name.upper()}")
+
+    walk(Settings, "SLUICE_")
+    return found
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A sentence for each ``SLUICE_*`` variable that sets nothing (a typo such as ``SLUICE_KAFKA_PORT``):
+    pydantic-settings ignores them, so ``sluice serve`` warns."""
+    known = setting_variables()
+    sections = {name.split("__")[0] for name in known if "__" in name}
+    out = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith("SLUICE_") or upper in known or upper in OTHER_VARIABLES:
+            continue
+        if upper.startswith(_OTHER_PREFIXES) or upper.split("__")[0] in sections:
+            continue  # a section's own keys are checked by the section (extra = "forbid")
+        guess = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.8)
+        hint = f" (did you mean {guess[0]}? sections nest with a double underscore)" if guess else ""
+        out.append(f"environment variable {name} is not a setting and is ignored{hint}; every setting is "
+                   "listed in docs/configuration.md")
+    return out

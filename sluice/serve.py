@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import importlib.util
 import logging
 import os
@@ -31,9 +32,37 @@ from sluice.gc_tuning import tune_for_serving
 from sluice.malloc_tuning import return_large_buffers
 from sluice.runtime import Component, Runtime
 
-__all__ = ["check_data_dir", "open_store", "run_server", "serve"]
+__all__ = ["PortInUseError", "check_data_dir", "open_store", "run_server", "serve"]
 
 log = logging.getLogger("sluice.serve")
+
+
+def _port_settings(component: str, settings: Settings) -> str:
+    """Where the ports of ``component``'s listeners are set (its flag and variables), with their values."""
+    if component == "kafka":
+        extra = ", kafka.extra_listeners[].port" if settings.kafka.extra_listeners else ""
+        return f"--kafka-port or SLUICE_KAFKA__PORT (now {settings.kafka.port}){extra}"
+    if component == "mqtt":
+        mqtt = settings.mqtt
+        return (f"--mqtt-port or SLUICE_MQTT__PORT (now {mqtt.port}), SLUICE_MQTT__TLS_PORT ({mqtt.tls_port}), "
+                f"SLUICE_MQTT__WS_PORT ({mqtt.ws_port}), SLUICE_MQTT__WSS_PORT ({mqtt.wss_port})")
+    if component == "tcp":
+        extra = ", tcp.listeners[].port" if settings.tcp.listeners else ""
+        return f"--tcp-port or SLUICE_TCP__PORT (now {settings.tcp.port}){extra}"
+    if component == "http":
+        return f"--http-port or SLUICE_HTTP__PORT (now {settings.http.port})"
+    return "its port setting (docs/configuration.md)"
+
+
+class PortInUseError(OSError):
+    """A listener's port is held by another program: which listener, and how to pick another port."""
+
+    def __init__(self, component: str, settings: Settings, cause: OSError) -> None:
+        reason = str(cause).removeprefix(f"[Errno {cause.errno}] ")
+        super().__init__(
+            f"the {component} listener cannot bind its port ({reason}): another program holds it (another "
+            f"`sluice serve`? `ss -ltnp` names it). Stop it, or choose another port: "
+            f"{_port_settings(component, settings)}; 0 picks a free one")
 
 
 def check_data_dir(path: Path) -> None:
@@ -98,7 +127,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, *, tune_g
     cleaner = asyncio.create_task(LogCleaner(store).run(settings.storage.cleaner_interval_s))
     try:
         for component in build_components(runtime):
-            await component.start()
+            try:
+                await component.start()
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise PortInUseError(component.name, settings, exc) from exc
+                raise
             started.append(component)
         runtime.write_endpoints()
         if tune_gc:

@@ -44,7 +44,7 @@ _NOTES = {
                                        "expire (docs/kafka.md)",
     "data_dir": "logs, topic metadata, group offsets, endpoints.json",
     "host": "bind address of every listener (`0.0.0.0` in containers)",
-    "log_level": "DEBUG, INFO, WARNING, ERROR",
+    "log_level": "in any case (`debug` works too)",
     "log_format": "`json` for log collectors",
     "event_loop": "`auto` uses uvloop when installed",
     "processors": "`module:attribute` pipelines run inside the broker",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -64,3 +65,54 @@ def test_a_processor_that_cannot_be_loaded_is_one_line_and_exit_2(tmp_path: Path
     (tmp_path / "mymodule.py").write_text(MY_PIPELINE)
     assert_one_line_error(serve(tmp_path, "--processor", "mymodule:pipline"), 2,
                           "module 'mymodule' has no attribute 'pipline'")
+
+
+def test_a_port_in_use_names_the_listener_and_the_setting_to_change(tmp_path: Path) -> None:
+    """Before: `cannot start: [Errno 98] Address already in use`, naming neither the listener nor the port."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = serve(tmp_path, "--mqtt-port", str(port))
+    assert_one_line_error(result, 1, "the mqtt listener cannot bind its port", f"SLUICE_MQTT__PORT (now {port})",
+                          "--mqtt-port", "0 picks a free one")
+
+
+def test_a_wrong_value_names_the_setting_and_its_variable(tmp_path: Path) -> None:
+    result = serve(tmp_path, env={"SLUICE_KAFKA__PORT": "abc"})
+    assert_one_line_error(result, 2, "kafka.port (SLUICE_KAFKA__PORT): Input should be a valid integer",
+                          "got 'abc'")
+    assert "errors.pydantic.dev" not in result.stderr
+    assert_one_line_error(serve(tmp_path, "--log-level", "verbose"), 2, "log_level (SLUICE_LOG_LEVEL)", "'VERBOSE'")
+
+
+def test_a_misspelt_key_in_the_config_file_is_refused_with_a_guess(tmp_path: Path) -> None:
+    """Before: `[kafka] prot = 19092` was ignored and Sluice started on 9092."""
+    (tmp_path / "sluice.toml").write_text("[kafka]\nprot = 19092\n")
+    assert_one_line_error(serve(tmp_path, "--config", "sluice.toml"), 2,
+                          "kafka.prot: no such setting (did you mean kafka.port?)")
+    assert_one_line_error(serve(tmp_path, env={"SLUICE_TCP__PROT": "1"}), 2, "tcp.prot: no such setting")
+
+
+def test_a_config_file_that_is_not_toml_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "sluice.toml").write_text("[kafka\nport = 1\n")
+    assert_one_line_error(serve(tmp_path, "--config", "sluice.toml"), 2, "sluice.toml is not valid TOML",
+                          "line 1")
+
+
+def test_a_bad_routing_rule_is_one_line(tmp_path: Path) -> None:
+    result = serve(tmp_path, env={"SLUICE_INGEST__ROUTES": '[{"topic": "x"}]'})
+    assert_one_line_error(result, 2, "invalid configuration: ingest.routes[0]")
+
+
+def test_an_environment_variable_that_sets_nothing_is_warned_about(tmp_path: Path) -> None:
+    """`SLUICE_KAFKA_PORT` (one underscore) is ignored by the settings loader: say so at start."""
+    server = SluiceProcess(tmp_path / "data", cwd=tmp_path,
+                           env={"SLUICE_KAFKA_PORT": "19092", "SLUICE_USER": "someone"}).start()
+    try:
+        log = server.log.read_text()
+    finally:
+        server.stop()
+    warnings = [line for line in log.splitlines() if "is not a setting" in line]
+    assert len(warnings) == 1, log[-3000:]
+    assert "SLUICE_KAFKA_PORT" in warnings[0] and "did you mean SLUICE_KAFKA__PORT?" in warnings[0]
