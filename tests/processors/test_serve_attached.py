@@ -35,7 +35,7 @@ async def test_serve_runs_an_attached_processor(tmp_path: Path) -> None:
          "--processor", "processors.examples.sensors:pipeline"],
         env=env, stderr=log.open("w"), stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a deadline for a loaded machine (tests/sluice_server.py), not a wait
         endpoints = data / "endpoints.json"
         while not (endpoints.exists() and "http" in endpoints.read_text()):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()

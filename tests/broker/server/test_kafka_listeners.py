@@ -99,7 +99,7 @@ def serve_two_listeners(tmp_path: Path) -> Iterator[dict[str, int]]:
     proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "serve", "--data-dir", str(data)],
                             env=env, stdout=subprocess.DEVNULL, stderr=log)
     endpoints = data / "endpoints.json"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a deadline for a loaded machine (tests/sluice_server.py), not a wait
     try:
         while True:
             found = json.loads(endpoints.read_text()) if endpoints.exists() else {}
