@@ -9,6 +9,7 @@ as the fixed header is read, before the body is buffered).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 
 from ingest.mqtt.errors import EncodeError, MalformedPacket, PacketTooLarge, ProtocolError, UnsupportedProtocol
@@ -485,19 +486,28 @@ def encode(packet: Packet, version: int = MQTT_311) -> bytes:
 
 
 def encode_publish(packet: Publish, v5: bool) -> bytes:
+    # Every delivery (and every journaled copy for a persistent session) is encoded here: one join, and
+    # the fixed header with the topic length in one pack when the remaining length fits one byte.
     qos = packet.qos
     first = 0x30 | (qos << 1) | (8 if packet.dup else 0) | (1 if packet.retain else 0)
     topic = packet.topic.encode("utf-8")
-    parts = [U16.pack(len(topic)), topic]
+    payload = packet.payload
+    props = b"" if not v5 else b"\x00" if packet.properties is NO_PROPERTIES else encode_properties(
+        packet.properties, PacketType.PUBLISH)
+    size = 2 + len(topic) + len(props) + len(payload)
     if qos:
         if not packet.packet_id:
             raise EncodeError("QoS > 0 PUBLISH needs a packet identifier")
-        parts.append(U16.pack(packet.packet_id))
-    if v5:
-        parts.append(encode_properties(packet.properties, PacketType.PUBLISH))
-    parts.append(packet.payload)
-    body = b"".join(parts)
-    return bytes((first,)) + encode_varint(len(body)) + body
+        size += 2
+        props = U16.pack(packet.packet_id) + props
+    if size < 0x80:
+        head = _PUBLISH_HEAD.pack(first, size, len(topic))
+    else:
+        head = bytes((first,)) + encode_varint(size) + U16.pack(len(topic))
+    return b"".join((head, topic, props, payload))
+
+
+_PUBLISH_HEAD = struct.Struct(">BBH")  # first byte, a one-byte remaining length, topic length
 
 
 def _encode_connect(packet: Connect) -> bytes:

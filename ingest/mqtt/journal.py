@@ -14,7 +14,10 @@ Rules
 2. ``durable()`` answers when everything put so far is as durable as the topic's flush policy
    promises, the same promise the data log gives its records: under ``flush=os``/``interval`` that is
    once written (None is returned: nothing to wait for); under ``flush=always`` once fsynced (a future;
-   concurrent callers share one fsync). ``then(callback)`` runs ``callback`` at that point.
+   concurrent callers share one fsync). ``then(callback)`` runs ``callback`` at that point. The fsync
+   is asked for by the first such call after a write, not by the write: records nothing waits for
+   (a subscriber's PUBACK removing its message, a sent mark) cost no fsync and no task of their own,
+   and become durable with the next fsync asked for.
 3. A failed append (disk full or failing) loses the records it held: it is logged once per run of
    failures, counted in ``errors``, and every waiter gets the exception, so nothing that depends on
    them is acknowledged. Callbacks registered with ``then`` are not run.
@@ -65,6 +68,7 @@ class Journal:
         self._scheduled = False
         self._log: PartitionLog | None = None
         self._unsynced: asyncio.Future[None] | None = None  # fsync covering writes not yet durable
+        self._sync_due: int | None = None  # flush=always: the write mark of writes nobody waits for yet
         self._failing = False
 
     def _partition(self) -> PartitionLog:
@@ -115,6 +119,10 @@ class Journal:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             future.set_exception(failure)
             return future
+        mark = self._sync_due
+        if mark is not None and self._log is not None:
+            self._sync_due = None
+            self._sync(self._log, mark)
         return self._unsynced
 
     def then(self, callback: Callable[[], None]) -> None:
@@ -150,15 +158,14 @@ class Journal:
             self._failing = False
             log.info("mqtt: durable-state journal writes succeed again", extra={"topic": self.topic})
         if plog.config.flush is FlushPolicy.ALWAYS:
-            self._sync(plog)
+            self._sync_due = plog.write_mark()  # fsynced once somebody waits (durable(), then())
         return None
 
-    def _sync(self, plog: PartitionLog) -> None:
-        """One future for the fsync of everything written so far (``wait_durable(mark)`` covers every
-        earlier write too); callers that took an older future keep waiting on theirs."""
+    def _sync(self, plog: PartitionLog, mark: int) -> None:
+        """One future for the fsync of everything written up to ``mark`` (``wait_durable(mark)`` covers
+        every earlier write too); callers that took an older future keep waiting on theirs."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        mark = plog.write_mark()
         self._unsynced = future
 
         async def sync() -> None:

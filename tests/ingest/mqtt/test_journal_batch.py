@@ -1,15 +1,20 @@
-"""The journal's own RecordBatch encoder (``journal.encode_journal_batch``) gives the bytes of the generic
-``records.encode_batch`` for the same records: tombstones, empty values, and lengths and offset deltas
-past the encoder's small-varint table."""
+"""The journal (``ingest/mqtt/journal.py``): its own RecordBatch encoder gives the bytes of the generic
+``records.encode_batch`` for the same records (tombstones, empty values, lengths and offset deltas past
+its small-varint table); under flush=always an fsync is asked for by whoever waits (rule 2)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+from pathlib import Path
 
 import pytest
 
+from broker.log.config import FlushPolicy
+from broker.log.segment import SegmentLogStore
+from broker.log.segment_partition import SegmentPartitionLog
 from broker.protocol.records import RecordSpec, decode_records, encode_batch
-from ingest.mqtt.journal import encode_journal_batch
+from ingest.mqtt.journal import Journal, encode_journal_batch
 
 STAMP = 1_764_000_000_123
 
@@ -32,3 +37,33 @@ def test_same_bytes_as_encode_batch(count: int) -> None:
     decoded = decode_records(ours)
     assert [(r.key, r.value) for r in decoded] == records
     assert {r.timestamp for r in decoded} == {STAMP}
+
+
+async def test_flush_always_fsyncs_when_somebody_waits_and_covers_every_earlier_write(tmp_path: Path) -> None:
+    """Writes nobody waits for (a subscriber's PUBACK removing its copy) start no fsync of their own; the
+    first ``durable()`` after them gets one that covers them all, and a write after it a new one."""
+    store = SegmentLogStore(tmp_path / "logs")
+    await store.start()
+    try:
+        journal = Journal(store, "__journal_test")
+        for turn in range(5):  # five loop turns: five appended batches
+            journal.put(b"m%d" % turn, b"copy")
+            await asyncio.sleep(0)
+        plog = store.partition("__journal_test", 0)
+        assert plog.config.flush is FlushPolicy.ALWAYS and plog.log_end_offset == 5
+        assert isinstance(plog, SegmentPartitionLog)
+        before = plog.flusher.syncs
+        await asyncio.sleep(0.05)
+        assert plog.flusher.syncs == before  # nobody waited: no fsync round started
+        waited = journal.durable()
+        assert waited is not None
+        await waited
+        assert plog.flusher.syncs == before + 1 and plog.is_durable(plog.write_mark())
+        assert journal.durable() is None  # nothing written since
+        journal.put(b"m5", None)
+        again = journal.durable()
+        assert again is not None and again is not waited
+        await again
+        assert plog.flusher.syncs == before + 2
+    finally:
+        await store.close()
