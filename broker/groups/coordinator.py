@@ -355,8 +355,8 @@ class GroupCoordinator:
         expire time, commit time + retention, as Kafka does (expiry.py rule 1)."""
         if not offsets:
             return {}
-        if not group_id:
-            return dict.fromkeys(offsets, ErrorCode.INVALID_GROUP_ID)
+        # An empty group id is a group like any other here, as in Kafka ("for backwards compatibility,
+        # we support offset commits for the empty groupId"); only the membership APIs refuse it.
         group = self._groups.get(group_id)
         if group is None:
             if generation_id >= 0:
@@ -430,14 +430,12 @@ class GroupCoordinator:
         return ErrorCode.NONE, {**dict.fromkeys(decision.removable, ErrorCode.NONE), **decision.refused}
 
     async def delete_groups(self, group_ids: list[str]) -> dict[str, ErrorCode]:
-        """DeleteGroups: forget groups without members and their committed offsets (Kafka's checks:
-        an empty id → INVALID_GROUP_ID, an unknown group → GROUP_ID_NOT_FOUND, members → NON_EMPTY_GROUP)."""
+        """DeleteGroups: forget groups without members and their committed offsets (Kafka's checks: an
+        unknown group → GROUP_ID_NOT_FOUND, members → NON_EMPTY_GROUP; the empty id is a group like any
+        other, as Kafka keeps it deletable for backwards compatibility)."""
         result: dict[str, ErrorCode] = {}
         for group_id in group_ids:
             group = self._groups.get(group_id)
-            if not group_id:
-                result[group_id] = ErrorCode.INVALID_GROUP_ID
-                continue
             if group is not None and group.members:
                 result[group_id] = ErrorCode.NON_EMPTY_GROUP
                 continue

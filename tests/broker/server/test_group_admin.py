@@ -172,3 +172,18 @@ def test_groups_are_listed_by_type_and_api_versions_v4_is_served(
     assert kafka_python_admin.list_groups(types_filter=["consumer"]) == []
     # kafka-python opens with ApiVersions v4 (Kafka 3.9+ serves it): answered, not refused and logged.
     assert "API_VERSIONS v4" not in sluice.log.read_text()
+
+
+def test_the_empty_group_id_commits_and_is_deleted_as_in_kafka(
+    bootstrap: str, kafka_python_admin: KafkaAdminClient
+) -> None:
+    # Kafka keeps OffsetCommit, OffsetFetch and DeleteGroups working for the group id "" ("for backwards
+    # compatibility"); only the membership APIs refuse it (INVALID_GROUP_ID).
+    confluent_admin = AdminClient({"bootstrap.servers": bootstrap})
+    confluent_admin.create_topics([NewTopic("unnamed-group", 1)])["unnamed-group"].result(10)
+    tp = KafkaTopicPartition("unnamed-group", 0)
+    assert kafka_python_admin.alter_group_offsets("", {tp: OffsetAndMetadata(4, "m", -1)}) == {
+        tp: kafka_errors.NoError}
+    assert kafka_python_admin.list_group_offsets({"": None})[""] == {tp: OffsetAndMetadata(4, "m", -1)}
+    assert kafka_python_admin.delete_groups([""]) == {"": "OK"}
+    assert kafka_python_admin.list_group_offsets({"": None})[""] == {}
