@@ -17,7 +17,8 @@ and are not acknowledged).
 
 Coalescing (``IngestSink.coalesce_s``, the ``ingest.coalesce_ms`` setting): a turn nobody waits on for an
 answer (no read asks for its outcome: TCP without ack mode, files) is written at once unless the source's
-previous write was small (fewer than ``SMALL_WRITE_LINES`` lines) and began less than ``coalesce_s`` ago;
+previous write was small (fewer than ``SMALL_WRITE_LINES`` lines and ``SMALL_WRITE_BYTES`` bytes) and began
+less than ``coalesce_s`` ago;
 then it is written ``coalesce_s`` after that one began, with every read of the source that arrives
 meanwhile. Devices trickling a line each then cost one write per ``coalesce_s`` instead of one per loop turn
 (a turn's route, encoding, append and answers cost the same for one line as for fifty), and no line waits
@@ -48,7 +49,8 @@ log = logging.getLogger("ingest.sink")
 # A read's callback instead of a future: (its outcome or None, None) once durable, (None, the failure) if not.
 Notify = Callable[[LineOutcome | None, BaseException | None], None]
 
-SMALL_WRITE_LINES = 64  # a write of fewer lines makes the source's next turn wait for coalescing
+SMALL_WRITE_LINES = 64  # a write of fewer lines and bytes than these makes the source's next turn wait for
+SMALL_WRITE_BYTES = 32 * 1024  # coalescing (a file of long lines is not held back a chunk at a time)
 
 class _Turn:
     """The reads of one source gathered in one loop turn: their lines in order, and per read its span and
@@ -72,7 +74,7 @@ class LineTurns:
     def __init__(self, sink: IngestSink) -> None:
         self.sink = sink
         self._open: dict[tuple[SourceRef, tuple[str, ...] | None], _Turn] = {}
-        self._last: dict[SourceRef, tuple[float, int]] = {}  # per source: its last write's start (loop time), lines
+        self._last: dict[SourceRef, tuple[float, bool]] = {}  # per source: its last write's start (loop time), small
         self._tasks: set[asyncio.Task[None]] = set()
 
     @overload
@@ -100,7 +102,7 @@ class LineTurns:
             loop = asyncio.get_running_loop()
             coalesce = self.sink.coalesce_s
             last = self._last.get(source) if coalesce > 0 and not outcome else None
-            if last is not None and last[1] < SMALL_WRITE_LINES and last[0] + coalesce > loop.time():
+            if last is not None and last[1] and last[0] + coalesce > loop.time():
                 turn.timer = loop.call_at(last[0] + coalesce, self._run, source, turn)
             else:
                 loop.call_soon(self._run, source, turn)
@@ -133,7 +135,8 @@ class LineTurns:
         turn.timer = None
         sink = self.sink
         if sink.coalesce_s > 0:
-            self._last[source] = (asyncio.get_running_loop().time(), len(turn.lines))
+            small = len(turn.lines) < SMALL_WRITE_LINES and turn.nbytes < SMALL_WRITE_BYTES
+            self._last[source] = (asyncio.get_running_loop().time(), small)
         charge = turn.charge
         write = LineWrite(sink, source, turn.lines, turn.arrivals, turn.nbytes, turn.columns, outcomes=turn.outcomes)
         if not sink.has_room(charge):

@@ -16,7 +16,7 @@ from broker.log.memory import MemoryLogStore
 from broker.protocol.records import iter_batches
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
-from ingest.line_turns import SMALL_WRITE_LINES
+from ingest.line_turns import SMALL_WRITE_BYTES, SMALL_WRITE_LINES
 from ingest.line_writes import LineOutcome
 from ingest.router import Router
 from ingest.routing import RawMessage, RouteDefaults, SourceRef
@@ -134,7 +134,10 @@ async def test_no_coalescing_after_a_large_write_nor_for_reads_that_want_their_o
     await sink.ingest_lines(SOURCE, [_line(d, d) for d in range(SMALL_WRITE_LINES)], ARRIVAL)
     await asyncio.wait_for(sink.ingest_lines(SOURCE, [_line(0, 0)], ARRIVAL), 30)  # after a large write: at once
     await asyncio.wait_for(sink.write_lines(SOURCE, [_line(1, 1)], ARRIVAL), 30)  # an answer is awaited: at once
-    assert sink.messages_written == SMALL_WRITE_LINES + 2
+    long_line = json.dumps({"device_id": "dev-2", "blob": "x" * SMALL_WRITE_BYTES}).encode()
+    await asyncio.wait_for(sink.write_lines(SOURCE, [long_line], ARRIVAL), 30)
+    await asyncio.wait_for(sink.ingest_lines(SOURCE, [_line(3, 3)], ARRIVAL), 30)  # after one of many bytes: at once
+    assert sink.messages_written == SMALL_WRITE_LINES + 4
 
 
 _JSON_LINES = st.sampled_from([
