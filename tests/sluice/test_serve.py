@@ -53,7 +53,7 @@ def test_unwritable_data_dir_is_a_one_sentence_error(tmp_path: Path) -> None:
         [sys.executable, "-m", "sluice.cli", "serve", "--data-dir", str(blocker / "sub")],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=120,  # a deadline: the interpreter alone took 30 s to start under load
     )
     assert proc.returncode == 1
     assert "error: cannot create data directory" in proc.stderr
@@ -64,7 +64,7 @@ def test_bad_config_exits_2(tmp_path: Path) -> None:
         [sys.executable, "-m", "sluice.cli", "serve", "--flush", "sometimes", "--data-dir", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert "invalid configuration" in proc.stderr
