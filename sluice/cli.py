@@ -79,6 +79,7 @@ def serve(
     """Start Sluice: the log, the Kafka protocol, MQTT, TCP ingest and the HTTP API in one process."""
     from ingest.errors import ConfigError as IngestConfigError
     from processors.errors import ProcessorError
+    from sluice.exposure import UnroutableAdvertisedHostError
     from sluice.serve import run_server
 
     overrides: dict[str, Any] = {
@@ -112,7 +113,8 @@ def serve(
         logging.getLogger("sluice.config").warning(problem)
     try:
         run_server(settings)
-    except (ProcessorError, IngestConfigError) as exc:  # a --processor that cannot be loaded, a bad route
+    # a --processor that cannot be loaded, a bad route, a Kafka listener that would advertise 0.0.0.0
+    except (ProcessorError, IngestConfigError, UnroutableAdvertisedHostError) as exc:
         raise _fail(f"invalid configuration: {exc}", EXIT_CONFIG) from None
     except (BrokerError, SecurityError) as exc:
         raise _fail(str(exc), EXIT_RUNTIME) from None

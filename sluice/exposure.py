@@ -5,6 +5,11 @@ Rule: with ``security.auth = "off"`` every enabled listener must be bound to a l
 refuses to start with an error naming each exposed listener and the two ways out (turn authentication on,
 or set ``security.allow_insecure = true``); with ``allow_insecure`` it starts and logs one WARNING naming them.
 An empty host or ``0.0.0.0`` / ``::`` (every interface) is never loopback.
+
+Rule 2 (Kafka's: ``advertised.listeners cannot use the nonroutable meta-address 0.0.0.0``): a Kafka listener
+bound to every interface must be given the address clients are told to connect to (``kafka.advertised_host``,
+or the extra listener's ``advertised_host``); otherwise ``sluice serve`` refuses to start. Without it, clients
+on other machines bootstrap and are then sent to 0.0.0.0, which is not this machine for them.
 """
 
 from __future__ import annotations
@@ -16,13 +21,27 @@ import socket
 from broker.security import SecurityError
 from sluice.config import Settings
 
-__all__ = ["InsecureExposureError", "check_exposure", "exposed_listeners", "is_loopback"]
+__all__ = [
+    "InsecureExposureError",
+    "UnroutableAdvertisedHostError",
+    "check_advertised_hosts",
+    "check_exposure",
+    "exposed_listeners",
+    "is_loopback",
+]
 
 log = logging.getLogger("sluice.security")
 
 
 class InsecureExposureError(SecurityError):
     """Listeners would accept anyone from the network: auth is off and a bind address is not loopback."""
+
+
+class UnroutableAdvertisedHostError(ValueError):
+    """A Kafka listener binds every interface and nobody said which address its clients should be sent to."""
+
+
+_EVERY_INTERFACE = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 
 def is_loopback(host: str) -> bool:
@@ -80,3 +99,23 @@ def check_exposure(settings: Settings) -> None:
         "Turn authentication on (SLUICE_SECURITY__AUTH=required, users from `sluice users add NAME --data-dir DIR`), "
         "bind to 127.0.0.1, or set security.allow_insecure = true (SLUICE_SECURITY__ALLOW_INSECURE=true) "
         "to accept an open broker")
+
+
+def check_advertised_hosts(settings: Settings) -> None:
+    """Raise ``UnroutableAdvertisedHostError`` for each Kafka listener that would advertise 0.0.0.0 (rule 2)."""
+    if not settings.kafka.enabled:
+        return
+    kafka = settings.kafka
+    unroutable: list[tuple[str, str, str]] = []  # (listener, bind host, the setting to set)
+    if kafka.advertised_host is None and settings.host in _EVERY_INTERFACE:
+        unroutable.append(("kafka", settings.host, "kafka.advertised_host (SLUICE_KAFKA__ADVERTISED_HOST)"))
+    for extra in kafka.extra_listeners:
+        host = extra.host or settings.host
+        if extra.advertised_host is None and host in _EVERY_INTERFACE:
+            unroutable.append((f"kafka:{extra.name}", host, "its advertised_host in kafka.extra_listeners"))
+    if unroutable:
+        listed = "; ".join(f"{name} binds {host or '*'}: set {setting}" for name, host, setting in unroutable)
+        raise UnroutableAdvertisedHostError(
+            f"a Kafka listener on every interface needs the address its clients are sent to ({listed}), e.g. "
+            "SLUICE_KAFKA__ADVERTISED_HOST=broker.example, the name or address clients reach this machine by "
+            "(Kafka refuses to advertise 0.0.0.0 too)")

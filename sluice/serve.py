@@ -27,7 +27,7 @@ from broker.security.tls import ReloadableTls
 from sluice.components import build_components
 from sluice.components.tls import tls_files
 from sluice.config import Settings
-from sluice.exposure import check_exposure
+from sluice.exposure import check_advertised_hosts, check_exposure
 from sluice.gc_tuning import tune_for_serving
 from sluice.malloc_tuning import return_large_buffers
 from sluice.runtime import Component, Runtime
@@ -106,6 +106,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, *, tune_g
     (``run_server``), so set its garbage collector for serving once started (``sluice.gc_tuning``)."""
     stop = stop or asyncio.Event()
     check_exposure(settings)  # before anything is opened: an open broker on the network refuses to start
+    check_advertised_hosts(settings)  # and a Kafka listener that would send its clients to 0.0.0.0
     check_data_dir(settings.data_dir)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

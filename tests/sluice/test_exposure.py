@@ -12,7 +12,7 @@ import pytest
 
 from broker.security import UserStore
 from sluice.config import KafkaListenerSettings, KafkaSettings, MqttSettings, SecuritySettings, Settings
-from sluice.exposure import exposed_listeners, is_loopback
+from sluice.exposure import UnroutableAdvertisedHostError, check_advertised_hosts, exposed_listeners, is_loopback
 from tests.sluice_server import SluiceProcess
 
 
@@ -55,7 +55,8 @@ def test_serve_on_every_interface_without_auth_refuses_to_start(tmp_path: Path) 
 
 
 def test_allow_insecure_starts_with_a_warning(tmp_path: Path) -> None:
-    server = SluiceProcess(tmp_path / "data", env={"SLUICE_SECURITY__ALLOW_INSECURE": "true"},
+    server = SluiceProcess(tmp_path / "data", env={"SLUICE_SECURITY__ALLOW_INSECURE": "true",
+                                                   "SLUICE_KAFKA__ADVERTISED_HOST": "localhost"},
                            args=["--host", "0.0.0.0"]).start()
     try:
         log = server.log.read_text()
@@ -66,9 +67,34 @@ def test_allow_insecure_starts_with_a_warning(tmp_path: Path) -> None:
 
 def test_auth_required_starts_on_every_interface_without_warning(tmp_path: Path) -> None:
     UserStore(tmp_path / "data").add("alice", "pw")
-    server = SluiceProcess(tmp_path / "data", env={"SLUICE_SECURITY__AUTH": "required"},
+    server = SluiceProcess(tmp_path / "data", env={"SLUICE_SECURITY__AUTH": "required",
+                                                   "SLUICE_KAFKA__ADVERTISED_HOST": "localhost"},
                            args=["--host", "0.0.0.0"]).start()
     try:
         assert "allow_insecure" not in server.log.read_text()
     finally:
         server.stop()
+
+
+def test_a_kafka_listener_on_every_interface_needs_an_advertised_host() -> None:
+    """Kafka's rule (advertised.listeners cannot use 0.0.0.0): clients elsewhere would be sent to 0.0.0.0."""
+    with pytest.raises(UnroutableAdvertisedHostError, match=r"kafka binds 0\.0\.0\.0: set kafka\.advertised_host"):
+        check_advertised_hosts(Settings(host="0.0.0.0"))
+    with pytest.raises(UnroutableAdvertisedHostError, match="kafka:lan binds ::"):
+        check_advertised_hosts(Settings(kafka=KafkaSettings(extra_listeners=[
+            KafkaListenerSettings(name="lan", port=0, host="::")])))
+    check_advertised_hosts(Settings())  # loopback
+    check_advertised_hosts(Settings(host="0.0.0.0", kafka=KafkaSettings(advertised_host="broker.example")))
+    check_advertised_hosts(Settings(host="0.0.0.0", kafka=KafkaSettings(enabled=False)))
+    check_advertised_hosts(Settings(host="10.0.0.5"))  # a routable bind address is what it advertises
+
+
+def test_serve_on_every_interface_without_an_advertised_host_refuses_in_one_line(tmp_path: Path) -> None:
+    """docs/security.md's quick setup binds 0.0.0.0 with auth on: before, Metadata told remote clients to
+    connect to 0.0.0.0:9092."""
+    UserStore(tmp_path / "data").add("alice", "pw")
+    refused = _serve(tmp_path, SLUICE_SECURITY__AUTH="required")
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "Traceback" not in refused.stderr
+    assert "SLUICE_KAFKA__ADVERTISED_HOST" in refused.stderr and "kafka binds 0.0.0.0" in refused.stderr
+    assert not (tmp_path / "data" / "endpoints.json").exists()
