@@ -74,7 +74,8 @@ def test_the_compose_stack_logs_in_over_tls(tmp_path: Path) -> None:
     extra = json.loads(env["SLUICE_KAFKA__EXTRA_LISTENERS"])
     env["SLUICE_KAFKA__EXTRA_LISTENERS"] = json.dumps([{**x, "port": 0, "advertised_host": "localhost",
                                                          "advertised_port": None} for x in extra])
-    env.pop("SLUICE_KAFKA__ADVERTISED_HOST"), env.pop("SLUICE_KAFKA__ADVERTISED_PORT")
+    assert env["SLUICE_KAFKA__ADVERTISED_HOST"] == "localhost"  # kept: a listener on 0.0.0.0 needs one
+    env.pop("SLUICE_KAFKA__ADVERTISED_PORT")  # the bound port, not the compose stack's
     server = SluiceProcess(data, env=env).start()
     try:
         assert server.endpoints["kafka"]["host"] == "0.0.0.0" and "mqtt" not in server.endpoints  # TLS only
