@@ -285,7 +285,8 @@ class GroupCoordinator:
                 del self._join_waiters[key]
 
     async def sync(
-        self, group_id: str, generation_id: int, member_id: str, assignments: dict[str, bytes]
+        self, group_id: str, generation_id: int, member_id: str, assignments: dict[str, bytes],
+        group_instance_id: str | None = None,
     ) -> SyncResult:
         """SyncGroup; a follower waits here for the leader's assignment."""
         group = self._groups.get(group_id)
@@ -294,7 +295,7 @@ class GroupCoordinator:
         key = (group_id, member_id)
         # A repeated SyncGroup replaces a parked one; the old request is answered now.
         self._resolve(self._sync_waiters, key, SyncResult(ErrorCode.REBALANCE_IN_PROGRESS))
-        answer, effects = group.sync(self.clock.monotonic(), generation_id, member_id, assignments)
+        answer, effects = group.sync(self.clock.monotonic(), generation_id, member_id, assignments, group_instance_id)
         if answer is not None:
             self._deliver(group_id, effects)
             return answer
@@ -307,11 +308,12 @@ class GroupCoordinator:
             if self._sync_waiters.get(key) is future:
                 del self._sync_waiters[key]
 
-    def heartbeat(self, group_id: str, generation_id: int, member_id: str) -> ErrorCode:
+    def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None = None
+                  ) -> ErrorCode:
         group = self._groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        return group.heartbeat(self.clock.monotonic(), generation_id, member_id)
+        return group.heartbeat(self.clock.monotonic(), generation_id, member_id, group_instance_id)
 
     async def leave(self, group_id: str, member_ids: list[str]) -> dict[str, ErrorCode]:
         """Members named by member id leave (LeaveGroup v0-v2); each id's code."""

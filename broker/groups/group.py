@@ -92,6 +92,10 @@ Rules:
     dropped; otherwise the instance id, if given, must be held (UNKNOWN_MEMBER_ID) by this member id
     (FENCED_INSTANCE_ID), and the member id must be a member (UNKNOWN_MEMBER_ID). A member removed
     is handled as one whose session expired (rule 8's removal: rebalance, or Empty).
+15. Heartbeat and SyncGroup v3+ name the instance id too, and are checked as Kafka checks them
+    (``validateCurrentMember``) before the generation: an old incarnation of a static member gets
+    FENCED_INSTANCE_ID (clients stop: librdkafka raises a fatal error), not UNKNOWN_MEMBER_ID (which
+    would make it join again and fence the new incarnation in turn).
 """
 
 from __future__ import annotations
@@ -237,15 +241,17 @@ class Group:
     # ------------------------------------------------------------------ SyncGroup
 
     def sync(
-        self, now: float, generation_id: int, member_id: str, assignments: dict[str, bytes]
+        self, now: float, generation_id: int, member_id: str, assignments: dict[str, bytes],
+        group_instance_id: str | None = None,
     ) -> tuple[SyncResult | None, Effects]:
         """Handle a SyncGroup. Returns (immediate answer or None if parked, effects)."""
         effects = Effects()
         if self.state is GroupState.DEAD:
             return SyncResult(ErrorCode.COORDINATOR_NOT_AVAILABLE), effects
-        member = self.members.get(member_id)
-        if member is None:
-            return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID), effects
+        error = self._current_member_error(member_id, group_instance_id)
+        if error != ErrorCode.NONE:
+            return SyncResult(error), effects
+        member = self.members[member_id]
         if generation_id != self.generation_id:
             return SyncResult(ErrorCode.ILLEGAL_GENERATION), effects
         if self.state is GroupState.PREPARING_REBALANCE:
@@ -300,9 +306,13 @@ class Group:
 
     # ------------------------------------------------------------------ Heartbeat, LeaveGroup
 
-    def heartbeat(self, now: float, generation_id: int, member_id: str) -> ErrorCode:
+    def heartbeat(self, now: float, generation_id: int, member_id: str, group_instance_id: str | None = None
+                  ) -> ErrorCode:
         if self.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        error = self._current_member_error(member_id, group_instance_id)
+        if error != ErrorCode.NONE:
+            return error
         error = self._touch_member(now, generation_id, member_id)
         if error is ErrorCode.NONE and self.state is GroupState.PREPARING_REBALANCE:
             return ErrorCode.REBALANCE_IN_PROGRESS
@@ -331,17 +341,11 @@ class Group:
                 codes.append(ErrorCode.NONE)
                 self._try_complete_join(now, effects, member_left=True)
                 continue
-            elif instance:
-                holder = self._instance_holder(instance)
-                if holder is None:
-                    codes.append(ErrorCode.UNKNOWN_MEMBER_ID)
+            else:
+                error = self._current_member_error(mid, instance)
+                if error != ErrorCode.NONE:
+                    codes.append(error)
                     continue
-                if holder != mid:
-                    codes.append(ErrorCode.FENCED_INSTANCE_ID)
-                    continue
-            elif mid not in self.members:
-                codes.append(ErrorCode.UNKNOWN_MEMBER_ID)
-                continue
             self._remove_member(now, mid, effects)
             codes.append(ErrorCode.NONE)
         return codes, effects
@@ -371,14 +375,9 @@ class Group:
         if generation_id < 0 and self.state is GroupState.EMPTY:
             return ErrorCode.NONE
         if generation_id >= 0 or member_id or group_instance_id:
-            if group_instance_id:
-                holder = self._instance_holder(group_instance_id)
-                if holder is None:
-                    return ErrorCode.UNKNOWN_MEMBER_ID
-                if holder != member_id:
-                    return ErrorCode.FENCED_INSTANCE_ID
-            if member_id not in self.members:
-                return ErrorCode.UNKNOWN_MEMBER_ID
+            error = self._current_member_error(member_id, group_instance_id)
+            if error != ErrorCode.NONE:
+                return error
             if generation_id != self.generation_id:
                 return ErrorCode.ILLEGAL_GENERATION
         return ErrorCode.NONE
@@ -592,6 +591,17 @@ class Group:
         order = [name for name, _ in leader.protocols if name in candidates]
         best = max(votes.values())
         return next(name for name in order if votes.get(name, 0) == best)
+
+    def _current_member_error(self, member_id: str, group_instance_id: str | None) -> ErrorCode:
+        """Kafka's ``validateCurrentMember`` (rule 15): an instance id, if given, must be held
+        (UNKNOWN_MEMBER_ID) by this member id (FENCED_INSTANCE_ID); the member id must be a member."""
+        if group_instance_id:
+            holder = self._instance_holder(group_instance_id)
+            if holder is None:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            if holder != member_id:
+                return ErrorCode.FENCED_INSTANCE_ID
+        return ErrorCode.NONE if member_id in self.members else ErrorCode.UNKNOWN_MEMBER_ID
 
     def _instance_holder(self, group_instance_id: str) -> str | None:
         return next((m.member_id for m in self.members.values() if m.group_instance_id == group_instance_id), None)

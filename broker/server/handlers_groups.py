@@ -81,12 +81,14 @@ async def handle_sync_group(ctx: BrokerContext, body: Any, conn: ConnectionInfo)
         int(body.generation_id),
         str(body.member_id),
         {str(a.member_id): bytes(a.assignment) for a in body.assignments},
+        getattr(body, "group_instance_id", None),  # v3+
     )
     return {"throttle_time": 0, "error_code": int(result.error_code), "assignment": result.assignment or b""}
 
 
 async def handle_heartbeat(ctx: BrokerContext, body: Any, conn: ConnectionInfo) -> dict[str, Any]:
-    code = ctx.coordinator.heartbeat(str(body.group_id), int(body.generation_id), str(body.member_id))
+    code = ctx.coordinator.heartbeat(str(body.group_id), int(body.generation_id), str(body.member_id),
+                                     getattr(body, "group_instance_id", None))  # v3+
     return {"throttle_time": 0, "error_code": int(code)}
 
 

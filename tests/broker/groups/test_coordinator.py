@@ -501,8 +501,12 @@ async def test_static_member_restart_keeps_its_assignment_without_a_rebalance(co
     assert s2.error_code == ErrorCode.NONE and s2.assignment == assignment_for(0)
     group = coord.group(GROUP)
     assert group is not None and group.leader_id == a2.member_id
-    # The old incarnation is fenced.
+    # The old incarnation is fenced: told so when it names its instance id (Heartbeat/SyncGroup v3+).
     assert coord.heartbeat(GROUP, gen, a.member_id) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert coord.heartbeat(GROUP, gen, a.member_id, "instance-a") == ErrorCode.FENCED_INSTANCE_ID
+    assert (await coord.sync(GROUP, gen, a.member_id, {}, "instance-a")).error_code == ErrorCode.FENCED_INSTANCE_ID
+    assert coord.heartbeat(GROUP, gen, a2.member_id, "instance-z") == ErrorCode.UNKNOWN_MEMBER_ID
+    assert coord.heartbeat(GROUP, gen, a2.member_id, "instance-a") == ErrorCode.NONE
     assert (await static_join(coord, a.member_id, "instance-a")).error_code == ErrorCode.FENCED_INSTANCE_ID
     assert (await static_join(coord, a2.member_id, "instance-z")).error_code == ErrorCode.UNKNOWN_MEMBER_ID
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import OffsetAndMetadata
 from kafka import TopicPartition as KafkaTopicPartition
@@ -187,3 +187,37 @@ def test_the_empty_group_id_commits_and_is_deleted_as_in_kafka(
     assert kafka_python_admin.list_group_offsets({"": None})[""] == {tp: OffsetAndMetadata(4, "m", -1)}
     assert kafka_python_admin.delete_groups([""]) == {"": "OK"}
     assert kafka_python_admin.list_group_offsets({"": None})[""] == {}
+
+
+def test_a_static_members_old_incarnation_is_fenced_not_told_to_rejoin(
+    bootstrap: str, kafka_python_admin: KafkaAdminClient
+) -> None:
+    # Two processes started with one group.instance.id: the second takes the member's place, and the
+    # first's next heartbeat (v3+, naming the instance id) is FENCED_INSTANCE_ID, as from Kafka, which
+    # librdkafka treats as fatal. UNKNOWN_MEMBER_ID instead made it join again and fence the second in turn.
+    group = "fenced-instance"
+    confluent_admin = AdminClient({"bootstrap.servers": bootstrap})
+    confluent_admin.create_topics([NewTopic(group, 1)])[group].result(10)
+    old_assigned: list[list[int]] = []
+    new_assigned: list[list[int]] = []
+    old = static_consumer(bootstrap, group, "the-instance", old_assigned)
+    try:
+        wait_for(lambda: old.poll(0.1) or old_assigned, "the first incarnation's assignment")
+        new = static_consumer(bootstrap, group, "the-instance", new_assigned)
+        try:
+            wait_for(lambda: new.poll(0.1) or new_assigned, "the second incarnation's assignment")
+            new_member = members_by_instance(kafka_python_admin, group)["the-instance"]
+
+            def old_is_fenced() -> bool:
+                new.poll(0.05)
+                message = old.poll(0.1)
+                error = message.error() if message is not None else None
+                return error is not None and error.code() == KafkaError._FATAL
+
+            wait_for(old_is_fenced, "the old incarnation's fatal error")
+            new.poll(0.5)
+            assert members_by_instance(kafka_python_admin, group) == {"the-instance": new_member}
+        finally:
+            new.close()
+    finally:
+        old.close()
