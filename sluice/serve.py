@@ -70,7 +70,9 @@ def check_data_dir(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise StorageError(f"cannot create data directory {path}: {exc.strerror}") from exc
+        raise StorageError(f"cannot create data directory {path}: {exc.strerror}; create it and give this user "
+                           "write access, or pass --data-dir (SLUICE_DATA_DIR) a directory this user may create"
+                           ) from exc
     if not os.access(path, os.W_OK | os.X_OK):
         raise StorageError(
             f"data directory {path} is not writable by this user; fix its permissions or pass --data-dir"

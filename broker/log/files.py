@@ -136,14 +136,17 @@ class DirLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise StorageError(
-                f"data directory {self.path.parent} is not usable: cannot create {self.path.name} ({exc.strerror})"
+                f"data directory {self.path.parent} is not usable: cannot create {self.path.name} ({exc.strerror}); "
+                "files made by another user (an earlier run through sudo?) need this user's write access "
+                "(chown -R), or pass another --data-dir"
             ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(fd)
             raise StorageError(
-                f"data directory {self.path.parent} is in use by another Sluice process (lock {self.path} is held)"
+                f"data directory {self.path.parent} is in use by another Sluice process (lock {self.path} is held): "
+                "stop that one, or give this one its own --data-dir"
             ) from exc
         self._fd = fd
 

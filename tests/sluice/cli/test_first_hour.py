@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 from tests.sluice_server import SluiceProcess, serve_command
 
@@ -116,3 +119,43 @@ def test_an_environment_variable_that_sets_nothing_is_warned_about(tmp_path: Pat
     warnings = [line for line in log.splitlines() if "is not a setting" in line]
     assert len(warnings) == 1, log[-3000:]
     assert "SLUICE_KAFKA_PORT" in warnings[0] and "did you mean SLUICE_KAFKA__PORT?" in warnings[0]
+
+
+def _without_root_powers() -> list[str]:
+    """A prefix that runs a command without root's permission override (root would write anywhere)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: file permissions cannot be tested")
+    caps = "-dac_override,-dac_read_search"
+    return [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}", "--"]
+
+
+@pytest.mark.parametrize("case", ["uncreatable", "not writable", "logs not writable"])
+def test_a_data_directory_this_user_cannot_write_says_how_to_fix_it(tmp_path: Path, case: str) -> None:
+    locked = tmp_path / "locked"
+    (locked / "logs").mkdir(parents=True)
+    data, needle = {
+        "uncreatable": (locked / "logs" / "data", "create it and give this user write access, or pass --data-dir"),
+        "not writable": (locked / "logs", "fix its permissions or pass --data-dir"),
+        "logs not writable": (locked, "need this user's write access (chown -R), or pass another --data-dir"),
+    }[case]
+    (locked / "logs").chmod(0o555)
+    try:
+        result = subprocess.run([*_without_root_powers(), *serve_command(), "--data-dir", str(data)], cwd=tmp_path,
+                                env={**os.environ, **FREE_PORTS}, capture_output=True, text=True, timeout=120,
+                                check=False)
+    finally:
+        (locked / "logs").chmod(0o755)
+    assert_one_line_error(result, 1, needle)
+
+
+def test_a_data_directory_in_use_says_which_way_out(tmp_path: Path) -> None:
+    first = SluiceProcess(tmp_path / "data", cwd=tmp_path, env={"SLUICE_STORAGE__BACKEND": "segment"}).start()
+    try:
+        second = serve(tmp_path, env={"SLUICE_STORAGE__BACKEND": "segment"})
+    finally:
+        first.stop()
+    assert_one_line_error(second, 1, "is in use by another Sluice process",
+                          "stop that one, or give this one its own --data-dir")
