@@ -289,6 +289,8 @@ class GroupCoordinator:
         group_instance_id: str | None = None,
     ) -> SyncResult:
         """SyncGroup; a follower waits here for the leader's assignment."""
+        if not group_id:  # as Kafka's validateGroupStatus for the membership APIs
+            return SyncResult(ErrorCode.INVALID_GROUP_ID)
         group = self._groups.get(group_id)
         if group is None:
             return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)
@@ -310,6 +312,8 @@ class GroupCoordinator:
 
     def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None = None
                   ) -> ErrorCode:
+        if not group_id:  # as Kafka's validateGroupStatus for the membership APIs
+            return ErrorCode.INVALID_GROUP_ID
         group = self._groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID

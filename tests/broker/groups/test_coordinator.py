@@ -527,6 +527,8 @@ async def test_leave_by_instance_id_checks_in_kafkas_order(coord: GroupCoordinat
     assert await coord.leave_members(GROUP, [("", "instance-a")]) == (ErrorCode.NONE, [ErrorCode.NONE])
     assert coord.describe(GROUP).state == "Empty"
     assert await coord.leave_members("", [("", "instance-a")]) == (ErrorCode.INVALID_GROUP_ID, [])
+    assert coord.heartbeat("", 1, "m") == ErrorCode.INVALID_GROUP_ID
+    assert (await coord.sync("", 1, "m", {})).error_code == ErrorCode.INVALID_GROUP_ID
 
 
 async def test_delete_offsets_of_a_group_with_members_of_another_protocol_type(coord: GroupCoordinator) -> None:
