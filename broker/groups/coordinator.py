@@ -211,15 +211,22 @@ class GroupCoordinator:
         if now is None:
             now = self.clock.monotonic()
         for group in list(self._groups.values()):
-            before = set(group.members)
-            effects = group.tick(now)
-            gone = before - set(group.members)
-            if gone:
-                log.info(
-                    "group members expired",
-                    extra={"group": group.group_id, "members": sorted(gone), "generation": group.generation_id},
-                )
-            self._deliver(group.group_id, effects)
+            self._tick_group(group, now)
+
+    def _tick_group(self, group: Group, now: float | None = None) -> None:
+        """One group's timeouts that have passed, applied now. The periodic task does this up to a tick
+        late; the requests that report or act on a group's membership (DescribeGroups, ListGroups,
+        DeleteGroups) call it first, so their answers hold as of the request, as Kafka's per-member
+        timers do (librdkafka's test 0081 deletes a group the moment its static member's session ends)."""
+        before = set(group.members)
+        effects = group.tick(self.clock.monotonic() if now is None else now)
+        gone = before - set(group.members)
+        if gone:
+            log.info(
+                "group members expired",
+                extra={"group": group.group_id, "members": sorted(gone), "generation": group.generation_id},
+            )
+        self._deliver(group.group_id, effects)
 
     tick = check_timeouts
 
@@ -442,6 +449,8 @@ class GroupCoordinator:
         result: dict[str, ErrorCode] = {}
         for group_id in group_ids:
             group = self._groups.get(group_id)
+            if group is not None:
+                self._tick_group(group)
             if group is not None and group.members:
                 result[group_id] = ErrorCode.NON_EMPTY_GROUP
                 continue
@@ -477,10 +486,12 @@ class GroupCoordinator:
         if group is None:
             state = GroupState.EMPTY if self.offsets.fetch(group_id) else GroupState.DEAD
             return GroupDescription(group_id, state.value, "", "", [])
+        self._tick_group(group)
         return group.describe()
 
     def list_groups(self) -> list[tuple[str, str, str]]:
         """(group id, protocol type, state) of every group with members or committed offsets."""
+        self.check_timeouts()
         rows = {gid: (gid, g.protocol_type or "", g.state.value) for gid, g in self._groups.items()}
         for gid in self.offsets.groups():
             rows.setdefault(gid, (gid, "", GroupState.EMPTY.value))

@@ -579,3 +579,16 @@ async def test_delete_groups(coord: GroupCoordinator) -> None:
     assert coord.describe(GROUP).state == "Dead"
     # The id can be used again: a fresh group starts.
     assert (await join(coord)).generation_id == 1
+
+
+async def test_answers_hold_as_of_the_request_not_the_last_tick(coord: GroupCoordinator, clock: FakeClock) -> None:
+    """A member whose session has ended is gone for DescribeGroups, ListGroups and DeleteGroups even
+    before the periodic tick runs (Kafka's timers fire on time; librdkafka's test 0081 deletes its
+    groups the moment the closed static members' sessions end). No check_timeouts() call here."""
+    await form_group(coord, 1)
+    clock.advance(SESSION_MS / 1000 + 0.001)
+    assert coord.describe(GROUP).members == []
+    assert (GROUP, "consumer", "Empty") in coord.list_groups()
+    await form_group(coord, 1)
+    clock.advance(SESSION_MS / 1000 + 0.001)
+    assert await coord.delete_groups([GROUP]) == {GROUP: ErrorCode.NONE}
