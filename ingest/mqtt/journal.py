@@ -250,7 +250,7 @@ def encode_journal_batch(records: list[tuple[bytes, bytes | None]], timestamp_ms
     small = _VARINTS
     limit = len(small)
     parts: list[bytes] = []
-    add = parts.append
+    add = parts.extend
     for delta, (key, value) in enumerate(records):
         dv = small[delta] if delta < limit else _zigzag(delta)
         n = len(key)
@@ -263,14 +263,7 @@ def encode_journal_batch(records: list[tuple[bytes, bytes | None]], timestamp_ms
             vv = small[n] if n < limit else _zigzag(n)
         # attributes, timestamp delta 0, offset delta, key, value, 0 headers
         size = 3 + len(dv) + len(kv) + len(key) + len(vv) + len(value)
-        add(small[size] if size < limit else _zigzag(size))
-        add(b"\x00\x00")
-        add(dv)
-        add(kv)
-        add(key)
-        add(vv)
-        add(value)
-        add(b"\x00")
+        add((small[size] if size < limit else _zigzag(size), b"\x00\x00", dv, kv, key, vv, value, b"\x00"))
     count = len(records)
     after_crc = _AFTER_CRC.pack(0, count - 1, timestamp_ms, timestamp_ms, -1, -1, -1, count) + b"".join(parts)
     return _BEFORE_CRC.pack(0, len(after_crc) + 9, 0, 2, crc32c.crc32c(after_crc)) + after_crc
