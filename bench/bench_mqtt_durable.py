@@ -18,19 +18,23 @@ memory only). Mosquitto runs with ``persistence true`` (it writes its database a
 ``autosave_interval``, 1800 s by default: not before a PUBACK) and ``max_queued_messages 0``.
 Reported: messages per second and the ratios durable/in-memory and durable/Mosquitto; for ``offline``,
 also how long opening the durable case's data directory again takes to restore its queued messages.
+Also each broker's CPU per message (Sluice: this process's user + system time over the cell, the
+bench's own waiting thread included; Mosquitto: its process's, from /proc): on a shared machine the
+rates follow the scheduler (a broker that uses more CPU waits longer for it), the CPU figures much less.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from bench.bench_mqtt import make_lines, publishers, raise_fd_limit, start_mosquitto
+from bench.bench_mqtt import make_lines, proc_cpu_s, publishers, raise_fd_limit, start_mosquitto
 from broker.log.api import LogStore
 from ingest.mqtt.listener import MqttListener
 from ingest.mqtt.session_store import SessionStore
@@ -74,7 +78,14 @@ def measure(port: int, files: list[Path], total: int, case: str) -> float:
     return time.perf_counter() - start
 
 
-async def sluice_case(files: list[Path], total: int, case: str, durable: bool, flush: str, data_dir: Path) -> float:
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def sluice_case(files: list[Path], total: int, case: str, durable: bool, flush: str,
+                      data_dir: Path) -> tuple[float, float]:
+    """(seconds, CPU seconds of this process over the case)."""
     settings = load_settings(None, data_dir=data_dir, storage={"backend": "segment", "flush": flush},
                              mqtt={"port": 0, "durable": durable, "max_queued_messages": 0, "max_queued_bytes": 0,
                                    "max_queued_bytes_total": 0})
@@ -85,11 +96,13 @@ async def sluice_case(files: list[Path], total: int, case: str, durable: bool, f
     assert isinstance(listener, MqttListener)
     await listener.start()
     try:
+        cpu = own_cpu_s()
         elapsed = await asyncio.to_thread(measure, listener.port, files, total, case)
+        cpu = own_cpu_s() - cpu
         if case == "offline":  # every message is queued for the absent subscriber (nothing dropped)
             session = listener.hub.sessions[SUB_ID]
             assert session.queue is not None and len(session.queue) == total, len(session.queue or ())
-        return elapsed
+        return elapsed, cpu
     finally:
         await listener.stop()
         await store.close()
@@ -113,10 +126,13 @@ async def restore_seconds(total: int, flush: str, data_dir: Path) -> float:
         await store.close()
 
 
-def mosquitto_case(files: list[Path], total: int, case: str, directory: Path) -> float:
+def mosquitto_case(files: list[Path], total: int, case: str, directory: Path) -> tuple[float, float]:
+    """(seconds, Mosquitto's CPU seconds over the case)."""
     proc, port = start_mosquitto(directory)
     try:
-        return measure(port, files, total, case)
+        cpu = proc_cpu_s(proc.pid)
+        elapsed = measure(port, files, total, case)
+        return elapsed, proc_cpu_s(proc.pid) - cpu
     finally:
         proc.terminate()
         proc.wait()
@@ -134,16 +150,21 @@ async def main(args: argparse.Namespace) -> None:
             files.append(f)
         print(f"{args.publishers} x mosquitto_pub -l -q 1, {args.messages} msgs each ({total} total), "
               f"Sluice flush={args.flush}")
+        # imports, the first topic's creation: not in the first cell's CPU figure
+        await sluice_case(files[:1], args.messages, "none", False, args.flush, tmp / "warm-up")
         for case in args.cases.split(","):
             for run in range(args.runs):
-                on = await sluice_case(files, total, case, True, args.flush, tmp / f"on-{case}-{run}")
-                off = await sluice_case(files, total, case, False, args.flush, tmp / f"off-{case}-{run}")
+                on, on_cpu = await sluice_case(files, total, case, True, args.flush, tmp / f"on-{case}-{run}")
+                off, off_cpu = await sluice_case(files, total, case, False, args.flush, tmp / f"off-{case}-{run}")
                 mdir = tmp / f"mosq-{case}-{run}"
                 mdir.mkdir()
-                mosq = await asyncio.to_thread(mosquitto_case, files, total, case, mdir)
+                mosq, mosq_cpu = await asyncio.to_thread(mosquitto_case, files, total, case, mdir)
+                us = 1e6 / total
                 print(f"{case:8s} run {run + 1}: Sluice durable {total / on:,.0f} msg/s, in-memory sessions "
                       f"{total / off:,.0f} msg/s, Mosquitto (persistence on) {total / mosq:,.0f} msg/s; "
-                      f"durable/in-memory {off / on:.2f}x, durable/Mosquitto {mosq / on:.2f}x", flush=True)
+                      f"durable/in-memory {off / on:.2f}x, durable/Mosquitto {mosq / on:.2f}x; CPU per message: "
+                      f"durable {on_cpu * us:.1f} us, in-memory {off_cpu * us:.1f} us, Mosquitto "
+                      f"{mosq_cpu * us:.1f} us", flush=True)
                 if case == "offline":
                     took = await restore_seconds(total, args.flush, tmp / f"on-{case}-{run}")
                     print(f"         restart: {total} queued messages restored in {took:.2f} s", flush=True)
