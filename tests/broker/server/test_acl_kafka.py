@@ -22,6 +22,9 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
+from kafka import TopicPartition as KafkaTopicPartition
+from kafka import errors as kafka_errors
+from kafka.admin import KafkaAdminClient
 from kio.schema.describe_acls.v3.request import DescribeAclsRequest
 from kio.static.primitive import i8
 
@@ -205,3 +208,22 @@ def test_group_authorized_operations(server: SluiceProcess) -> None:
     found = alice.describe_consumer_groups(["g-alice", "g-other"], include_authorized_operations=True)
     assert set(found["g-alice"].result().authorized_operations) == {AclOperation.READ, AclOperation.DESCRIBE}
     assert error_of(found["g-other"]) == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+
+def test_admin_apis_kafka_python_calls_check_their_acls(server: SluiceProcess) -> None:
+    # OffsetDelete needs DELETE on the group (alice may only READ g-alice), DescribeLogDirs DESCRIBE on the
+    # cluster, DescribeProducers READ per topic (alice may describe "t-denied" but not read it), in Kafka's codes.
+    alice = KafkaAdminClient(bootstrap_servers=server.bootstrap, security_protocol="SASL_PLAINTEXT",
+                             sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="alice",
+                             sasl_plain_password=PASSWORD)
+    try:
+        with pytest.raises(kafka_errors.GroupAuthorizationFailedError):
+            alice.delete_group_offsets("g-alice", [KafkaTopicPartition("t-one", 0)])
+        [broker] = alice.describe_log_dirs()
+        assert broker["log_dirs"] == [], "refused: no directories"
+        with pytest.raises(kafka_errors.TopicAuthorizationFailedError):
+            alice.describe_producers([KafkaTopicPartition("t-denied", 0)])
+        [state] = alice.describe_producers([KafkaTopicPartition("t-one", 0)]).values()  # READ allowed: answered
+        assert all(p.producer_id >= 0 for p in state.active_producers)
+    finally:
+        alice.close()
