@@ -48,7 +48,9 @@ States: NEW → CONNECTED → CLOSED (a DISCONNECT, a protocol error or a lost s
    survives a restart (``session_store.py`` rule 8). A 5.0 DISCONNECT may change the Session Expiry
    Interval (capped like CONNECT's).
 9. SUBSCRIBE: ``subscribe.py`` (identifiers, shared subscriptions, Retain Handling); SUBACK, then the
-   retained messages it says. UNSUBSCRIBE: UNSUBACK (5.0: 0x11 for a filter with no subscription).
+   retained messages it says. UNSUBSCRIBE: UNSUBACK (5.0: 0x11 for a filter with no subscription); a
+   filter that breaks the topic filter syntax makes it malformed (DISCONNECT 0x81, nothing unsubscribed),
+   as for SUBSCRIBE and as Mosquitto answers.
 10. Errors after CONNECT: a 5.0 client gets DISCONNECT with the reason (0x81 malformed, 0x82 protocol
     error, 0x95 packet too large, 0x90 bad topic …) before the close; after 0x93 (Receive Maximum
     exceeded: the client is still sending) the connection lingers (``Linger``): nothing more is
@@ -76,7 +78,7 @@ from ingest.mqtt.actions import CLOSED, CONNECTED, NEW, Action, Do, Endpoint, Li
 from ingest.mqtt.aliases import OutboundAliases
 from ingest.mqtt.codec import Decoder, encode, encode_publish
 from ingest.mqtt.connect import Refused, admit, expiry_seconds
-from ingest.mqtt.errors import ProtocolError, UnsupportedProtocol
+from ingest.mqtt.errors import MalformedPacket, ProtocolError, UnsupportedProtocol
 from ingest.mqtt.hub import Hub
 from ingest.mqtt.packets import (
     MQTT_5,
@@ -101,6 +103,7 @@ from ingest.mqtt.ports import Accepted
 from ingest.mqtt.publish_in import InboundPublishes
 from ingest.mqtt.session_state import SessionState
 from ingest.mqtt.subscribe import apply_subscribe
+from ingest.mqtt.subscriptions import filter_error
 
 __all__ = ["LINGER_QUIET_S", "LINGER_S", "ConnectionMachine"]
 
@@ -401,6 +404,10 @@ class ConnectionMachine(InboundPublishes):
         elif isinstance(packet, Subscribe):
             self._on_subscribe(packet, session)
         elif isinstance(packet, Unsubscribe):
+            bad = next((why for f in packet.topic_filters if (why := filter_error(f)) is not None), None)
+            if bad is not None:  # rule 9, as for SUBSCRIBE
+                self._protocol_error(MalformedPacket(bad))
+                return
             codes = tuple(
                 0 if self.hub.unsubscribe(session, f) else Reason.NO_SUBSCRIPTION_EXISTED for f in packet.topic_filters
             )

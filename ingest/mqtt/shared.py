@@ -3,8 +3,10 @@
 Rules
 -----
 1. A shared filter is ``$share/`` + a non-empty group name without ``/``, ``+`` or ``#`` + ``/`` + a valid
-   topic filter. Anything else starting with ``$share/`` is an invalid topic filter (SUBACK 0x8F);
-   No Local on a shared subscription is a protocol error (§3.8.3.1, DISCONNECT 0x82).
+   topic filter. Anything else starting with ``$share/`` is an invalid topic filter (SUBACK 0x8F), unless
+   the whole filter breaks the topic filter syntax (a wildcard not a whole level): then the SUBSCRIBE is
+   malformed (``subscribe.py`` rule 2). No Local on a shared subscription is a protocol error (§3.8.3.1,
+   DISCONNECT 0x82).
 2. A group is keyed by (group name, filter); its members are sessions, each with its own granted QoS and
    subscription identifier. Each message goes to one member, taking turns (round robin), preferring a
    member whose client is connected; with none connected, the next member's session queues it.

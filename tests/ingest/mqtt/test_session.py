@@ -151,9 +151,9 @@ async def test_receive_maximum_exceeded(start_server: StartServer) -> None:
 async def test_subscribe_unsubscribe_and_invalid_filters(server: MqttServer) -> None:
     raw = await RawClient.open(server.port, MQTT_5)
     await raw.connect("subber")
-    raw.send(Subscribe(1, (Subscription("a/+/c", 1), Subscription("a/#/c", 0), Subscription("$share/g/x", 0),
-                           Subscription("$share/g", 0), Subscription("$share/g+/x", 0))))
-    assert await raw.recv() == Suback(1, (1, 0x8F, 0, 0x8F, 0x8F))
+    raw.send(Subscribe(1, (Subscription("a/+/c", 1), Subscription("$share/g/x", 0), Subscription("$share/g", 0),
+                           Subscription("$share//x", 0))))
+    assert await raw.recv() == Suback(1, (1, 0, 0x8F, 0x8F))  # no group or no filter after it: 0x8F
     pub = await RawClient.open(server.port, MQTT_311)
     await pub.connect("pubber")
     pub.send(Publish("a/b/c", b"hello", 1, packet_id=1))
@@ -165,6 +165,42 @@ async def test_subscribe_unsubscribe_and_invalid_filters(server: MqttServer) -> 
     raw.send(Unsubscribe(2, ("a/+/c", "nope", "$share/g/x")))
     assert await raw.recv() == Unsuback(2, (0, 0x11, 0))
     await wait_until(lambda: len(server.hub.tree) == 0, what="unsubscribed")
+
+
+async def test_a_filter_breaking_the_syntax_makes_the_subscribe_malformed(server: MqttServer) -> None:
+    # As Mosquitto 2.0 (its broker test 13-malformed-subscribe-v5, "Bad topic"): DISCONNECT 0x81, 3.1.1 closed,
+    # and no filter of the packet is subscribed, not even a valid one before the bad one. Before: SUBACK 0x8F
+    # / 0x80 for the bad filter and the others subscribed.
+    for version, bad in ((MQTT_5, "a/#/c"), (MQTT_5, "$share/g/a/+b"), (MQTT_5, "$share/g+/x"), (MQTT_5, ""),
+                         (MQTT_311, "#/a")):
+        raw = await RawClient.open(server.port, version)
+        await raw.connect("malformed", clean_start=False,
+                          **({"properties": Properties(session_expiry_interval=60)} if version == MQTT_5 else {}))
+        raw.send(Subscribe(1, (Subscription("ok/x", 1), Subscription(bad, 0))))
+        data = await raw.read_until_closed()
+        if version == MQTT_5:
+            assert data[:1] == b"\xe0" and data[2] == 0x81, (bad, data)  # DISCONNECT, Malformed Packet
+        else:
+            assert data == b"", (bad, data)
+        assert len(server.hub.tree) == 0, bad
+    assert "malformed" in server.hub.sessions  # the persistent session stays, without subscriptions
+
+
+async def test_a_filter_breaking_the_syntax_makes_the_unsubscribe_malformed(server: MqttServer) -> None:
+    # Mosquitto 2.0 answers DISCONNECT 0x81 (3.1.1: closes) here too; before: UNSUBACK 0x11 / UNSUBACK.
+    for version, bad in ((MQTT_5, "a/#/c"), (MQTT_311, "")):
+        raw = await RawClient.open(server.port, version)
+        await raw.connect("unsubber", clean_start=False,
+                          **({"properties": Properties(session_expiry_interval=60)} if version == MQTT_5 else {}))
+        raw.send(Subscribe(1, (Subscription("ok/x", 1),)))
+        assert isinstance(await raw.recv(), Suback)
+        raw.send(Unsubscribe(2, ("ok/x", bad)))
+        data = await raw.read_until_closed()
+        if version == MQTT_5:
+            assert data[:1] == b"\xe0" and data[2] == 0x81, (bad, data)
+        else:
+            assert data == b"", (bad, data)
+        assert len(server.hub.tree) == 1, bad  # nothing of the packet was applied
 
 
 async def test_time_paused_by_backpressure_does_not_count_against_keepalive(start_server: StartServer) -> None:
