@@ -435,10 +435,14 @@ def describe_errors(exc: ValidationError) -> str:
             hint = f" (did you mean {_path((*loc[:-1], guess[0]))}?)" if guess else ""
             lines.append(f"{where}: no such setting{hint}; every setting is listed in docs/configuration.md")
             continue
+        message = error["msg"].removeprefix("Value error, ")  # our validators' sentences stand alone
+        if error["type"] == "value_error":
+            lines.append(message if not where or where in message else f"{where}: {message}")
+            continue
         variable = _variable_of(loc)
         given = f", got {error['input']!r}" if not isinstance(error["input"], dict | list) else ""
         source = f" ({variable})" if variable and where else ""
-        lines.append(f"{where or 'settings'}{source}: {error['msg']}{given}")
+        lines.append(f"{where or 'settings'}{source}: {message}{given}")
     return "; ".join(lines)
 
 

@@ -87,6 +87,9 @@ def test_a_wrong_value_names_the_setting_and_its_variable(tmp_path: Path) -> Non
                           "got 'abc'")
     assert "errors.pydantic.dev" not in result.stderr
     assert_one_line_error(serve(tmp_path, "--log-level", "verbose"), 2, "log_level (SLUICE_LOG_LEVEL)", "'VERBOSE'")
+    half_tls = serve(tmp_path, env={"SLUICE_SECURITY__TLS_CERT": str(tmp_path / "cert.pem")})
+    assert_one_line_error(half_tls, 2, "invalid configuration: security.tls_cert and security.tls_key are set together")
+    assert "Value error" not in half_tls.stderr
 
 
 def test_a_misspelt_key_in_the_config_file_is_refused_with_a_guess(tmp_path: Path) -> None:
