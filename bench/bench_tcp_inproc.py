@@ -37,6 +37,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.bench_tcp import make_lines
 from ingest.health import HealthRegistry
@@ -102,15 +103,19 @@ class _CountingSink(IngestSink):
 
 
 async def run_devices(fmt: str, flush: str, data: bytes, count: int, data_dir: Path, devices: int,
-                      per_turn: int, ack: bool, warmup: int) -> float:
+                      per_turn: int, ack: bool, warmup: int, stream: bool = False,
+                      coalesce_ms: float | None = None) -> float:
     """Thread CPU seconds for ``count`` lines sent by ``devices`` connections, ``per_turn`` at a time, after
-    ``warmup`` lines (100 at a time, not timed: every device's route learned before)."""
+    ``warmup`` lines (100 at a time, not timed: every device's route learned before). ``stream``: the next
+    round follows after one loop iteration instead of once the round is stored. ``coalesce_ms``: the sink's
+    ``coalesce_s`` (None: the IngestSink default, 0)."""
     settings = load_settings(None, data_dir=data_dir,
                              storage={"backend": "segment", "flush": flush, "default_partitions": 4})
     store = open_store(settings)
     await store.start()
     health = HealthRegistry()
-    sink = _CountingSink(store, build_router(settings.ingest), health)
+    options: dict[str, Any] = {} if coalesce_ms is None else {"coalesce_s": coalesce_ms / 1000}
+    sink = _CountingSink(store, build_router(settings.ingest), health, **options)
     sink.reached = asyncio.Event()
     listener = TcpLineListener(TcpListenerConfig(port=0, format=fmt, ack=ack), sink, health)
     await listener.start()
@@ -142,6 +147,9 @@ async def run_devices(fmt: str, flush: str, data: bytes, count: int, data_dir: P
             for k in range(batch):
                 conns[(sent + k) % devices].send(lines[sent + k])
             sent += batch
+            if stream and sent < total and sent > warmup:
+                await asyncio.sleep(0)  # one loop iteration: the listener reads what is there
+                continue
             sink.target = sent
             done = acks if ack else sink.reached
             done.clear()
@@ -169,6 +177,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=0,
                         help="with --devices: lines sent first, 100 at a time, untimed (8000: every device learned)")
     parser.add_argument("--ack", action="store_true", help="with --devices: the listener in ack mode")
+    parser.add_argument("--stream", action="store_true",
+                        help="with --devices: each round one loop iteration after the last, not once it is stored")
+    parser.add_argument("--coalesce-ms", type=float, default=None, help="with --devices: the sink's coalescing")
     args = parser.parse_args()
     total = args.lines + args.warmup
     saved = Path(tempfile.gettempdir()) / f"bench-tcp-inproc-{args.format}-{total}.lines"
@@ -177,7 +188,7 @@ def main() -> None:
     data = saved.read_bytes()
     with tempfile.TemporaryDirectory(prefix="bench-tcp-inproc-") as tmp:
         coro = (run_devices(args.format, args.flush, data, args.lines, Path(tmp), args.devices, args.per_turn,
-                            args.ack, args.warmup)
+                            args.ack, args.warmup, args.stream, args.coalesce_ms)
                 if args.devices else run(args.format, args.flush, data, args.lines, Path(tmp)))
         if importlib.util.find_spec("uvloop") is not None:  # as bench_tcp and sluice serve run
             import uvloop
@@ -186,7 +197,9 @@ def main() -> None:
         else:
             cpu = asyncio.run(coro)
     ack = ", ack" if args.ack else ""
-    shape = f", {args.devices} connections, {args.per_turn} per turn{ack}" if args.devices else ""
+    pace = ", streamed" if args.stream else ""
+    coalesce = f", coalesce {args.coalesce_ms:g} ms" if args.coalesce_ms is not None else ""
+    shape = f", {args.devices} connections, {args.per_turn} per turn{ack}{pace}{coalesce}" if args.devices else ""
     print(f"{args.lines} {args.format} lines{shape}, flush={args.flush}: "
           f"{cpu / args.lines * 1e6:.2f} µs of thread CPU per line")
 
