@@ -416,6 +416,10 @@ class GroupCoordinator:
             return {tp: (c.offset, c.metadata) for tp, c in stored.items()}
         return {tp: (stored[tp].offset, stored[tp].metadata) if tp in stored else (-1, "") for tp in partitions}
 
+    def commits_in_flight(self, group_id: str) -> set[TopicPartition]:
+        """Partitions whose OffsetCommit is being written (accepted, not yet stored)."""
+        return {tp for tp, count in self._pending_commits.get(group_id, Counter()).items() if count > 0}
+
     async def delete_offsets(
         self, group_id: str, partitions: list[TopicPartition]
     ) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:

@@ -156,14 +156,23 @@ async def handle_offset_fetch(ctx: BrokerContext, body: Any, conn: ConnectionInf
     wanted: list[tuple[str, int]] | None = None
     if body.topics is not None:
         wanted = [(str(t.name), int(p)) for t in body.topics for p in t.partition_indexes]
-    offsets = ctx.coordinator.fetch_offsets(str(body.group_id), wanted)
+    group_id = str(body.group_id)
+    offsets = ctx.coordinator.fetch_offsets(group_id, wanted)
+    # v7's require_stable (Kafka's getOffsets): a partition with a commit still in flight, plain or in an
+    # open transaction, answers UNSTABLE_OFFSET_COMMIT and no offset, so the client retries.
+    unstable: set[tuple[str, int]] = set()
+    if getattr(body, "require_stable", False):
+        unstable = ctx.coordinator.commits_in_flight(group_id) | ctx.transactions.pending_offsets(group_id)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     keys = wanted if wanted is not None else sorted(offsets)
     for name, index in keys:
         offset, metadata = offsets.get((name, index), (-1, None))
+        error = ErrorCode.NONE
+        if (name, index) in unstable:
+            offset, metadata, error = -1, "", ErrorCode.UNSTABLE_OFFSET_COMMIT
         by_topic.setdefault(name, []).append({
             "partition_index": index, "committed_offset": offset, "committed_leader_epoch": -1,
-            "metadata": metadata if metadata is not None else "", "error_code": ErrorCode.NONE,
+            "metadata": metadata if metadata is not None else "", "error_code": error,
         })
     return {
         "throttle_time": 0,

@@ -190,6 +190,11 @@ class TransactionCoordinator:
     def transactions(self) -> list[TxnMetadata]:
         return [md for md in self._txns.values() if md.state != TxnState.DEAD]
 
+    def pending_offsets(self, group_id: str) -> set[TopicPartition]:
+        """The group's partitions with an offset committed in a transaction not yet completed (what an
+        OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for)."""
+        return {tp for md in self._txns.values() for tp in md.pending_offsets.get(group_id, ())}
+
     # ------------------------------------------------------------------ the Produce path
 
     def check_produce(self, topic: str, partition: int, header: BatchHeader) -> ErrorCode:

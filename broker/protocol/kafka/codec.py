@@ -122,7 +122,7 @@ SUPPORTED_APIS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.LIST_OFFSETS, 1, 5),
         ApiSpec(ApiKey.METADATA, 0, 8),
         ApiSpec(ApiKey.OFFSET_COMMIT, 2, 7),
-        ApiSpec(ApiKey.OFFSET_FETCH, 1, 5),
+        ApiSpec(ApiKey.OFFSET_FETCH, 1, 7),  # v6: flexible; v7: require_stable (v8+ ask for several groups)
         ApiSpec(ApiKey.FIND_COORDINATOR, 0, 2),
         ApiSpec(ApiKey.JOIN_GROUP, 0, 5),
         ApiSpec(ApiKey.HEARTBEAT, 0, 3),

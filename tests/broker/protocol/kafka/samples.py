@@ -38,7 +38,8 @@ SAMPLE_REQUESTS: dict[int, dict[str, Any]] = {
             {"partition_index": 0, "committed_offset": 2, "committed_leader_epoch": -1,
              "committed_metadata": "meta"}]}],
     },
-    ApiKey.OFFSET_FETCH: {"group_id": "sample-group", "topics": [{"name": "samples", "partition_indexes": [0, 1]}]},
+    ApiKey.OFFSET_FETCH: {"group_id": "sample-group", "topics": [{"name": "samples", "partition_indexes": [0, 1]}],
+                          "require_stable": False},
     ApiKey.FIND_COORDINATOR: {"key": "sample-group", "key_type": 0},
     ApiKey.JOIN_GROUP: {
         "group_id": "join-group", "session_timeout": 10000, "rebalance_timeout": 30000, "member_id": "",
