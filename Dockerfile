@@ -7,6 +7,8 @@
 #   docker run -p 127.0.0.1:9092:9092 -p 127.0.0.1:8883:8883 -p 127.0.0.1:8094:8094 -p 127.0.0.1:8080:8080 \
 #       -v sluice-data:/data -e SLUICE_SECURITY__SUPER_USERS='["admin"]' \
 #       -e SLUICE_KAFKA__ADVERTISED_HOST=localhost sluice:local serve
+# SLUICE_KAFKA__ADVERTISED_HOST is required: the listeners bind 0.0.0.0, and Kafka clients must be told an
+# address they can reach (serve refuses to start without it, as Kafka does).
 # (docs/security.md "Quick secure setup"; clients trust /data/tls/ca.pem.)
 FROM python:3.11-slim
 
