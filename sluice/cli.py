@@ -54,6 +54,13 @@ def _root(
     """Sluice: a stream broker for device and sensor data."""
 
 
+# The settings `sluice serve`'s flags set (error messages name the flag beside the variable).
+_SERVE_FLAGS = {"data_dir": "--data-dir", "host": "--host", "kafka.port": "--kafka-port", "mqtt.port": "--mqtt-port",
+                "tcp.port": "--tcp-port", "http.port": "--http-port", "storage.backend": "--storage",
+                "storage.flush": "--flush", "processors": "--processor", "log_level": "--log-level",
+                "log_format": "--log-format"}
+
+
 def _fail(message: str, code: int) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
@@ -103,7 +110,7 @@ def serve(
     try:
         settings = load_settings(config, **overrides)
     except ValidationError as exc:
-        raise _fail(f"invalid configuration: {describe_errors(exc)}", EXIT_CONFIG) from None
+        raise _fail(f"invalid configuration: {describe_errors(exc, _SERVE_FLAGS)}", EXIT_CONFIG) from None
     except FileNotFoundError as exc:
         raise _fail(f"invalid configuration: {exc}", EXIT_CONFIG) from None
     except tomllib.TOMLDecodeError as exc:

@@ -424,8 +424,9 @@ def _section_fields(loc: tuple[int | str, ...]) -> list[str]:
     return list(model.model_fields)
 
 
-def describe_errors(exc: ValidationError) -> str:
-    """One line per wrong setting: where it is, which variable sets it, what is wrong, and the value given."""
+def describe_errors(exc: ValidationError, flags: Mapping[str, str] | None = None) -> str:
+    """One line per wrong setting: where it is, which variable (or ``flags``: setting path -> command-line
+    flag) sets it, what is wrong, and the value given."""
     lines = []
     for error in exc.errors(include_url=False):
         loc = tuple(error["loc"])
@@ -441,7 +442,8 @@ def describe_errors(exc: ValidationError) -> str:
             continue
         variable = _variable_of(loc)
         given = f", got {error['input']!r}" if not isinstance(error["input"], dict | list) else ""
-        source = f" ({variable})" if variable and where else ""
+        flag = (flags or {}).get(where)
+        source = f" ({variable}{' or ' + flag if flag else ''})" if variable and where else ""
         lines.append(f"{where or 'settings'}{source}: {message}{given}")
     return "; ".join(lines)
 

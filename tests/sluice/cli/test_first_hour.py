@@ -83,10 +83,13 @@ def test_a_port_in_use_names_the_listener_and_the_setting_to_change(tmp_path: Pa
 
 def test_a_wrong_value_names_the_setting_and_its_variable(tmp_path: Path) -> None:
     result = serve(tmp_path, env={"SLUICE_KAFKA__PORT": "abc"})
-    assert_one_line_error(result, 2, "kafka.port (SLUICE_KAFKA__PORT): Input should be a valid integer",
+    assert_one_line_error(result, 2, "kafka.port (SLUICE_KAFKA__PORT or --kafka-port): Input should be a valid integer",
                           "got 'abc'")
     assert "errors.pydantic.dev" not in result.stderr
-    assert_one_line_error(serve(tmp_path, "--log-level", "verbose"), 2, "log_level (SLUICE_LOG_LEVEL)", "'VERBOSE'")
+    assert_one_line_error(serve(tmp_path, "--log-level", "verbose"), 2, "log_level (SLUICE_LOG_LEVEL or --log-level)",
+                          "'VERBOSE'")
+    assert_one_line_error(serve(tmp_path, "--storage", "memry"), 2,
+                          "storage.backend (SLUICE_STORAGE__BACKEND or --storage)", "got 'memry'")
     half_tls = serve(tmp_path, env={"SLUICE_SECURITY__TLS_CERT": str(tmp_path / "cert.pem")})
     assert_one_line_error(half_tls, 2, "invalid configuration: security.tls_cert and security.tls_key are set together")
     assert "Value error" not in half_tls.stderr
