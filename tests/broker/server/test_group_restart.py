@@ -31,7 +31,10 @@ from tests.broker.server.conftest import SluiceProcess
 pytestmark = pytest.mark.slow
 TOPIC = "restart-group"
 PARTITIONS = 4
-SESSION_MS = 30_000  # longer than a restart on a loaded machine; members must not time out client-side
+# Longer than a restart may take (SluiceProcess.start waits up to 120 s): members must not time out
+# client-side. At 30 s, a kill -9 and restart at load 26 took 30 s and librdkafka left the group by itself
+# ("session timed out ... without a successful response"): its next commit got UNKNOWN_MEMBER_ID.
+SESSION_MS = 120_000
 
 
 def free_port() -> int:
