@@ -29,17 +29,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections.abc import Callable
 
-import crc32c
-
+from broker import native
 from broker.log.api import LogStore, PartitionLog
 from broker.log.config import FlushPolicy
 from broker.log.keyed import keyed_records
+from ingest.mqtt import journal_batch
 
 __all__ = ["Journal", "encode_journal_batch"]
+
+encode_journal_batch = native.select(journal_batch).encode_journal_batch  # compiled when built
 
 log = logging.getLogger("ingest.mqtt")
 
@@ -220,50 +221,3 @@ def _chunks(records: list[tuple[bytes, bytes | None]]) -> list[list[tuple[bytes,
         out[-1].append((key, value))
         size += rsize
     return out
-
-
-# RecordBatch v2 framing (broker/protocol/records.py): the journal writes its own batches, since its
-# records are simple (a key, a value or a tombstone, no headers, one timestamp per batch) and it writes
-# about three per message delivered to a persistent session; the generic ``encode_batch`` (a RecordSpec
-# and a join per record) cost more than the rest of the journal together (bench_mqtt_durable's profile).
-_BEFORE_CRC = struct.Struct(">qiibI")  # base offset, batch length, leader epoch, magic, CRC
-_AFTER_CRC = struct.Struct(">hiqqqhii")  # attributes … record count: what the CRC covers
-
-
-def _zigzag(n: int) -> bytes:
-    v = n << 1 if n >= 0 else ((-n) << 1) - 1
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-_VARINTS = [_zigzag(n) for n in range(1 << 14)]  # lengths and deltas below 16 KiB: a lookup
-_NULL = _zigzag(-1)
-
-
-def encode_journal_batch(records: list[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytes:
-    """One uncompressed RecordBatch v2 (base offset 0, no producer) of ``(key, value)`` records, value None
-    for a tombstone, all stamped ``timestamp_ms``: the bytes ``encode_batch`` gives for the same records."""
-    small = _VARINTS
-    limit = len(small)
-    parts: list[bytes] = []
-    add = parts.extend
-    for delta, (key, value) in enumerate(records):
-        dv = small[delta] if delta < limit else _zigzag(delta)
-        n = len(key)
-        kv = small[n] if n < limit else _zigzag(n)
-        if value is None:
-            vv = _NULL
-            value = b""
-        else:
-            n = len(value)
-            vv = small[n] if n < limit else _zigzag(n)
-        # attributes, timestamp delta 0, offset delta, key, value, 0 headers
-        size = 3 + len(dv) + len(kv) + len(key) + len(vv) + len(value)
-        add((small[size] if size < limit else _zigzag(size), b"\x00\x00", dv, kv, key, vv, value, b"\x00"))
-    count = len(records)
-    after_crc = _AFTER_CRC.pack(0, count - 1, timestamp_ms, timestamp_ms, -1, -1, -1, count) + b"".join(parts)
-    return _BEFORE_CRC.pack(0, len(after_crc) + 9, 0, 2, crc32c.crc32c(after_crc)) + after_crc

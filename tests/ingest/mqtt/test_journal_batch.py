@@ -1,4 +1,5 @@
-"""The journal (``ingest/mqtt/journal.py``): its own RecordBatch encoder gives the bytes of the generic
+"""The journal (``ingest/mqtt/journal.py``): its own RecordBatch encoder (``journal_batch.py``, compiled
+and pure) gives the bytes of the generic
 ``records.encode_batch`` for the same records (tombstones, empty values, lengths and offset deltas past
 its small-varint table); under flush=always an fsync is asked for by whoever waits (rule 2)."""
 
@@ -7,14 +8,20 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
+from broker import native
 from broker.log.config import FlushPolicy
 from broker.log.segment import SegmentLogStore
 from broker.log.segment_partition import SegmentPartitionLog
 from broker.protocol.records import RecordSpec, decode_records, encode_batch
-from ingest.mqtt.journal import Journal, encode_journal_batch
+from ingest.mqtt import journal_batch
+from ingest.mqtt.journal import Journal
+
+# the build journal.py runs (compiled where it was built) and the pure source: both give the same bytes
+BUILDS = [native.select(journal_batch), native.pure("ingest.mqtt.journal_batch")]
 
 STAMP = 1_764_000_000_123
 
@@ -29,10 +36,11 @@ def _records(rng: random.Random, count: int) -> list[tuple[bytes, bytes | None]]
     return out
 
 
+@pytest.mark.parametrize("build", BUILDS, ids=lambda m: "compiled" if native.is_compiled(m) else "pure")
 @pytest.mark.parametrize("count", [1, 2, 64, 17_000])
-def test_same_bytes_as_encode_batch(count: int) -> None:
+def test_same_bytes_as_encode_batch(count: int, build: ModuleType) -> None:
     records = _records(random.Random(count), count)
-    ours = encode_journal_batch(records, STAMP)
+    ours = build.encode_journal_batch(records, STAMP)
     assert ours == encode_batch([RecordSpec(value, key, (), STAMP) for key, value in records])
     decoded = decode_records(ours)
     assert [(r.key, r.value) for r in decoded] == records
