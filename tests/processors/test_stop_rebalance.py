@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from processors.checkpoint import PartitionRestore
 from processors.kafka import KafkaCheckpointStore, KafkaSink
@@ -28,6 +27,7 @@ from processors.runner import EXACTLY_ONCE, Runner, RunnerConfig
 from processors.scaleout import build_stages
 from tests.processors.test_runner import sensor_pipeline
 from tests.processors.test_standalone import finals, heartbeat_all, produce, read_all
+from tests.processors.test_txn_fencing import committed, end_offsets
 from tests.processors.workloads import batch_window_means, sensor_readings
 from tests.sluice_server import SluiceProcess
 
@@ -112,9 +112,9 @@ async def test_a_rebalance_during_stop_commits_the_final_interval_before_the_rej
     assert runner.failed is None
     assert (runner.partitions_lost, sink.transactions_committed, sink.transactions_aborted,
             runner.checkpoints_written) == (0, 1, 0, 1)
-    ends = await _ends(bootstrap, topic)
+    ends = await end_offsets(bootstrap, topic)
     written = {tp: end for tp, end in ends.items() if end > 0}  # a partition nothing was read from has no offset
-    assert await _committed(bootstrap, group) == written
+    assert await committed(bootstrap, group) == written
     # the checkpoint committed with them holds every partition read to its end: the next owner restores there
     restores = await _restores(bootstrap, pipeline.name)
     assert {TopicPartition(*tp): r.offset for tp, r in restores.items() if r.offset >= 0} == written
@@ -127,25 +127,6 @@ async def _emitted(runner: Runner, count: int) -> None:
     while runner.records_out < count:
         assert runner.failed is None, runner.failed
         await asyncio.sleep(0.05)
-
-
-async def _ends(bootstrap: str, topic: str) -> dict[TopicPartition, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-    await consumer.start()
-    try:
-        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in range(PARTITIONS)])
-        return {tp: int(offset) for tp, offset in ends.items()}
-    finally:
-        await consumer.stop()
-
-
-async def _committed(bootstrap: str, group: str) -> dict[TopicPartition, int]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        return {tp: meta.offset for tp, meta in (await admin.list_consumer_group_offsets(group)).items()}
-    finally:
-        await admin.close()
 
 
 async def _restores(bootstrap: str, pipeline: str) -> dict[tuple[str, int], PartitionRestore]:
