@@ -103,6 +103,7 @@ async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_
             while not feeding.done() or time.monotonic() < until:
                 if await results_open():
                     proc.proc.send_signal(signal.SIGSTOP)
+                    await asyncio.sleep(0.2)  # a commit sent just before the stop lands before the look
                     if await results_open():
                         return True
                     proc.proc.send_signal(signal.SIGCONT)

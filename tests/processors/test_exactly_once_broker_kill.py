@@ -121,6 +121,7 @@ async def test_broker_kill_9_at_random_points_read_committed_sees_every_window_e
                 supervise()
                 if await results_open():
                     proc.proc.send_signal(signal.SIGSTOP)
+                    await asyncio.sleep(0.2)  # a commit sent just before the stop lands before the look
                     if opened := await results_open():
                         return opened
                     proc.proc.send_signal(signal.SIGCONT)
