@@ -98,6 +98,8 @@ async def handle_leave_group(ctx: BrokerContext, body: Any, conn: ConnectionInfo
         return {"throttle_time": 0, "error_code": int(codes[0] if codes and top == ErrorCode.NONE else top)}
     members = [(str(m.member_id), m.group_instance_id) for m in body.members]
     top, codes = await ctx.coordinator.leave_members(str(body.group_id), members)
+    if top != ErrorCode.NONE:  # Kafka's leaveError: the top-level code and no member list
+        return {"throttle_time": 0, "error_code": int(top), "members": []}
     return {
         "throttle_time": 0,
         "error_code": int(top),

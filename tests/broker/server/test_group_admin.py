@@ -221,3 +221,12 @@ def test_a_static_members_old_incarnation_is_fenced_not_told_to_rejoin(
             new.close()
     finally:
         old.close()
+
+
+def test_leaving_the_empty_group_id_answers_invalid_group_id_with_no_members(
+    kafka_python_admin: KafkaAdminClient,
+) -> None:
+    # Kafka's handleLeaveGroup: INVALID_GROUP_ID at the top level and an empty member list (the fuzz
+    # campaign found this answered UNKNOWN_SERVER_ERROR with a traceback: one code per member expected)
+    with pytest.raises(kafka_errors.InvalidGroupIdError):
+        kafka_python_admin.remove_group_members("", [MemberToRemove(group_instance_id="i")])
