@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, overload
 
 from ingest.line_writes import LineOutcome, LineWrite
 from ingest.routing import SourceRef
-from ingest.sink import _MESSAGE_OVERHEAD
 
 if TYPE_CHECKING:
     from ingest.sink import IngestSink
@@ -94,7 +93,7 @@ class LineTurns:
         or ``notify(None, failure)`` is called instead (a protocol's read, no future per read)."""
         slot = (source, columns)
         turn = self._open.get(slot)
-        charge = _MESSAGE_OVERHEAD * len(lines) + nbytes  # IngestSink.line_charge
+        charge = self.sink.line_charge(len(lines), nbytes)
         if turn is None or turn.charge + charge > self.sink.max_pending_bytes:
             # a new turn; also when this read would make the turn larger than the whole budget (a turn is
             # reserved at once: the budget bounds what is pending only if each turn fits in it)
