@@ -2,7 +2,8 @@
 
 ``GroupCoordinator`` (coordinator.py) answers JoinGroup/SyncGroup/Heartbeat/LeaveGroup/OffsetCommit/
 OffsetFetch/DescribeGroups/ListGroups/DeleteGroups for the Kafka front; ``Group`` (group.py) is the
-per-group state machine, answers.py its settings and results; ``OffsetStore`` (offsets.py) keeps
+per-group state machine, member_checks.py the checks of its requests that leave its state alone
+(Heartbeat, commits), answers.py its settings and results; ``OffsetStore`` (offsets.py) keeps
 committed offsets in memory or durably on disk; assignment.py decodes the consumer protocol's
 assignment bytes for tooling.
 """

@@ -45,20 +45,10 @@ Rules:
    the leader's SyncGroup stores the assignments (members it left out get empty bytes), which makes
    the group Stable and answers every parked SyncGroup with the member's own assignment; in Stable
    the member's assignment is returned at once.
-7. Heartbeat: unknown member → UNKNOWN_MEMBER_ID; wrong generation → ILLEGAL_GENERATION;
-   PreparingRebalance → REBALANCE_IN_PROGRESS; otherwise NONE. Heartbeats, JoinGroup, SyncGroup and
-   accepted commits push the member's session deadline to now + session timeout.
 8. A member whose session deadline passes is removed as if it had left, unless it has a parked
    JoinGroup or SyncGroup (the rebalance deadline or the leader's sync governs those); answering a
    parked request restarts the member's session clock. Removing a member with a parked request
    answers it with UNKNOWN_MEMBER_ID.
-9. Offset commits, checked in Kafka's order (``validateOffsetCommit``): Dead → COORDINATOR_NOT_AVAILABLE;
-   generation < 0 on an Empty group is a standalone commit (no membership); with a generation >= 0,
-   a member id or an instance id: the instance id must be held (UNKNOWN_MEMBER_ID) by this member
-   (FENCED_INSTANCE_ID), the member must exist (UNKNOWN_MEMBER_ID), the generation must be the current
-   one (ILLEGAL_GENERATION); with none of them a non-Empty group answers UNKNOWN_MEMBER_ID; only then
-   CompletingRebalance → REBALANCE_IN_PROGRESS. Commits are allowed in PreparingRebalance (consumers
-   commit while revoking partitions).
 10. The generation never decreases; a member is in at most one of: pending, parked join, parked sync.
 11. Static membership (``group_instance_id``): such a member never gets MEMBER_ID_REQUIRED. Joining
     with an empty member id while another member holds the instance id (a restarted process) swaps
@@ -71,11 +61,6 @@ Rules:
     have assigned to the old id); in PreparingRebalance the new id simply joins the rebalance.
     A non-empty member id naming an instance id nobody holds gets UNKNOWN_MEMBER_ID; one that does
     not hold the instance id it names gets FENCED_INSTANCE_ID.
-12. TxnOffsetCommit (Kafka's validateOffsetCommit with isTransactional, KIP-447): the member checks
-    of rule 9 in its order when the request names a generation >= 0, a member id or an instance id
-    (v3 does: a producer whose consumer lost its partitions is refused, and aborts); without them
-    (v0-v2) the offsets are accepted whatever the state. CompletingRebalance refuses nothing here and
-    no session restarts (a transaction's commit is no sign of life of the consumer).
 13. Persistence (Kafka's ``storeGroup``): the group asks its coordinator to write its metadata
     (``Effects.store``) at three points, and nowhere else. (a) The leader's SyncGroup in
     CompletingRebalance parks the leader too and asks to store the generation with its assignments;
@@ -92,10 +77,8 @@ Rules:
     dropped; otherwise the instance id, if given, must be held (UNKNOWN_MEMBER_ID) by this member id
     (FENCED_INSTANCE_ID), and the member id must be a member (UNKNOWN_MEMBER_ID). A member removed
     is handled as one whose session expired (rule 8's removal: rebalance, or Empty).
-15. Heartbeat and SyncGroup v3+ name the instance id too, and are checked as Kafka checks them
-    (``validateCurrentMember``) before the generation: an old incarnation of a static member gets
-    FENCED_INSTANCE_ID (clients stop: librdkafka raises a fatal error), not UNKNOWN_MEMBER_ID (which
-    would make it join again and fence the new incarnation in turn).
+Rules 7, 9, 12 and 15 (Heartbeat, the member checks of offset commits, ``validateCurrentMember``:
+checks that never change the group's state) live with their code in member_checks.py.
 """
 
 from __future__ import annotations
@@ -113,6 +96,7 @@ from broker.groups.answers import (
     SyncResult,
 )
 from broker.groups.member import Effects, InitialDelay, Member, StoreGroup
+from broker.groups.member_checks import MemberChecks
 from broker.protocol.kafka_codes import ErrorCode
 
 __all__ = [
@@ -131,7 +115,7 @@ __all__ = [
 ]
 
 
-class Group:
+class Group(MemberChecks):
     """The membership state of one group. Not thread-safe; one event loop drives it."""
 
     def __init__(self, group_id: str, settings: GroupSettings | None = None) -> None:
@@ -304,19 +288,7 @@ class Group:
         if self.leader_id == new_id:
             self.leader_id = old.member_id
 
-    # ------------------------------------------------------------------ Heartbeat, LeaveGroup
-
-    def heartbeat(self, now: float, generation_id: int, member_id: str, group_instance_id: str | None = None
-                  ) -> ErrorCode:
-        if self.state is GroupState.DEAD:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        error = self._current_member_error(member_id, group_instance_id)
-        if error != ErrorCode.NONE:
-            return error
-        error = self._touch_member(now, generation_id, member_id)
-        if error is ErrorCode.NONE and self.state is GroupState.PREPARING_REBALANCE:
-            return ErrorCode.REBALANCE_IN_PROGRESS
-        return error
+    # ------------------------------------------------------------------ LeaveGroup
 
     def leave(self, now: float, member_ids: Sequence[str]) -> tuple[dict[str, ErrorCode], Effects]:
         """LeaveGroup v0-v2 (and tests): members named by member id only."""
@@ -350,47 +322,7 @@ class Group:
             codes.append(ErrorCode.NONE)
         return codes, effects
 
-    # ------------------------------------------------------------------ offsets, time, description
-
-    def validate_commit(
-        self, now: float, generation_id: int, member_id: str, group_instance_id: str | None = None
-    ) -> ErrorCode:
-        """Rule 9: may this (generation, member) commit offsets now? (A member's session restarts.)"""
-        error = self.validate_txn_commit(generation_id, member_id, group_instance_id)
-        if error != ErrorCode.NONE or (generation_id < 0 and self.state is GroupState.EMPTY):
-            return error
-        if generation_id >= 0 or member_id or group_instance_id:
-            self.members[member_id].touch(now)
-        elif self.state is not GroupState.EMPTY:
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        if self.state is GroupState.COMPLETING_REBALANCE:
-            return ErrorCode.REBALANCE_IN_PROGRESS
-        return ErrorCode.NONE
-
-    def validate_txn_commit(self, generation_id: int, member_id: str, group_instance_id: str | None = None
-                            ) -> ErrorCode:
-        """Rule 12: may a TxnOffsetCommit naming this (generation, member, instance) add offsets?"""
-        if self.state is GroupState.DEAD:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if generation_id < 0 and self.state is GroupState.EMPTY:
-            return ErrorCode.NONE
-        if generation_id >= 0 or member_id or group_instance_id:
-            error = self._current_member_error(member_id, group_instance_id)
-            if error != ErrorCode.NONE:
-                return error
-            if generation_id != self.generation_id:
-                return ErrorCode.ILLEGAL_GENERATION
-        return ErrorCode.NONE
-
-    def _touch_member(self, now: float, generation_id: int, member_id: str) -> ErrorCode:
-        """A known member of the current generation is alive as of ``now``; otherwise its error."""
-        member = self.members.get(member_id)
-        if member is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        if generation_id != self.generation_id:
-            return ErrorCode.ILLEGAL_GENERATION
-        member.touch(now)
-        return ErrorCode.NONE
+    # ------------------------------------------------------------------ time, description
 
     def tick(self, now: float) -> Effects:
         """Expire pending ids and silent members, and complete a rebalance whose time has come."""
@@ -591,20 +523,6 @@ class Group:
         order = [name for name, _ in leader.protocols if name in candidates]
         best = max(votes.values())
         return next(name for name in order if votes.get(name, 0) == best)
-
-    def _current_member_error(self, member_id: str, group_instance_id: str | None) -> ErrorCode:
-        """Kafka's ``validateCurrentMember`` (rule 15): an instance id, if given, must be held
-        (UNKNOWN_MEMBER_ID) by this member id (FENCED_INSTANCE_ID); the member id must be a member."""
-        if group_instance_id:
-            holder = self._instance_holder(group_instance_id)
-            if holder is None:
-                return ErrorCode.UNKNOWN_MEMBER_ID
-            if holder != member_id:
-                return ErrorCode.FENCED_INSTANCE_ID
-        return ErrorCode.NONE if member_id in self.members else ErrorCode.UNKNOWN_MEMBER_ID
-
-    def _instance_holder(self, group_instance_id: str) -> str | None:
-        return next((m.member_id for m in self.members.values() if m.group_instance_id == group_instance_id), None)
 
     def _replace_static(
         self,
