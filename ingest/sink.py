@@ -13,18 +13,13 @@ never dead-lettered, and ``write`` raises ``SinkError`` so the caller does not a
 device keeps the data and sends it again. The same holds when even the dead-letter append fails.
 Records of other partitions that were stored before the failure may then arrive twice (at least once).
 
-Backpressure: ``write`` first reserves the payload bytes of its messages from a budget of
-``max_pending_bytes`` (bytes accepted but not yet durable). When the budget is used up, callers wait
-in FIFO order — a listener that awaits ``write`` before reading more simply stops reading its socket,
-so the sender's TCP window fills. ``saturated`` and ``wait_writable()`` let listeners that read
-independently of their writes (MQTT, pipelined readers) pause their reads too. One call larger than
-the whole budget is let through alone, so nothing deadlocks.
+Backpressure (backpressure.py): ``write`` first reserves the payload bytes of its messages from a budget
+of ``max_pending_bytes`` (bytes accepted but not yet durable) and waits while it is used up.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +33,7 @@ from broker.protocol import prepared_records
 from broker.protocol.prepared_records import PreparedRecord
 from broker.protocol.records import Headers, RecordTuple, encode_headers, encode_key, encode_record_tuples
 from ingest.append_journal import journal_appends
+from ingest.backpressure import MESSAGE_OVERHEAD, WriteBudget
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry
 from ingest.line_kernels import LineTarget
@@ -53,7 +49,6 @@ log = logging.getLogger("ingest.sink")
 _encode_prepared = native.select(prepared_records).encode_prepared_records  # compiled when built
 
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
-_MESSAGE_OVERHEAD = 64  # bytes charged per message beyond its payload (headers, bookkeeping)
 _MAX_BATCH_BYTES = 512 * 1024  # records per RecordBatch, well below max.message.bytes
 _RECORD_OVERHEAD = 32
 
@@ -116,7 +111,7 @@ class _Letter:
     device: str | None
 
 
-class IngestSink:
+class IngestSink(WriteBudget):
     def __init__(
         self,
         store: LogStore,
@@ -128,8 +123,7 @@ class IngestSink:
         clock: Callable[[], float] = time.time,
         coalesce_s: float = 0.0,
     ) -> None:
-        if max_pending_bytes <= 0:
-            raise ValueError("max_pending_bytes must be positive")
+        super().__init__(health, max_pending_bytes)
         if coalesce_s < 0:
             raise ValueError("coalesce_s must not be negative")
         # Line sources without answers: a small write within this long of the last one waits for it
@@ -137,14 +131,8 @@ class IngestSink:
         self.coalesce_s = coalesce_s
         self.store = store
         self.router = router
-        self.health = health
         self.dead_letter_topic = dead_letter_topic
-        self.max_pending_bytes = max_pending_bytes
         self._clock = clock
-        self._pending = 0
-        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
-        self._writable = asyncio.Event()
-        self._writable.set()
         self.messages_written = 0
         self.dead_lettered = 0
         self.storage_failures = 0  # writes refused because the log could not store them (never dead-lettered)
@@ -155,70 +143,6 @@ class IngestSink:
         from ingest.line_turns import LineTurns  # (imports this module)
 
         self.line_turns = LineTurns(self)  # ingest_lines: one write per source per loop turn
-
-    # -- backpressure ---------------------------------------------------------------------------
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes accepted by ``write`` calls that have not returned yet (not yet durable)."""
-        return self._pending
-
-    @property
-    def saturated(self) -> bool:
-        """True while new writes would wait: listeners should stop reading their sockets."""
-        return self._pending >= self.max_pending_bytes or bool(self._waiters)
-
-    async def wait_writable(self) -> None:
-        """Return once the sink has room again (immediately when it has)."""
-        while self.saturated:
-            self._writable.clear()
-            await self._writable.wait()
-
-    def _update_writable(self) -> None:
-        if self.saturated:
-            self._writable.clear()
-        else:
-            self._writable.set()
-
-    async def _reserve(self, source: SourceRef, nbytes: int) -> None:
-        fits = self._pending + nbytes <= self.max_pending_bytes or self._pending == 0
-        if fits and not self._waiters:
-            self._pending += nbytes
-            self._update_writable()
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (nbytes, future)
-        self._waiters.append(entry)
-        self._update_writable()
-        self.health.pause_started(source)
-        try:
-            await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
-                self._release(nbytes)  # granted just as we were cancelled: give it back
-            elif entry in self._waiters:
-                self._waiters.remove(entry)
-                self._grant()
-            raise
-        finally:
-            self.health.pause_ended(source)
-
-    def _release(self, nbytes: int) -> None:
-        self._pending -= nbytes
-        self._grant()
-
-    def _grant(self) -> None:
-        while self._waiters:
-            nbytes, future = self._waiters[0]
-            if future.done():
-                self._waiters.popleft()
-                continue
-            if self._pending + nbytes > self.max_pending_bytes and self._pending > 0:
-                break
-            self._waiters.popleft()
-            self._pending += nbytes
-            future.set_result(None)
-        self._update_writable()
 
     # -- the write path -------------------------------------------------------------------------
 
@@ -262,23 +186,6 @@ class IngestSink:
         assert outcome is not None
         return outcome
 
-    @staticmethod
-    def line_charge(lines: int, nbytes: int) -> int:
-        """What ``lines`` lines of ``nbytes`` bytes in all take from the pending-bytes budget."""
-        return _MESSAGE_OVERHEAD * lines + nbytes
-
-    def has_room(self, nbytes: int) -> bool:
-        """Whether ``try_reserve(nbytes)`` would reserve now (``_reserve`` would not wait)."""
-        return not self._waiters and (self._pending + nbytes <= self.max_pending_bytes or self._pending == 0)
-
-    def try_reserve(self, nbytes: int) -> bool:
-        """Reserve ``nbytes`` of the budget now if that needs no waiting (``_reserve`` would not wait)."""
-        if not self.has_room(nbytes):
-            return False
-        self._pending += nbytes
-        self._update_writable()
-        return True
-
     async def ingest_from(self, source: SourceRef, device: str | None, messages: Sequence[DeviceMessage]) -> None:
         """``ingest`` of messages from one ``device`` (an MQTT client's appends): the same records, dead
         letters and health counts, without a ``RawMessage`` per message when the router has a plan for
@@ -286,7 +193,7 @@ class IngestSink:
         ``_write`` message by message."""
         if not messages:
             return
-        charge = _MESSAGE_OVERHEAD * len(messages) + sum([len(m[1]) for m in messages])
+        charge = MESSAGE_OVERHEAD * len(messages) + sum([len(m[1]) for m in messages])
         await self._reserve(source, charge)
         self.health.add_in_flight(source, len(messages))
         try:
@@ -359,7 +266,7 @@ class IngestSink:
     async def _reserved(
         self, source: SourceRef, messages: Sequence[RawMessage | Rejected], outcomes: list[WriteOutcome] | None
     ) -> None:
-        charge = _MESSAGE_OVERHEAD * len(messages)
+        charge = MESSAGE_OVERHEAD * len(messages)
         for m in messages:
             charge += len(m.payload if isinstance(m, RawMessage) else m.original)
         await self._reserve(source, charge)
