@@ -78,51 +78,57 @@ async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_
 
     proc = start()
     chunks = [readings[i : i + 1_000] for i in range(0, len(readings), 1_000)]
-    kills = failed_restarts = frozen_in_open_transaction = 0
+    kills = failed_restarts = frozen_in_open_transaction = redrawn = 0
 
-    async def freeze_inside_open_transaction(proc: Processor, feeding: asyncio.Task[None]) -> bool:
+    async def freeze_inside_open_transaction(proc: Processor, feeding: asyncio.Task[None]) -> OpenSpans:
         """Stop the processor (SIGSTOP) while its open transaction holds results (an alerts partition's high
         watermark past its last stable offset) and look again: stopped, it cannot commit, so the kill that
-        follows cuts that transaction. A commit that landed between the look and the stop lets it go on
-        (SIGCONT; stopped for two offset look-ups, well inside its session timeout). The input comes in
-        slices meanwhile, so there are new results to catch (10 s at most after it: a long pause would make
-        every partition idle for the pipeline)."""
+        follows cuts that transaction, unless an EndTxn it sent just before the stop is still on its way
+        through the broker (the caller looks at the outcome). A commit that landed between the look and the
+        stop lets it go on (SIGCONT; stopped for two offset look-ups, well inside its session timeout). The
+        input comes in slices meanwhile, so there are new results to catch (10 s at most after it: a long
+        pause would make every partition idle for the pipeline). Answers the open records' offsets."""
         tps = [TopicPartition(env["SENSORS_ALERTS"], p) for p in range(PARTITIONS)]
         ends = {level: AIOKafkaConsumer(bootstrap_servers=eos_bootstrap, isolation_level=level)
                 for level in ("read_uncommitted", "read_committed")}
         for consumer in ends.values():
             await consumer.start()
 
-        async def results_open() -> bool:
+        async def results_open() -> OpenSpans:
             high = await ends["read_uncommitted"].end_offsets(tps)
             stable = await ends["read_committed"].end_offsets(tps)
-            return any(high[tp] > stable[tp] for tp in tps)
+            return {tp: (stable[tp], high[tp]) for tp in tps if high[tp] > stable[tp]}
 
         try:
             until = time.monotonic() + 10
             while not feeding.done() or time.monotonic() < until:
                 if await results_open():
                     proc.proc.send_signal(signal.SIGSTOP)
-                    await asyncio.sleep(0.2)  # a commit sent just before the stop lands before the look
-                    if await results_open():
-                        return True
+                    await asyncio.sleep(0.2)  # a commit sent just before the stop mostly lands before the look
+                    if spans := await results_open():
+                        return spans
                     proc.proc.send_signal(signal.SIGCONT)
                 await asyncio.sleep(rng.uniform(0, 0.05))
-            return False
+            return {}
         finally:
             for consumer in ends.values():
                 await consumer.stop()
 
     try:
         for i, chunk in enumerate(chunks):
-            if i % 3 != 1:
+            # the second round, and each later chunk until one has cut a transaction (a commit in flight at
+            # the stop ends it committed), kills the processor stopped inside its open transaction
+            freeze = kills == 1 or (kills > 1 and not frozen_in_open_transaction)
+            if i % 3 != 1 and not (freeze and kills > 1):
                 await produce(eos_bootstrap, env["SENSORS_INPUT"], chunk)
                 continue
+            redrawn += i % 3 != 1
             deadline = time.monotonic() + 60
             while not proc.restored():  # this instance owns the partitions
                 assert time.monotonic() < deadline and proc.proc.poll() is None, proc.log.read_text()[-3000:]
                 await asyncio.sleep(0.05)
-            if kills != 1 and rng.random() < 0.5:
+            spans: OpenSpans = {}
+            if not freeze and rng.random() < 0.5:
                 feeding = asyncio.create_task(produce(eos_bootstrap, env["SENSORS_INPUT"], chunk))
                 await asyncio.sleep(rng.uniform(0.1, 2.5))  # anywhere in its work
             else:  # inside an open transaction with results written (always in the second round)
@@ -131,12 +137,14 @@ async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_
                     assert time.monotonic() < deadline and proc.proc.poll() is None, proc.log.read_text()[-3000:]
                     await asyncio.sleep(0.3)
                 feeding = asyncio.create_task(produce_in_slices(eos_bootstrap, env["SENSORS_INPUT"], chunk))
-                frozen_in_open_transaction += await freeze_inside_open_transaction(proc, feeding)
+                spans = await freeze_inside_open_transaction(proc, feeding)
             proc.kill9()
             kills += 1
             await feeding
             # same instance id: its start fences the killed one and aborts the transaction it left open
             proc = start()
+            if spans:  # that transaction's results, once decided: aborted (cut), or committed (it was ending)
+                frozen_in_open_transaction += await aborted_among(eos_bootstrap, spans) > 0
         await heartbeat_all(eos_bootstrap, env["SENSORS_INPUT"], readings[-1]["ts"] + 60_000)
         # Like a supervisor (systemd, Kubernetes), restart an instance that exited 1: seen when aiokafka's
         # transactional producer kept refreshing metadata for one topic only, so batches for another found
@@ -151,7 +159,7 @@ async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_
             await asyncio.sleep(0.3)
     finally:
         assert proc.stop() == 0, proc.log.read_text()[-3000:]
-    assert kills == sized(2, 4)
+    assert kills == sized(2, 4) + redrawn
     assert len(instances) == kills + 1 + failed_restarts
     restores = [i.restored() for i in instances]  # per instance, what each assignment restored
     assert all(restores) and restores[0][0] == "{}", restores
@@ -174,10 +182,40 @@ async def test_kill_9_at_random_points_read_committed_sees_every_window_exactly_
     assert sorted(alerts) == batch_jump_alerts(readings)
     # the kills did cut intervals short: results were written in them, and aborted
     written = await read_all(eos_bootstrap, env["SENSORS_ALERTS"])
-    print(f"alerts: {len(alerts)} committed, {len(written)} written; "
-          f"kills of a processor stopped inside an open transaction: {frozen_in_open_transaction}")
+    print(f"alerts: {len(alerts)} committed, {len(written)} written; kills of a processor stopped inside an "
+          f"open transaction that then aborted: {frozen_in_open_transaction} (rounds re-drawn: {redrawn})")
     assert frozen_in_open_transaction >= 1
     assert len(written) > len(alerts)
+
+
+OpenSpans = dict[TopicPartition, tuple[int, int]]  # per partition, offsets [first, end) in an open transaction
+
+
+async def aborted_among(bootstrap: str, spans: OpenSpans) -> int:
+    """Waits until the records in ``spans`` are decided (each partition's last stable offset at or past the
+    span's end), then answers how many of them a read_committed reader does not get: aborted."""
+    seen: dict[str, set[tuple[int, int]]] = {}
+    for isolation_level in ("read_committed", "read_uncommitted"):
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                    isolation_level=isolation_level)
+        await consumer.start()
+        try:
+            tps = list(spans)
+            consumer.assign(tps)
+            deadline = time.monotonic() + 120  # the next instance's start fences the killed one and aborts
+            while isolation_level == "read_committed" and any(
+                    stable < spans[tp][1] for tp, stable in (await consumer.end_offsets(tps)).items()):
+                assert time.monotonic() < deadline, ("the open transaction was never decided", spans)
+                await asyncio.sleep(0.1)
+            for tp, (first, _) in spans.items():
+                consumer.seek(tp, first)
+            offsets = seen.setdefault(isolation_level, set())
+            while any([await consumer.position(tp) < spans[tp][1] for tp in tps]):
+                for tp, messages in (await consumer.getmany(timeout_ms=500)).items():
+                    offsets.update((tp.partition, m.offset) for m in messages if m.offset < spans[tp][1])
+        finally:
+            await consumer.stop()
+    return len(seen["read_uncommitted"] - seen["read_committed"])
 
 
 async def produce_in_slices(bootstrap: str, topic: str, rows: list[dict[str, Any]], size: int = 100) -> None:
