@@ -170,7 +170,11 @@ async def test_a_producer_whose_member_left_the_group_is_refused_aborts_and_goes
     await produce(bootstrap, "fence-in", sensor_readings(0.1))
     consumer = AIOKafkaConsumer("fence-in", bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
     await consumer.start()
-    await consumer.getmany(timeout_ms=3000)  # joined: it has a generation and a member id
+    # joined: it has a generation and a member id (a fixed 3 s wait may end before the join on a loaded machine)
+    deadline = time.monotonic() + 60
+    while not consumer.assignment():
+        assert time.monotonic() < deadline, "the consumer never joined its group"
+        await consumer.getmany(timeout_ms=200)
     coordinator = consumer._coordinator
     member: GroupMember | None = GroupMember(coordinator.generation, coordinator.member_id)
     sink = KafkaSink(bootstrap, transactional_id=f"{group}-t")
@@ -237,7 +241,9 @@ async def test_a_member_slower_to_revoke_than_its_session_timeout_keeps_its_plac
             await asyncio.sleep(5)  # 2.5 session timeouts
 
     await source.start(on_assigned, on_revoked)
-    other = AIOKafkaConsumer("slow-in", bootstrap_servers=bootstrap, group_id=group, session_timeout_ms=2000,
+    # the bystander's session is no part of the claim: long enough that a loaded host does not end it (a
+    # third rebalance would break the generation count below)
+    other = AIOKafkaConsumer("slow-in", bootstrap_servers=bootstrap, group_id=group, session_timeout_ms=10_000,
                              heartbeat_interval_ms=300, enable_auto_commit=False)
     try:
         deadline = time.monotonic() + 60
