@@ -25,10 +25,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from sluice.cli import app
-from tests.clients.mosquitto import Mosquitto
+from tests.ingest.mqtt.mosquitto import Mosquitto
 from tests.sluice_server import SluiceProcess
 
 BRIDGE = "site"
+BRIDGE_CLIENT = f"bridge-{uuid.uuid4().hex[:6]}"
 WIDE = {"COLUMNS": "200"}  # rich tables are not squeezed to 80 columns
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -60,13 +61,13 @@ def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
     broker = Mosquitto(tmp_path_factory.mktemp("front-mosquitto"))
     broker.start()
     yield broker
-    broker.cleanup()
+    broker.stop()
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, mosquitto: Mosquitto) -> Iterator[SluiceProcess]:
     bridges = [{"name": BRIDGE, "host": "127.0.0.1", "port": mosquitto.port, "topics": ["plant/#"],
-                "client_id": f"bridge-{uuid.uuid4().hex[:6]}", "backoff_initial_s": 0.1, "backoff_max_s": 0.5}]
+                "client_id": BRIDGE_CLIENT, "backoff_initial_s": 0.1, "backoff_max_s": 0.5}]
     data = Path(tmp_path_factory.mktemp("front-metrics")) / "data"
     proc = SluiceProcess(data, env={"SLUICE_MQTT__BRIDGES": json.dumps(bridges)}).start()
     yield proc
@@ -151,7 +152,9 @@ def test_bridge_status_metrics_and_sources(server: SluiceProcess, mosquitto: Mos
         assert resp.status_code == 200
         return dict(resp.json())
 
-    wait_for(lambda: bridge()["connected"], "the bridge to connect")
+    # "connected" is set at the CONNACK, before the bridge's SUBSCRIBE: a message published to Mosquitto
+    # before the subscription is in place is not queued for the bridge (a fresh session)
+    wait_for(lambda: mosquitto.subscribed(BRIDGE_CLIENT, "plant/#"), "the bridge to subscribe")
     payloads = [f"state {i}".encode() for i in range(12)]
     paho_publish(mosquitto.port, "plant/line1/state", payloads, "plant-device")
     status = wait_for(lambda: (b := bridge())["acked"] == 12 and b, "the bridge to move and ack 12 messages")
