@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker import native
 from broker.errors import BrokerError, StorageError
-from broker.log.api import PartitionLog
+from broker.log.partition_log import PartitionLog
 from broker.protocol.records import encode_headers, encode_key
 from ingest import line_kernels
 from ingest.append_journal import APPEND_JOURNAL, journal_appends

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 import crc32c
 
 from broker.errors import BrokerError
-from broker.log.api import LogStore, PartitionLog
+from broker.log.api import LogStore
+from broker.log.partition_log import PartitionLog
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import (
     ATTR_TRANSACTIONAL,

@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from broker.errors import BrokerError, OffsetOutOfRangeError
-from broker.log.api import LogStore, PartitionLog, wait_for_any
+from broker.log.api import LogStore
+from broker.log.partition_log import PartitionLog, wait_for_any
 from broker.protocol.records import RecordSpec, split_complete_batches
 from processors.errors import SourceError
 from processors.executor import OutRecord, TopicPartition

@@ -1,8 +1,9 @@
 """Partitioned append-only logs: the ``LogStore`` interface and its two implementations."""
 
-from broker.log.api import AppendResult, LogStore, PartitionLog, TopicInfo
+from broker.log.api import LogStore, TopicInfo
 from broker.log.config import FlushPolicy, TopicConfig, validate_topic_name
 from broker.log.memory import MemoryLogStore
+from broker.log.partition_log import AppendResult, PartitionLog
 from broker.log.partitioner import murmur2, partition_for_key
 from broker.log.segment import SegmentLogStore, SegmentPartitionLog
 

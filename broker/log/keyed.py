@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from broker.log.api import PartitionLog
+from broker.log.partition_log import PartitionLog
 from broker.protocol.records import decode_records, split_complete_batches
 
 __all__ = ["keyed_records"]

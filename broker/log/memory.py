@@ -9,8 +9,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from broker.log.api import BatchParts, LogStore, PartitionLog, TopicInfo
+from broker.log.api import LogStore, TopicInfo
 from broker.log.config import TopicConfig
+from broker.log.partition_log import BatchParts, PartitionLog
 from broker.protocol.records import BatchHeader, decode_header
 
 __all__ = ["MemoryLogStore", "MemoryPartitionLog"]

@@ -35,11 +35,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from broker.errors import StorageError
-from broker.log.api import LogStore, PartitionLimits, PartitionLog, TopicInfo
+from broker.log.api import LogStore, PartitionLimits, TopicInfo
 from broker.log.config import TopicConfig, Visibility
 from broker.log.fdcache import FdCache, default_fd_limit
 from broker.log.files import DirLock, atomic_write, fsync_dir, read_json
 from broker.log.indexcache import DEFAULT_INDEX_CACHE_BYTES, IndexCache
+from broker.log.partition_log import PartitionLog
 from broker.log.recovery import (
     CLEAN_MARKER,
     RecoveryPoint,

@@ -31,12 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from broker.errors import StorageError
-from broker.log.api import BatchParts, PartitionLog
 from broker.log.config import FlushPolicy, TopicConfig, Visibility
 from broker.log.fdcache import FdCache
 from broker.log.files import UNSUPPORTED_ERRNOS, atomic_write, read_json, reserve_blocks, write_all, write_all_parts
 from broker.log.flusher import Flusher
 from broker.log.indexcache import UNBOUNDED_INDEXES, IndexCache
+from broker.log.partition_log import BatchParts, PartitionLog
 from broker.log.recovery import RecoveryPoint
 from broker.log.segment_file import MAX_RELATIVE_OFFSET, MAX_SEGMENT_BYTES, UNBOUNDED_FDS, Segment
 from broker.protocol.records import BatchHeader

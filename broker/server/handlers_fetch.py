@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from broker.errors import BrokerError
-from broker.log.api import PartitionLog, wait_for_any
+from broker.log.partition_log import PartitionLog, wait_for_any
 from broker.protocol.compression import DEFAULT_DECOMPRESS_LIMIT
 from broker.protocol.kafka.fetch import FetchPartitionResponse, FetchResponse, FetchTopicResponse
 from broker.protocol.kafka_codes import ErrorCode

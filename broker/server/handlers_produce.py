@@ -16,7 +16,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from broker.errors import BrokerError, InvalidRecordError, StorageError, UnknownTopicError
-from broker.log.api import PartitionLog
+from broker.log.partition_log import PartitionLog
 from broker.protocol.batch_validation import validate_produce_batch
 from broker.protocol.kafka import produce
 from broker.protocol.kafka.produce import ProducePartitionResponse, ProduceResponse, ProduceTopicResponse

@@ -23,7 +23,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Protocol
 
-from broker.log.api import PartitionLog
+from broker.log.partition_log import PartitionLog
 from broker.protocol.records import ATTR_CONTROL, BatchHeader, decode_records, split_complete_batches
 from broker.txn.markers import ABORT, marker_type
 

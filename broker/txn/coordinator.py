@@ -23,7 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from broker.errors import BrokerError, UnknownTopicError
-from broker.log.api import LogStore, PartitionLog
+from broker.log.api import LogStore
+from broker.log.partition_log import PartitionLog
 from broker.protocol.kafka_codes import ErrorCode
 from broker.protocol.records import BatchHeader, split_complete_batches
 from broker.txn import machine

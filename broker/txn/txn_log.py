@@ -17,8 +17,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from broker.log.api import LogStore, PartitionLog
+from broker.log.api import LogStore
 from broker.log.keyed import keyed_records
+from broker.log.partition_log import PartitionLog
 from broker.protocol.records import RecordSpec, encode_batch
 from broker.txn.metadata import TxnMetadata
 from broker.txn.partitions import AbortedTxn

@@ -30,7 +30,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from broker.errors import OffsetOutOfRangeError
-from broker.log.api import LogStore, PartitionLog, wait_for_any
+from broker.log.api import LogStore
+from broker.log.partition_log import PartitionLog, wait_for_any
 from broker.protocol.records import Record, decode_records, split_complete_batches
 from broker.txn.committed import StableOffsets, read_committed
 from ingest.mqtt.errors import EncodeError

@@ -33,9 +33,10 @@ import time
 from collections.abc import Callable
 
 from broker import native
-from broker.log.api import LogStore, PartitionLog
+from broker.log.api import LogStore
 from broker.log.config import FlushPolicy
 from broker.log.keyed import keyed_records
+from broker.log.partition_log import PartitionLog
 from ingest.mqtt import journal_batch
 
 __all__ = ["Journal", "encode_journal_batch"]

@@ -9,7 +9,8 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from broker.log.api import LogStore, PartitionLog
+from broker.log.api import LogStore
+from broker.log.partition_log import PartitionLog
 from broker.protocol.records import Record, RecordSpec, decode_records, encode_batch, split_complete_batches
 from broker.security import Operation, ResourceType
 from broker.txn.committed import StableOffsets, read_committed

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 
-from broker.log.api import PartitionLog, wait_for_any
+from broker.log.partition_log import PartitionLog, wait_for_any
 from broker.protocol.records import Record
 from broker.security import Operation, ResourceType
 from broker.txn.committed import StableOffsets

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Unpack
 
-from broker.log.api import AppendResult, LogStore, PartitionLog, TopicInfo
+from broker.log.api import LogStore, TopicInfo
 from broker.log.memory import MemoryLogStore, MemoryPartitionLog
+from broker.log.partition_log import AppendResult, PartitionLog
 from broker.protocol.records import Record, decode_all
 from tests.broker.log.helpers import LogStoreOptions
 

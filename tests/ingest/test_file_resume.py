@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.log.api import AppendResult, PartitionLog, TopicInfo
+from broker.log.api import TopicInfo
 from broker.log.config import FlushPolicy, TopicConfig
 from broker.log.memory import MemoryLogStore, MemoryPartitionLog
+from broker.log.partition_log import AppendResult, PartitionLog
 from broker.protocol.records import BatchHeader
 from ingest.file.source import FileSource, FileSourceConfig, PositionStore
 from ingest.health import HealthRegistry

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import TypedDict, Unpack
 
 from broker.errors import StorageError
-from broker.log.api import AppendResult, LogStore, PartitionLog, TopicInfo
+from broker.log.api import LogStore, TopicInfo
 from broker.log.memory import MemoryLogStore, MemoryPartitionLog
+from broker.log.partition_log import AppendResult, PartitionLog
 from broker.protocol.records import BatchHeader
 from ingest.file.source import FileSource, FileSourceConfig, PositionStore
 from ingest.health import HealthRegistry

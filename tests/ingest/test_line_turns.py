@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.log.api import LogStore, PartitionLog, TopicInfo
+from broker.log.api import LogStore, TopicInfo
 from broker.log.memory import MemoryLogStore
+from broker.log.partition_log import PartitionLog
 from broker.protocol.records import iter_batches
 from ingest.errors import SinkError
 from ingest.health import HealthRegistry

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict, Unpack
 
-from broker.log.api import PartitionLimits, PartitionLog
+from broker.log.api import PartitionLimits
 from broker.log.config import TopicConfig, Visibility
+from broker.log.partition_log import PartitionLog
 from broker.log.segment import SegmentLogStore
 from broker.protocol.records import Record, RecordSpec, decode_all, encode_batch
 

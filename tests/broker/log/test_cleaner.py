@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.log.api import LogStore, PartitionLog
+from broker.log.api import LogStore
 from broker.log.cleaner import LogCleaner
 from broker.log.config import TopicConfig
 from broker.log.memory import MemoryLogStore
+from broker.log.partition_log import PartitionLog
 from broker.log.segment import SegmentLogStore, SegmentPartitionLog
 from broker.protocol.records import (
     ATTR_TRANSACTIONAL,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import crc32c
 
-from broker.log.api import PartitionLog
 from broker.log.memory import MemoryLogStore
+from broker.log.partition_log import PartitionLog
 from broker.protocol.records import ATTR_TRANSACTIONAL, RecordSpec, decode_records, encode_batch, split_complete_batches
 from broker.txn.committed import drop_aborted, read_committed
 from broker.txn.markers import encode_marker

@@ -12,8 +12,8 @@ import pytest
 from fastapi import FastAPI
 
 from broker.errors import StorageError
-from broker.log.api import AppendResult
 from broker.log.memory import MemoryLogStore
+from broker.log.partition_log import AppendResult
 from broker.protocol.records import RecordSpec
 from sluice.config import Settings
 from sluice.http import create_app
