@@ -8,7 +8,7 @@ is not: a small batch could expand to gigabytes); control batches are skipped. P
 as the broker's ``CorruptRecordError``.
 
 ``stored_from`` goes one step further for the runner's queue: stored uncompressed batches stay bytes
-(``StoredRecords``; a standalone processor's fetched batches too, ``processors.kafka``) until the
+(``StoredRecords``; a standalone processor's fetched batches too, ``processors.kafka_source``) until the
 executor walks them (``record_kernels.decode_stored_json``), so no record object is made at all, and
 none waits in the runner's queue for the garbage collector to rescan (a fifth of the attached
 runner's CPU went to those collections, bench/RESULTS.md). Anything else (a compressed batch) is

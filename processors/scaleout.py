@@ -25,7 +25,8 @@ from aiokafka.errors import KafkaError
 from processors.errors import SourceError
 from processors.executor import Executor
 from processors.hosting import transactional_id
-from processors.kafka import KafkaCheckpointStore, KafkaSink, KafkaSource
+from processors.kafka import KafkaCheckpointStore, KafkaSink
+from processors.kafka_source import KafkaSource
 from processors.pipeline import Pipeline
 from processors.purge import RepartitionPurger
 from processors.repartition import ShufflePlan, ShuffleReader, ShuffleWriter

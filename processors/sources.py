@@ -4,7 +4,8 @@
 offsets after them. ``Sink``: ``write`` output records, ``flush`` until they are durable.
 ``LogSource``/``LogSink`` are the attached versions: they read partitions of a ``LogStore`` in the
 same process (``PartitionLog.read`` / ``wait_for_data``) and append through the store. The Kafka
-versions (a consumer-group member and a producer) live in ``processors.kafka``.
+versions (a consumer-group member and a producer) live in ``processors.kafka_source`` and
+``processors.kafka``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ from aiokafka.structs import OffsetAndMetadata
 from broker.log.partitioner import partition_for_key
 from processors.errors import PartitionsLostError
 from processors.executor import OutRecord
-from processors.kafka import KafkaSink, KafkaSource
+from processors.kafka import KafkaSink
+from processors.kafka_source import KafkaSource
 from processors.txn_offsets import GroupMember, fence_by_group
 from tests.processors.test_standalone import finals, heartbeat_all, produce, read_all
 from tests.processors.workloads import batch_window_means, sensor_readings
