@@ -70,8 +70,19 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_sockets() -> set[str]:
+    """This process's open sockets, as their /proc links name them (``socket:[inode]``). Not a count of
+    descriptors: objects a previous test left to the garbage collector close theirs at any moment (seen under load: 22
+    descriptors open after the test, 28 before), and a closed descriptor's number is reused."""
+    sockets = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:  # closed meanwhile (the listing's own descriptor among them)
+            continue
+        if target.startswith("socket:"):
+            sockets.add(target)
+    return sockets
 
 
 def close_wait_sockets(port: int) -> int:
@@ -96,7 +107,7 @@ async def test_closing_during_an_int32_max_long_poll_frees_the_socket_at_once() 
     async with running() as server:
         producer = await RawClient.connect(server.port)
         await producer.request(ApiKey.PRODUCE, 8, produce_body(b"first"))
-        fds_before = open_fds()
+        sockets_before = open_sockets()
         consumers = [await RawClient.connect(server.port) for _ in range(20)]
         for consumer in consumers:
             consumer.send(ApiKey.FETCH, 11, fetch_body(1, max_wait=INT32_MAX))  # nothing at offset 1 yet
@@ -105,8 +116,9 @@ async def test_closing_during_an_int32_max_long_poll_frees_the_socket_at_once() 
         for consumer in consumers:
             await consumer.close()
         await until(lambda: len(server._connections) == 1)
-        assert close_wait_sockets(server.port) == 0
-        assert open_fds() == fds_before  # client and server ends of all 20 sockets are closed
+        # client and server ends of all 20 sockets are closed (the transport closes its socket one loop turn
+        # after the connection task has ended: waited for, the bound is seconds against the poll's 24 days)
+        await until(lambda: close_wait_sockets(server.port) == 0 and not open_sockets() - sockets_before)
         assert server.stats.requests_cancelled == 20
         assert server.stats.connections_open["default"] == 1
         assert await api_versions_ok(producer)
