@@ -329,7 +329,9 @@ async def test_tcp_device_asks_whether_the_listener_acks_and_stores_each_line_on
     from clients.devices import TcpDevice
 
     listener, store = await start_listener(ack=ack)
-    device = TcpDevice("127.0.0.1", listener.port, ack="auto", probe_timeout=0.5, ack_timeout=10)
+    # the probe waits out its timeout only where no answer comes (plain); an ack-mode answer may take more
+    # than 0.5 s on a loaded machine, and the device would then fall back to plain mode
+    device = TcpDevice("127.0.0.1", listener.port, ack="auto", probe_timeout=10 if ack else 0.5, ack_timeout=10)
     async with device:
         for i in range(20):
             await device.send({"device_id": "d1", "i": i})

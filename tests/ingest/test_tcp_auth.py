@@ -126,8 +126,10 @@ async def test_nc_in_plain_mode(start_listener: Start, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("listener_ack", "device_ack"), [(True, "auto"), (False, "auto"), (True, True)])
 async def test_tcp_device_logs_in(start_listener: Start, listener_ack: bool, device_ack: bool | str) -> None:
     listener, store, _auth = await start_listener(ack=listener_ack)
-    device = TcpDevice("127.0.0.1", listener.port, ack=device_ack, probe_timeout=0.5,  # type: ignore[arg-type]
-                       username="alice", password="correct horse")
+    # the probe waits out its timeout only where no answer comes (plain); an ack-mode answer to the AUTH line
+    # (a PBKDF2 check first) may take more than 0.5 s on a loaded machine, and "auto" would fall back to plain
+    device = TcpDevice("127.0.0.1", listener.port, ack=device_ack,  # type: ignore[arg-type]
+                       probe_timeout=10 if listener_ack else 0.5, username="alice", password="correct horse")
     async with device:
         for i in range(5):
             await device.send({"n": i})
