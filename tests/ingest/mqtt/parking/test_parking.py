@@ -106,10 +106,10 @@ async def test_keepalive_expiry_of_a_parked_client_publishes_its_will(server: Mq
     await silent.connect("silent", keepalive=1, will=Will("wills/silent", b"gone", 1))
     assert parked(server, "silent")
     # no PINGREQ: after 1.5 x keep alive the broker writes DISCONNECT 0x8D and closes
-    assert await silent.recv(timeout=5) == Disconnect(Reason.KEEP_ALIVE_TIMEOUT,
-                                                      Properties(reason_string="keepalive timeout"))
+    assert await silent.recv(timeout=15) == Disconnect(Reason.KEEP_ALIVE_TIMEOUT,
+                                                       Properties(reason_string="keepalive timeout"))
     assert await silent.read_until_closed() == b""
-    will = await watcher.recv(timeout=5)
+    will = await watcher.recv(timeout=15)
     assert isinstance(will, Publish) and (will.topic, will.payload) == ("wills/silent", b"gone")
     assert server.hub.stats.unparks == 0
     await watcher.close()
