@@ -6,6 +6,14 @@ import os
 
 import pytest
 
+# schemathesis's pytest plugin imports its report writers in pytest_sessionfinish, in every process: that
+# import parses their source (assertion rewriting) after the tests, when threads a test left may run code
+# too, and Python 3.11.7's AST construction is not safe against that (CPython gh-106905, fixed in 3.11.8):
+# a session whose tests had all passed ended in "SystemError: AST constructor recursion depth mismatch"
+# here. Imported now, before any test runs, the plugin's import at the end finds them loaded.
+import schemathesis.reporting.html.writer
+import schemathesis.reporting.junitxml  # noqa: F401
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under xdist, files with a ``slow`` test go first: a long file handed out last would leave the
