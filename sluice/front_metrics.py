@@ -29,7 +29,7 @@ Series (``_total`` is added to counters by the exposition format):
   counters ``sluice_mqtt_connections_parks``, ``sluice_mqtt_connections_unparks``, ``sluice_mqtt_accept_errors``.
 - ``sluice_bridge_connected{bridge,broker}`` (gauge 0/1), ``sluice_bridge_last_message_age_seconds``
   (gauge, absent before the first message), counters ``sluice_bridge_messages``, ``sluice_bridge_bytes``,
-  ``sluice_bridge_acked``, ``sluice_bridge_connects``.
+  ``sluice_bridge_acked``, ``sluice_bridge_connects``, ``sluice_bridge_subscriptions_refused``.
 """
 
 from __future__ import annotations
@@ -306,6 +306,7 @@ class BridgeCollector(Collector):
                 ("bytes", "Payload bytes moved by the bridge"),
                 ("acked", "Messages acknowledged to the external broker after the append"),
                 ("connects", "Successful connections to the external broker"),
+                ("subscriptions_refused", "SUBACKs in which the external broker refused a filter"),
             )
         }
         for status in bridge_statuses(self.bridges()):

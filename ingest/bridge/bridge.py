@@ -32,6 +32,7 @@ from typing import Any
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
 from ingest.routing import RawMessage
 
@@ -72,6 +73,7 @@ class BridgeStatus:
     last_connected_at: float | None = None
     last_error: str | None = None
     last_error_at: float | None = None
+    subscriptions_refused: int = 0  # SUBACKs that refused a filter (counted per connection)
     topics: list[str] = field(default_factory=list)
 
 
@@ -135,13 +137,16 @@ class MqttBridge:
         while True:
             try:
                 async with self._client() as client:
+                    # Connected once subscribed: a message published before the broker takes the first
+                    # SUBSCRIBE of a new session is not queued for it.
+                    granted = await client.subscribe([(topic, 1) for topic in cfg.topics])
+                    self._check_granted(granted)
                     status.connected = True
                     status.connects += 1
                     status.last_connected_at = self._clock()
                     self.connected.set()
                     delay = cfg.backoff_initial_s
                     log.info("bridge connected", extra={"bridge": cfg.name, "broker": status.broker})
-                    await client.subscribe([(topic, 1) for topic in cfg.topics])
                     await self._consume(client)
             except asyncio.CancelledError:
                 raise
@@ -153,6 +158,19 @@ class MqttBridge:
             self.connected.clear()
             await asyncio.sleep(delay)
             delay = min(delay * 2, cfg.backoff_max_s)
+
+    def _check_granted(self, granted: Sequence[int | ReasonCode]) -> None:
+        """A filter the remote broker refused (SUBACK 0x80 and up, e.g. its ACL) brings nothing: the
+        others still flow, so this is logged and shown in the status rather than ending the connection."""
+        refused = {topic: _code(code) for topic, code in zip(self.config.topics, granted, strict=False)
+                   if _code(code) >= 0x80}
+        if refused:
+            self._status.subscriptions_refused += 1
+            self._status.last_error = "subscription refused: " + ", ".join(
+                f"{topic} (0x{code:02X})" for topic, code in refused.items())
+            self._status.last_error_at = self._clock()
+            log.error("bridge subscription refused by the broker", extra={
+                "bridge": self.config.name, "broker": self._status.broker, "refused": self._status.last_error})
 
     async def _consume(self, client: aiomqtt.Client) -> None:
         messages = client.messages
@@ -171,6 +189,10 @@ class MqttBridge:
             status.acked += sum(1 for m in batch if m.qos > 0)
             status.bytes += sum(len(r.payload) for r in raws)
             status.last_message_at = self._clock()
+
+
+def _code(code: int | ReasonCode) -> int:
+    return code.value if isinstance(code, ReasonCode) else code
 
 
 def _payload(payload: Any) -> bytes:

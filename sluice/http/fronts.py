@@ -40,6 +40,7 @@ class BridgeStatusOut(BaseModel):
     last_connected_at: float | None
     last_error: str | None = Field(description="The last connection or append failure")
     last_error_at: float | None
+    subscriptions_refused: int = Field(description="SUBACKs in which the external broker refused a filter")
 
 
 class MqttListenerStatus(BaseModel):

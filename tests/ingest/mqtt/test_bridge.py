@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
@@ -23,8 +24,9 @@ from broker.log.segment import SegmentLogStore
 from ingest.bridge import MqttBridge
 from sluice.components.mqtt import mqtt_bridges
 from sluice.config import load_settings
-from sluice.runtime import Runtime
+from sluice.runtime import Component, Runtime
 from tests.ingest.conftest import records
+from tests.ingest.mqtt.conftest import MqttServer
 from tests.ingest.mqtt.mosquitto import Mosquitto
 from tests.ingest.mqtt.test_durability import start_sluice
 
@@ -111,6 +113,60 @@ async def test_bridge_moves_messages_reports_status_and_reconnects(tmp_path: Pat
 
 
 @pytest.mark.slow
+async def _start_bridge(tmp_path: Path, port: int, **bridge: Any) -> tuple[MqttBridge, MemoryLogStore, Component]:
+    settings = load_settings(data_dir=tmp_path, mqtt={"port": 0, "bridges": [
+        {"name": "site2", "host": "127.0.0.1", "port": port, **bridge}]})
+    store = MemoryLogStore(default_config=settings.storage.topic_defaults())
+    runtime = Runtime(settings, store)
+    component = mqtt_bridges(runtime)
+    assert component is not None
+    await component.start()
+    return runtime.registries["bridges"]["site2"], store, component
+
+
+async def test_the_bridge_is_connected_once_its_subscription_is_granted(tmp_path: Path) -> None:
+    broker = Mosquitto(tmp_path / "mosquitto").start()
+    bridge, store, component = await _start_bridge(tmp_path, broker.port, topics=["plant/#"], client_id="sluice-sub")
+    try:
+        await asyncio.wait_for(bridge.connected.wait(), 15)
+        # Reported after the SUBACK, so Mosquitto has taken the SUBSCRIBE (and logged it): a message published
+        # from now on is routed to the bridge's new session.
+        assert broker.subscribed("sluice-sub", "plant/#"), broker.log[-2000:]
+        assert bridge.status()["subscriptions_refused"] == 0
+        await asyncio.to_thread(publish, broker.port, "plant/line3/temp", [b"first"], 0.0, "plant-pub-3")
+        await wait_for(lambda: [r.value for r in records(store, "mqtt")] == [b"first"], what="the first message")
+    finally:
+        await component.stop()
+        broker.stop()
+
+
+async def test_a_filter_the_broker_refuses_is_logged_counted_and_the_others_flow(
+    tmp_path: Path, server: MqttServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The remote broker here is Sluice's own MQTT listener: it refuses a shared subscription without a filter
+    # (MQTT 5 SUBACK 0x8F); Mosquitto 2.0 grants every filter and applies its ACL at delivery instead.
+    bridge, store, component = await _start_bridge(
+        tmp_path, server.port, topics=["plant/#", "$share/g"], client_id="sluice-refused", protocol=5)
+    try:
+        await asyncio.wait_for(bridge.connected.wait(), 15)
+        status = bridge.status()
+        assert status["subscriptions_refused"] == 1
+        assert status["last_error"] == "subscription refused: $share/g (0x8F)"
+        assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+            "bridge subscription refused by the broker"]
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id="plant-pub-4")
+        client.connect("127.0.0.1", server.port)
+        client.loop_start()
+        try:
+            client.publish("plant/line4/temp", b"granted", qos=1).wait_for_publish(10)
+        finally:
+            client.disconnect()
+            client.loop_stop()
+        await wait_for(lambda: b"granted" in [r.value for r in records(store, "mqtt")], what="the granted message")
+    finally:
+        await component.stop()
+
+
 async def test_sluice_killed_mid_stream_loses_nothing(tmp_path: Path) -> None:
     broker = Mosquitto(tmp_path / "mosquitto").start()
     data = tmp_path / "data"
