@@ -58,10 +58,7 @@ class WriteBudget:
             self._writable.set()
 
     async def _reserve(self, source: SourceRef, nbytes: int) -> None:
-        fits = self._pending + nbytes <= self.max_pending_bytes or self._pending == 0
-        if fits and not self._waiters:
-            self._pending += nbytes
-            self._update_writable()
+        if self.try_reserve(nbytes):
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (nbytes, future)

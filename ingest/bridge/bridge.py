@@ -162,8 +162,8 @@ class MqttBridge:
     def _check_granted(self, granted: Sequence[int | ReasonCode]) -> None:
         """A filter the remote broker refused (SUBACK 0x80 and up, e.g. its ACL) brings nothing: the
         others still flow, so this is logged and shown in the status rather than ending the connection."""
-        refused = {topic: _code(code) for topic, code in zip(self.config.topics, granted, strict=False)
-                   if _code(code) >= 0x80}
+        codes = zip(self.config.topics, map(_code, granted), strict=False)
+        refused = {topic: code for topic, code in codes if code >= 0x80}
         if refused:
             self._status.subscriptions_refused += 1
             self._status.last_error = "subscription refused: " + ", ".join(
