@@ -145,7 +145,8 @@ def test_seek_and_delete_refuse_while_the_group_has_members(
         member.close()
     code, out, _ = sluice("groups", "delete", group, "--yes", "-b", server.bootstrap)
     assert code == 0 and f"deleted consumer group {group}" in out
-    listed = AdminClient({"bootstrap.servers": server.bootstrap}).list_consumer_groups().result(60)
+    admin = AdminClient({"bootstrap.servers": server.bootstrap})  # held: destroyed, it drops the pending answer
+    listed = admin.list_consumer_groups().result(60)
     assert group not in {g.group_id for g in listed.valid}
     code, _, err = sluice("groups", "delete", group, "--yes", "-b", server.bootstrap)
     assert code == 4 and "unknown consumer group" in err
